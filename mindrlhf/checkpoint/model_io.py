@@ -1,0 +1,120 @@
+"""Put weights into a (possibly TP-sharded) model and take them out; MindSpore checkpoint files.
+
+Loading is strict and explicit: every model parameter must be found with its full shape, and every
+tensor in the source must be used. (MindSpore's `load_param_into_net(strict_load=True)` does not raise on
+missing or unexpected keys, so we never rely on it.)
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Iterable, Iterator, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+from mindrlhf.checkpoint.safetensors_io import BF16, SafeTensorsFile, bf16_to_f32, f32_to_bf16, write_safetensors
+from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.parallel.layouts import role_layouts
+from mindrlhf.utils.atomic import atomic_path
+
+CKPT_EXTS = (".ckpt", ".safetensors")
+
+
+def _to_param_dtype(arr: np.ndarray, dtype) -> Tensor:
+    if isinstance(arr, BF16):
+        arr = bf16_to_f32(arr)
+    return Tensor(np.ascontiguousarray(arr)).astype(dtype)
+
+
+def model_layouts(model):
+    from mindrlhf.models.qwen2 import param_specs
+    return role_layouts(param_specs(model.config), model.mesh.dp, model.mesh.tp)
+
+
+def load_full_weights(model, tensors: Iterable[Tuple[str, np.ndarray]], source: str):
+    """Load full (unsharded) tensors, slicing each to this rank's shard; errors name the parameter."""
+    params = {p.name: p for p in model.get_parameters()}
+    layouts = model_layouts(model)
+    rank = model.mesh.rank
+    loaded = set()
+    for name, arr in tensors:
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue  # a tied model reads its head from the embedding
+        if name not in params:
+            raise CheckpointError(f"{source}: unexpected parameter {name} (the model has no such weight; "
+                                  f"wrong model config?)")
+        layout = layouts[name]
+        if tuple(arr.shape) != layout.full_shape:
+            raise CheckpointError(f"{source}: parameter {name} has shape {tuple(arr.shape)}, the model "
+                                  f"expects {layout.full_shape}")
+        shard = layout.shard(arr, rank)
+        params[name].set_data(_to_param_dtype(shard, params[name].dtype))
+        loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise CheckpointError(f"{source}: missing parameter {missing[0]} (expected shape "
+                              f"{layouts[missing[0]].full_shape})" + (f" and {len(missing) - 1} more"
+                                                                      if len(missing) > 1 else ""))
+
+
+def load_sharded_weights(model, tensors: Dict[str, np.ndarray], source: str):
+    """Load tensors that are already this rank's shards (a per-rank checkpoint)."""
+    params = {p.name: p for p in model.get_parameters()}
+    for name in sorted(set(params) | set(tensors)):
+        if name not in tensors:
+            raise CheckpointError(f"{source}: missing parameter {name} (expected shape {params[name].shape})")
+        if name not in params:
+            raise CheckpointError(f"{source}: unexpected parameter {name}")
+        if tuple(tensors[name].shape) != tuple(params[name].shape):
+            raise CheckpointError(f"{source}: parameter {name} has shape {tuple(tensors[name].shape)}, this "
+                                  f"rank expects {tuple(params[name].shape)}")
+        params[name].set_data(_to_param_dtype(tensors[name], params[name].dtype))
+
+
+def param_to_numpy(param) -> np.ndarray:
+    if param.dtype == ms.bfloat16:
+        return f32_to_bf16(param.float().asnumpy())
+    return param.asnumpy()
+
+
+def model_state(model) -> Dict[str, np.ndarray]:
+    """This rank's parameter shards as numpy (bf16 as BF16 bit views)."""
+    return {p.name: param_to_numpy(p) for p in model.get_parameters()}
+
+
+def save_checkpoint(tensors: Dict[str, np.ndarray], path: str):
+    """Write a MindSpore checkpoint (.ckpt or .safetensors by extension), atomically."""
+    ext = os.path.splitext(path)[1]
+    if ext not in CKPT_EXTS:
+        raise CheckpointError(f"{path}: checkpoint files must end in {CKPT_EXTS}")
+    if ext == ".safetensors":
+        write_safetensors(path, tensors.items())
+        return
+    items = [{"name": n, "data": Tensor(bf16_to_f32(a)).astype(ms.bfloat16) if isinstance(a, BF16)
+              else Tensor(np.ascontiguousarray(a))} for n, a in tensors.items()]
+    with atomic_path(path) as tmp:
+        ms.save_checkpoint(items, tmp)
+
+
+def iter_checkpoint(path: str) -> Iterator[Tuple[str, np.ndarray]]:
+    """(name, array) of a MindSpore .ckpt or .safetensors file."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: checkpoint file not found")
+    if path.endswith(".safetensors"):
+        f = SafeTensorsFile(path)
+        for name in f.keys():
+            yield name, f.get(name)
+        return
+    if not path.endswith(".ckpt"):
+        raise CheckpointError(f"{path}: expected a .ckpt or .safetensors file")
+    try:
+        loaded = ms.load_checkpoint(path)
+    except Exception as err:  # MindSpore raises several types for a corrupt file
+        raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({err})") from None
+    for name, param in loaded.items():
+        yield name, param_to_numpy(param)
+
+
+def read_checkpoint(path: str) -> Dict[str, np.ndarray]:
+    return dict(iter_checkpoint(path))

@@ -1,0 +1,6 @@
+from mindrlhf.configs.errors import CheckpointError, ConfigError
+from mindrlhf.configs.model_config import (ModelConfig, ModelYaml, ParallelConfig, load_model_yaml,
+                                           model_config_from_dict)
+
+__all__ = ["ConfigError", "CheckpointError", "ModelConfig", "ParallelConfig", "ModelYaml", "load_model_yaml",
+           "model_config_from_dict"]

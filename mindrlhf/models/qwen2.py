@@ -1,0 +1,249 @@
+"""Qwen2 / Qwen2.5 / Llama decoder with explicit tensor parallelism.
+
+One architecture covers all three: Qwen2 has q/k/v biases (`qkv_has_bias`), Llama does not; both use
+GQA, RoPE (rotate-half convention, as Hugging Face), RMSNorm and a SwiGLU MLP. Parameter names follow
+MindFormers (`model.layers.0.attention.wq.weight`, ...) so checkpoints travel between the projects.
+
+Shapes: B batch, T query length, S key length, H hidden, nh/nkv local heads on this TP rank, hd head dim,
+Vl = vocab/tp. The residual stream (B, T, H) is replicated across TP ranks.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import One, initializer
+
+from mindrlhf.configs.model_config import ModelConfig
+from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear,
+                                       VocabParallelEmbedding, VocabParallelLogProb)
+from mindrlhf.models.tp_regions import copy_to_tp, gather_from_tp
+from mindrlhf.parallel.mesh import Mesh
+
+NEG_INF = -1e30  # additive mask value; finite so fully-masked rows stay NaN-free
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, dim, eps, param_dtype, compute_dtype=ms.float32):
+        super().__init__()
+        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
+        self.eps = eps
+        self.compute_dtype = compute_dtype
+
+    def construct(self, x):
+        dtype = x.dtype
+        x32 = ops.cast(x, self.compute_dtype)
+        variance = ops.mean(ops.square(x32), -1, keep_dims=True)
+        normed = ops.cast(x32 * ops.rsqrt(variance + self.eps), dtype)
+        return ops.cast(self.weight, dtype) * normed
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float) -> Tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables (max_positions, head_dim), computed in float32 as Hugging Face does."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    freqs = np.arange(max_positions, dtype=np.float32)[:, None] * inv_freq[None, :].astype(np.float32)
+    emb = np.concatenate([freqs, freqs], axis=-1).astype(np.float32)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return ops.concat((-x[..., half:], x[..., :half]), -1)
+
+
+def apply_rope(x, cos, sin):
+    """x (B, n, T, hd); cos/sin (B, 1, T, hd)."""
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Cell):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh):
+        super().__init__()
+        pdt, cdt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype]
+        self.hd = cfg.head_dim
+        self.nh = cfg.num_heads // mesh.tp
+        self.nkv = cfg.n_kv_heads // mesh.tp
+        self.rep = self.nh // self.nkv
+        std = cfg.initializer_range
+        self.wq = ColumnParallelLinear(cfg.hidden_size, cfg.num_heads * self.hd, mesh, cfg.qkv_has_bias,
+                                       pdt, cdt, std)
+        self.wk = ColumnParallelLinear(cfg.hidden_size, cfg.n_kv_heads * self.hd, mesh, cfg.qkv_has_bias,
+                                       pdt, cdt, std)
+        self.wv = ColumnParallelLinear(cfg.hidden_size, cfg.n_kv_heads * self.hd, mesh, cfg.qkv_has_bias,
+                                       pdt, cdt, std)
+        self.wo = RowParallelLinear(cfg.num_heads * self.hd, cfg.hidden_size, mesh, False, pdt, cdt, std)
+        self.scale = 1.0 / float(np.sqrt(self.hd))
+        self.softmax_dtype = MS_DTYPES[cfg.softmax_compute_type]
+
+    def project_qkv(self, x, cos, sin):
+        """x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd), RoPE applied to q and k."""
+        b, t, _ = x.shape
+        q = ops.transpose(ops.reshape(self.wq(x), (b, t, self.nh, self.hd)), (0, 2, 1, 3))
+        k = ops.transpose(ops.reshape(self.wk(x), (b, t, self.nkv, self.hd)), (0, 2, 1, 3))
+        v = ops.transpose(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)), (0, 2, 1, 3))
+        cos = ops.cast(cos, q.dtype)
+        sin = ops.cast(sin, q.dtype)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attend(self, q, k, v, bias):
+        """q (B, nh, T, hd), k/v (B, nkv, S, hd), bias (B, 1, T, S) additive -> (B, T, H) after wo."""
+        b, _, t, _ = q.shape
+        s = k.shape[2]
+        # GQA without materialising repeated k/v: group query heads by their kv head.
+        qg = ops.reshape(q, (b, self.nkv, self.rep * t, self.hd))
+        scores = ops.matmul(qg, ops.transpose(k, (0, 1, 3, 2))) * self.scale     # (B, nkv, rep*T, S)
+        scores = ops.reshape(scores, (b, self.nh, t, s))
+        scores = ops.cast(scores, self.softmax_dtype) + bias
+        probs = ops.cast(ops.softmax(scores, -1), v.dtype)
+        out = ops.matmul(ops.reshape(probs, (b, self.nkv, self.rep * t, s)), v)   # (B, nkv, rep*T, hd)
+        out = ops.transpose(ops.reshape(out, (b, self.nh, t, self.hd)), (0, 2, 1, 3))
+        return self.wo(ops.reshape(out, (b, t, self.nh * self.hd)))
+
+    def construct(self, x, cos, sin, bias):
+        q, k, v = self.project_qkv(x, cos, sin)
+        return self.attend(q, k, v, bias)
+
+
+class FeedForward(nn.Cell):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
+
+    def __init__(self, cfg: ModelConfig, mesh: Mesh):
+        super().__init__()
+        pdt, cdt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype]
+        std = cfg.initializer_range
+        self.w1 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, mesh, False, pdt, cdt, std)
+        self.w3 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, mesh, False, pdt, cdt, std)
+        self.w2 = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, mesh, False, pdt, cdt, std)
+
+    def construct(self, x):
+        gate = self.w1(x)
+        return self.w2(gate * ops.sigmoid(gate) * self.w3(x))
+
+
+class DecoderLayer(nn.Cell):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh):
+        super().__init__()
+        pdt, ndt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.layernorm_compute_type]
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt)
+        self.attention = Attention(cfg, mesh)
+        self.feed_forward = FeedForward(cfg, mesh)
+        self.enter_attn = copy_to_tp(mesh)
+        self.enter_ffn = copy_to_tp(mesh)
+
+    def construct(self, x, cos, sin, bias):
+        h = x + self.attention(self.enter_attn(self.attention_norm(x)), cos, sin, bias)
+        return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
+
+
+class DecoderModel(nn.Cell):
+    """Embedding, decoder layers and final norm (MindFormers' `model.*`)."""
+
+    def __init__(self, cfg: ModelConfig, mesh: Mesh):
+        super().__init__()
+        pdt = MS_DTYPES[cfg.param_init_type]
+        self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
+        self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
+                                                     cfg.initializer_range)
+        self.layers = nn.CellList([DecoderLayer(cfg, mesh) for _ in range(cfg.num_layers)])
+        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type])
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embedding, cfg.theta)
+        rdt = MS_DTYPES[cfg.rotary_dtype]
+        self.cos_table = Tensor(cos).astype(rdt)
+        self.sin_table = Tensor(sin).astype(rdt)
+
+    def rope(self, position_ids):
+        """position_ids (B, T) -> cos/sin (B, 1, T, hd)."""
+        cos = ops.expand_dims(ops.gather(self.cos_table, position_ids, 0), 1)
+        sin = ops.expand_dims(ops.gather(self.sin_table, position_ids, 0), 1)
+        return cos, sin
+
+    def construct(self, input_ids, position_ids, bias):
+        x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)     # (B, T, H)
+        cos, sin = self.rope(position_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, bias)
+        return self.norm_out(x)
+
+
+def causal_bias(attention_mask):
+    """attention_mask (B, S) of 1/0 -> additive bias (B, 1, S, S): causal and key padding."""
+    s = attention_mask.shape[1]
+    idx = ops.arange(s)
+    causal = ops.expand_dims(idx, 1) >= ops.expand_dims(idx, 0)              # (S, S)
+    keys = ops.expand_dims(ops.expand_dims(attention_mask > 0, 1), 1)        # (B, 1, 1, S)
+    allowed = ops.logical_and(ops.expand_dims(ops.expand_dims(causal, 0), 0), keys)
+    return ops.select(allowed, ops.zeros(allowed.shape, ms.float32),
+                      ops.full(allowed.shape, NEG_INF, dtype=ms.float32))
+
+
+class CausalLM(nn.Cell):
+    """Decoder + LM head. `construct` returns this rank's vocabulary shard of the logits (B, T, Vl)."""
+
+    def __init__(self, cfg: ModelConfig, mesh: Optional[Mesh] = None):
+        super().__init__()
+        mesh = mesh or Mesh(1, 1, 0)
+        self.config = cfg
+        self.mesh = mesh
+        self.model = DecoderModel(cfg, mesh)
+        self.tie = cfg.tie_word_embeddings
+        self.enter_head = copy_to_tp(mesh)
+        if not self.tie:
+            self.lm_head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, mesh, False,
+                                                MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype],
+                                                cfg.initializer_range)
+        self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
+        self.logprob_fn = VocabParallelLogProb(cfg.vocab_size, mesh)
+        self.gather_vocab = gather_from_tp(mesh)
+
+    def head(self, hidden):
+        hidden = self.enter_head(hidden)
+        if self.tie:
+            w = ops.cast(self.model.tok_embeddings.embedding_weight, self.compute_dtype)
+            shape = hidden.shape
+            out = ops.matmul(ops.reshape(hidden, (-1, shape[-1])), ops.transpose(w, (1, 0)))
+            return ops.reshape(out, shape[:-1] + (w.shape[0],))
+        return self.lm_head(hidden)
+
+    def construct(self, input_ids, position_ids, bias):
+        return self.head(self.model(input_ids, position_ids, bias))
+
+    def full_logits(self, input_ids, position_ids, bias):
+        """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""
+        return self.gather_vocab(self(input_ids, position_ids, bias))
+
+    def token_logprobs(self, input_ids, position_ids, bias, labels):
+        """Per-position log p(labels) and entropy (B, T), vocabulary-parallel."""
+        return self.logprob_fn(self(input_ids, position_ids, bias), labels)
+
+
+def param_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], Optional[int]]]:
+    """Every parameter's full shape and the dimension split across TP ranks (None = replicated).
+
+    The one place that knows the parameter list without building the model: layouts, strategy files
+    and checkpoint slicing read it; a test checks it against the built model.
+    """
+    h, hd, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    specs: Dict[str, Tuple[Tuple[int, ...], Optional[int]]] = {
+        "model.tok_embeddings.embedding_weight": ((cfg.vocab_size, h), 0)}
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        specs[p + "attention_norm.weight"] = ((h,), None)
+        specs[p + "attention.wq.weight"] = ((cfg.num_heads * hd, h), 0)
+        specs[p + "attention.wk.weight"] = ((cfg.n_kv_heads * hd, h), 0)
+        specs[p + "attention.wv.weight"] = ((cfg.n_kv_heads * hd, h), 0)
+        if cfg.qkv_has_bias:
+            specs[p + "attention.wq.bias"] = ((cfg.num_heads * hd,), 0)
+            specs[p + "attention.wk.bias"] = ((cfg.n_kv_heads * hd,), 0)
+            specs[p + "attention.wv.bias"] = ((cfg.n_kv_heads * hd,), 0)
+        specs[p + "attention.wo.weight"] = ((h, cfg.num_heads * hd), 1)
+        specs[p + "ffn_norm.weight"] = ((h,), None)
+        specs[p + "feed_forward.w1.weight"] = ((i, h), 0)
+        specs[p + "feed_forward.w3.weight"] = ((i, h), 0)
+        specs[p + "feed_forward.w2.weight"] = ((h, i), 1)
+    specs["model.norm_out.weight"] = ((h,), None)
+    if not cfg.tie_word_embeddings:
+        specs["lm_head.weight"] = ((cfg.vocab_size, h), 0)
+    return specs

@@ -1,0 +1,146 @@
+"""Megatron-style tensor-parallel layers, built from the named regions in `tp_regions`.
+
+Weights are stored as [out_features, in_features] (MindFormers and Hugging Face agree on this), and each
+rank holds only its shard:
+
+    ColumnParallelLinear   weight [out/tp, in], bias [out/tp]   input replicated, output split
+    RowParallelLinear      weight [out, in/tp], bias [out]      input split, output replicated (all-reduce)
+    VocabParallelEmbedding weight [vocab/tp, hidden]            ids replicated, output replicated
+
+The caller places `copy_to_tp` before column-parallel layers (once per block, shared by q/k/v or
+gate/up), so each layer itself issues at most one collective.
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, Zero, initializer
+
+from mindrlhf.models.tp_regions import max_from_tp, reduce_from_tp
+
+MS_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def _linear(x, weight, compute_dtype):
+    """x (..., in) @ weight(out, in)^T -> (..., out), computed in compute_dtype."""
+    shape = x.shape
+    x2 = ops.reshape(ops.cast(x, compute_dtype), (-1, shape[-1]))
+    y = ops.matmul(x2, ops.transpose(ops.cast(weight, compute_dtype), (1, 0)))
+    return ops.reshape(y, shape[:-1] + (weight.shape[0],))
+
+
+class ColumnParallelLinear(nn.Cell):
+    """Output features split across TP ranks; the input must already be in the TP region."""
+
+    def __init__(self, in_features, out_features, mesh, has_bias=False, param_dtype=ms.float32,
+                 compute_dtype=ms.float32, init_std=0.02):
+        super().__init__()
+        if out_features % mesh.tp:
+            raise ValueError(f"out_features={out_features} is not divisible by model_parallel={mesh.tp}")
+        local_out = out_features // mesh.tp
+        self.compute_dtype = compute_dtype
+        self.has_bias = has_bias
+        self.weight = Parameter(initializer(Normal(init_std), (local_out, in_features), param_dtype),
+                                name="weight")
+        if has_bias:
+            self.bias = Parameter(initializer(Zero(), (local_out,), param_dtype), name="bias")
+
+    def construct(self, x):
+        y = _linear(x, self.weight, self.compute_dtype)
+        if self.has_bias:
+            y = y + ops.cast(self.bias, self.compute_dtype)
+        return y
+
+
+class RowParallelLinear(nn.Cell):
+    """Input features split across TP ranks; partial products are summed by `reduce_from_tp`."""
+
+    def __init__(self, in_features, out_features, mesh, has_bias=False, param_dtype=ms.float32,
+                 compute_dtype=ms.float32, init_std=0.02):
+        super().__init__()
+        if in_features % mesh.tp:
+            raise ValueError(f"in_features={in_features} is not divisible by model_parallel={mesh.tp}")
+        self.compute_dtype = compute_dtype
+        self.has_bias = has_bias
+        self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features // mesh.tp),
+                                            param_dtype), name="weight")
+        if has_bias:
+            self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias")
+        self.reduce = reduce_from_tp(mesh)
+
+    def construct(self, x):
+        y = self.reduce(_linear(x, self.weight, self.compute_dtype))
+        if self.has_bias:
+            y = y + ops.cast(self.bias, self.compute_dtype)
+        return y
+
+
+class VocabParallelEmbedding(nn.Cell):
+    """Each rank embeds the ids in its vocabulary range and zeros the rest; the sum is the full lookup."""
+
+    def __init__(self, vocab_size, hidden_size, mesh, param_dtype=ms.float32, init_std=0.02):
+        super().__init__()
+        if vocab_size % mesh.tp:
+            raise ValueError(f"vocab_size={vocab_size} is not divisible by model_parallel={mesh.tp}")
+        local = vocab_size // mesh.tp
+        self.vocab_start = mesh.tp_index * local
+        self.vocab_local = local
+        self.tp = mesh.tp
+        self.embedding_weight = Parameter(initializer(Normal(init_std), (local, hidden_size), param_dtype),
+                                          name="embedding_weight")
+        self.reduce = reduce_from_tp(mesh)
+
+    def construct(self, input_ids):
+        if self.tp == 1:
+            return ops.gather(self.embedding_weight, input_ids, 0)
+        local_ids = input_ids - self.vocab_start
+        in_range = ops.logical_and(local_ids >= 0, local_ids < self.vocab_local)
+        safe_ids = ops.select(in_range, local_ids, ops.zeros_like(local_ids))
+        emb = ops.gather(self.embedding_weight, safe_ids, 0)
+        emb = emb * ops.expand_dims(ops.cast(in_range, emb.dtype), -1)
+        return self.reduce(emb)
+
+
+class VocabParallelLogProb(nn.Cell):
+    """log p(label) and entropy from vocabulary-sharded logits, never gathering the full vocabulary.
+
+    logits: (..., vocab/tp) this rank's shard; labels: (...) global token ids.
+    Returns (logprob (...), entropy (...)), both replicated across TP ranks.
+    """
+
+    def __init__(self, vocab_size, mesh):
+        super().__init__()
+        self.vocab_local = vocab_size // mesh.tp
+        self.vocab_start = mesh.tp_index * self.vocab_local
+        self.tp = mesh.tp
+        self.max_all = max_from_tp(mesh)
+        self.sum_exp_all = reduce_from_tp(mesh)
+        self.target_all = reduce_from_tp(mesh)
+        self.plogit_all = reduce_from_tp(mesh)
+
+    def construct(self, logits, labels):
+        logits = ops.cast(logits, ms.float32)
+        local_max = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)[0])
+        shifted = logits - self.max_all(local_max)                       # (..., V/tp)
+        exp = ops.exp(shifted)
+        sum_exp = self.sum_exp_all(ops.sum(exp, -1))                      # (...)
+        local_ids = labels - self.vocab_start
+        in_range = ops.logical_and(local_ids >= 0, local_ids < self.vocab_local)
+        safe_ids = ops.select(in_range, local_ids, ops.zeros_like(local_ids))
+        picked = ops.gather_elements(shifted, -1, ops.expand_dims(safe_ids, -1)).squeeze(-1)
+        target = self.target_all(picked * ops.cast(in_range, ms.float32))
+        log_z = ops.log(sum_exp)
+        logprob = target - log_z
+        # entropy = log Z - sum_v p_v * shifted_v
+        p_shifted = self.plogit_all(ops.sum(exp * shifted, -1)) / sum_exp
+        entropy = log_z - p_shifted
+        return logprob, entropy
+
+
+def np_dtype(name: str):
+    return {"float32": np.float32, "float16": np.float16}.get(name, np.float32)
+
+
+def to_tensor(array, dtype):
+    return Tensor(np.ascontiguousarray(array)).astype(dtype)

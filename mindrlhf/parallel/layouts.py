@@ -1,0 +1,111 @@
+"""Per-parameter layouts: full shape, device matrix and tensor map, as MindSpore strategy files say them.
+
+Conventions (MindSpore's): the device matrix arranges a role's ranks row-major (for us [dp, tp], so
+rank = dp_index * tp + tp_index); `tensor_map[d]` names the device-matrix axis that splits tensor dim d,
+counting axes from the right (tp = 0, dp = 1), or -1 for "not split". Device-matrix axes that split no
+dimension replicate the tensor across them (here: dp).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from mindrlhf.configs.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class Layout:
+    full_shape: Tuple[int, ...]
+    dev_matrix: Tuple[int, ...]
+    tensor_map: Tuple[int, ...]
+
+    def __post_init__(self):
+        if len(self.tensor_map) != len(self.full_shape):
+            raise ValueError(f"tensor_map {self.tensor_map} does not match shape {self.full_shape}")
+        for d, m in enumerate(self.tensor_map):
+            if m != -1:
+                if not 0 <= m < len(self.dev_matrix):
+                    raise ValueError(f"tensor_map {self.tensor_map} names axis {m} outside device matrix "
+                                     f"{self.dev_matrix}")
+                if self.full_shape[d] % self.split_count(d):
+                    raise ValueError(f"dimension {d} of shape {self.full_shape} does not divide by "
+                                     f"{self.split_count(d)}")
+
+    @property
+    def num_ranks(self) -> int:
+        return int(np.prod(self.dev_matrix))
+
+    def split_count(self, dim: int) -> int:
+        m = self.tensor_map[dim]
+        return 1 if m == -1 else self.dev_matrix[len(self.dev_matrix) - 1 - m]
+
+    @property
+    def shard_shape(self) -> Tuple[int, ...]:
+        return tuple(s // self.split_count(d) for d, s in enumerate(self.full_shape))
+
+    def coords(self, rank: int) -> Tuple[int, ...]:
+        return tuple(int(c) for c in np.unravel_index(rank, self.dev_matrix))
+
+    def shard_slices(self, rank: int) -> Tuple[slice, ...]:
+        """Which part of the full tensor `rank` holds."""
+        coords = self.coords(rank)
+        out = []
+        for d, size in enumerate(self.full_shape):
+            m = self.tensor_map[d]
+            if m == -1:
+                out.append(slice(0, size))
+            else:
+                axis = len(self.dev_matrix) - 1 - m
+                step = size // self.dev_matrix[axis]
+                out.append(slice(coords[axis] * step, (coords[axis] + 1) * step))
+        return tuple(out)
+
+    def shard(self, full: np.ndarray, rank: int) -> np.ndarray:
+        return full[self.shard_slices(rank)]
+
+
+def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Optional[int]]], dp: int, tp: int
+                 ) -> Dict[str, Layout]:
+    """Layouts of every parameter for a role arranged [dp, tp], from `param_specs` (shape, TP-split dim)."""
+    out = {}
+    for name, (shape, split) in specs.items():
+        tmap = tuple(0 if d == split and tp > 1 else -1 for d in range(len(shape)))
+        try:
+            out[name] = Layout(tuple(shape), (dp, tp), tmap)
+        except ValueError as err:
+            raise CheckpointError(f"parameter {name}: {err}") from None
+    return out
+
+
+def merge_shards(layout: Layout, shards: Dict[int, np.ndarray]) -> np.ndarray:
+    """Rebuild the full tensor from shards keyed by rank (any one replica of each slice suffices)."""
+    first = next(iter(shards.values()))
+    full = np.empty(layout.full_shape, dtype=first.dtype)
+    covered = np.zeros(layout.num_ranks, dtype=bool)
+    seen = set()
+    for rank, shard in shards.items():
+        sl = layout.shard_slices(rank)
+        key = tuple((s.start, s.stop) for s in sl)
+        if key in seen:
+            continue
+        if tuple(shard.shape) != layout.shard_shape:
+            raise CheckpointError(f"shard of rank {rank} has shape {tuple(shard.shape)}, expected "
+                                  f"{layout.shard_shape}")
+        full[sl] = shard
+        seen.add(key)
+        covered[rank] = True
+    needed = {tuple((s.start, s.stop) for s in layout.shard_slices(r)) for r in range(layout.num_ranks)}
+    if needed - seen:
+        raise CheckpointError(f"shards cover {len(seen)} of the {len(needed)} distinct slices")
+    return full
+
+
+def ranks_holding(layout: Layout) -> List[int]:
+    """One rank per distinct slice (the lowest), e.g. dp replica 0."""
+    firsts: Dict[Tuple, int] = {}
+    for r in range(layout.num_ranks):
+        key = tuple((s.start, s.stop) for s in layout.shard_slices(r))
+        firsts.setdefault(key, r)
+    return sorted(firsts.values())

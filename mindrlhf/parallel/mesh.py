@@ -1,0 +1,102 @@
+"""Process mesh: which ranks form a role's data-parallel and tensor-parallel groups.
+
+Ranks are laid out [dp, tp] with tp fastest (rank = dp_index * tp + tp_index), as in Megatron and in
+MindSpore's device matrices, so a TP group is a run of consecutive ranks (one host, fast links).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from mindrlhf.configs.errors import ConfigError
+
+_CREATED_GROUPS: Dict[Tuple[int, ...], str] = {}
+_INITIALIZED = False
+
+
+def distributed_env() -> Tuple[int, int]:
+    """(rank, world_size) from msrun's environment, without initialising communication."""
+    world = int(os.environ.get("MS_WORKER_NUM", os.environ.get("RANK_SIZE", "1")))
+    rank = int(os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "0")))
+    return rank, world
+
+
+def init_distributed() -> Tuple[int, int]:
+    """Initialise MindSpore communication once (under msrun); a no-op for a single process."""
+    global _INITIALIZED
+    _, world = distributed_env()
+    if world == 1:
+        return 0, 1
+    from mindspore.communication import get_group_size, get_rank, init
+    if not _INITIALIZED:
+        init()
+        _INITIALIZED = True
+    return get_rank(), get_group_size()
+
+
+def group_for(ranks: Tuple[int, ...]) -> str:
+    """Name of a communication group over `ranks`, created on first use (every member must ask)."""
+    ranks = tuple(sorted(ranks))
+    if ranks not in _CREATED_GROUPS:
+        from mindspore.communication import create_group
+        name = "g" + "_".join(str(r) for r in ranks)
+        create_group(name, list(ranks))
+        _CREATED_GROUPS[ranks] = name
+    return _CREATED_GROUPS[ranks]
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """One role's arrangement of `dp * tp` ranks and this rank's place in it."""
+    dp: int
+    tp: int
+    rank: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.dp * self.tp:
+            raise ConfigError(f"rank {self.rank} is outside a mesh of data_parallel={self.dp} x "
+                              f"model_parallel={self.tp}")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def dp_index(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_index(self) -> int:
+        return self.rank % self.tp
+
+    def tp_ranks(self, dp_index: Optional[int] = None) -> Tuple[int, ...]:
+        d = self.dp_index if dp_index is None else dp_index
+        return tuple(d * self.tp + t for t in range(self.tp))
+
+    def dp_ranks(self, tp_index: Optional[int] = None) -> Tuple[int, ...]:
+        t = self.tp_index if tp_index is None else tp_index
+        return tuple(d * self.tp + t for d in range(self.dp))
+
+    @property
+    def tp_group(self) -> Optional[str]:
+        """Communication group of this rank's TP peers; None when tp == 1."""
+        return group_for(self.tp_ranks()) if self.tp > 1 else None
+
+    @property
+    def dp_group(self) -> Optional[str]:
+        return group_for(self.dp_ranks()) if self.dp > 1 else None
+
+    def all_groups(self) -> List[Tuple[int, ...]]:
+        groups = [self.tp_ranks(d) for d in range(self.dp)] if self.tp > 1 else []
+        groups += [self.dp_ranks(t) for t in range(self.tp)] if self.dp > 1 else []
+        return groups
+
+
+def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:
+    """Mesh of a role from its parallel config; the role must use every rank of the process group."""
+    if parallel.world_size != world_size:
+        raise ConfigError(f"{role} parallel_config: data_parallel={parallel.data_parallel} x "
+                          f"model_parallel={parallel.model_parallel} = {parallel.world_size} ranks, but the "
+                          f"job has {world_size} (msrun --worker_num)")
+    return Mesh(dp=parallel.data_parallel, tp=parallel.model_parallel, rank=rank)

@@ -1,0 +1,46 @@
+"""Write-then-rename helpers: a crash never leaves a half-written file or directory in place."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+
+@contextlib.contextmanager
+def atomic_path(path: str):
+    """Yield a temp path beside `path`; on success it is renamed onto `path`, on error removed."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{path}: the directory {directory} does not exist")
+    # keep the extension: some writers (MindSpore's save_checkpoint) append one when it is missing
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_" + os.path.basename(path) + ".", dir=directory,
+                               suffix=os.path.splitext(path)[1])
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str):
+    """Yield a temp directory beside `path`; on success it replaces `path` as a whole."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp_" + os.path.basename(os.path.abspath(path)) + ".", dir=parent)
+    try:
+        yield tmp
+        if os.path.isdir(path):
+            old = tmp + ".old"
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="mindrlhf",
+    version="0.1.0",
+    description="MindSpore-native GRPO post-training for LLMs (Qwen2/Qwen2.5/Llama)",
+    packages=find_packages(include=["mindrlhf", "mindrlhf.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        "mindspore==2.10.0",
+        "numpy<2",
+        "pyyaml",
+        "tokenizers",
+        "tqdm",
+        "safetensors",
+    ],
+    extras_require={
+        # reference implementations used only by tests and benchmarks
+        "test": ["pytest", "torch==2.13.0", "transformers", "sentencepiece", "matplotlib"],
+        "plot": ["matplotlib"],
+    },
+)

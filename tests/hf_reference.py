@@ -1,0 +1,43 @@
+"""Tiny Hugging Face reference models (torch, CPU) with random weights, written as HF safetensors."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def tiny_model_kwargs(qkv_bias=True, tie=False, n_kv_heads=2, vocab=160, layers=2):
+    return dict(hidden_size=64, num_layers=layers, num_heads=4, n_kv_heads=n_kv_heads, intermediate_size=96,
+                vocab_size=vocab, qkv_has_bias=qkv_bias, tie_word_embeddings=tie, seq_length=64,
+                theta=10000.0, rms_norm_eps=1e-6)
+
+
+def make_hf_model(out_dir, qkv_bias=True, tie=False, n_kv_heads=2, vocab=160, layers=2, seed=0):
+    """Build a Qwen2ForCausalLM (qkv bias) or LlamaForCausalLM (no bias) with every weight random."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    common = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=n_kv_heads,
+                  intermediate_size=96, vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  max_position_embeddings=64, tie_word_embeddings=tie, torch_dtype="float32")
+    if qkv_bias:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.08 * torch.randn(p.shape, generator=gen))
+    model.eval()
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return model
+
+
+def hf_logits(model, ids: np.ndarray, attention_mask: np.ndarray = None) -> np.ndarray:
+    import torch
+    with torch.no_grad():
+        kw = {} if attention_mask is None else {"attention_mask": torch.tensor(attention_mask)}
+        return model(torch.tensor(ids, dtype=torch.long), **kw).logits.float().numpy()
