@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from mindspore import nn, ops
 
+from mindrlhf.parallel.mesh import is_world_group
+
 
 class Identity(nn.Cell):
     def construct(self, x):
@@ -50,8 +52,31 @@ class ReduceFromTP(nn.Cell):
         return (dout,)
 
 
+class GatherDim0(nn.Cell):
+    """Concatenate each rank's tensor along dim 0 in rank order.
+
+    MindSpore's CPU AllGather kernel accepts only the world group, so on a subgroup we place the local
+    block in a zero buffer and all-reduce (twice the traffic, same result; Ascend uses AllGather).
+    """
+
+    def __init__(self, group, size, index):
+        super().__init__()
+        self.size, self.index = size, index
+        self.use_all_gather = is_world_group(group)
+        self.all_gather = ops.AllGather(group=group)
+        self.all_reduce = ops.AllReduce(group=group)
+
+    def construct(self, x):
+        if self.use_all_gather:
+            return self.all_gather(x)
+        n = x.shape[0]
+        pad_before = ops.zeros((self.index * n,) + x.shape[1:], x.dtype)
+        pad_after = ops.zeros(((self.size - 1 - self.index) * n,) + x.shape[1:], x.dtype)
+        return self.all_reduce(ops.concat((pad_before, x, pad_after), 0))
+
+
 def _gather_last_dim(all_gather, x, tp):
-    """All-gather shards along the last dimension (AllGather itself concatenates along dim 0)."""
+    """All-gather shards along the last dimension (the gather itself concatenates along dim 0)."""
     shape = x.shape
     local = shape[-1]
     flat = ops.reshape(x, (-1, local))                    # (N, d)
@@ -65,7 +90,7 @@ class GatherFromTP(nn.Cell):
 
     def __init__(self, group, tp, tp_index):
         super().__init__()
-        self.all_gather = ops.AllGather(group=group)
+        self.all_gather = GatherDim0(group, tp, tp_index)
         self.tp = tp
         self.tp_index = tp_index
 
@@ -83,7 +108,7 @@ class ScatterToTP(nn.Cell):
 
     def __init__(self, group, tp, tp_index):
         super().__init__()
-        self.all_gather = ops.AllGather(group=group)
+        self.all_gather = GatherDim0(group, tp, tp_index)
         self.tp = tp
         self.tp_index = tp_index
 
@@ -97,14 +122,20 @@ class ScatterToTP(nn.Cell):
 
 
 class MaxFromTP(nn.Cell):
-    """All-reduce(max) with no gradient: used only for numerically stabilising shifts."""
+    """Element-wise max across TP ranks, with no gradient: only for numerically stabilising shifts.
 
-    def __init__(self, group):
+    Built on a gather (CPU's AllReduce implements only sum) of the small per-row maxima.
+    """
+
+    def __init__(self, group, tp, tp_index):
         super().__init__()
-        self.all_reduce = ops.AllReduce(op=ops.ReduceOp.MAX, group=group)
+        self.gather = GatherDim0(group, tp, tp_index)
+        self.tp = tp
 
     def construct(self, x):
-        return ops.stop_gradient(self.all_reduce(ops.stop_gradient(x)))
+        x = ops.stop_gradient(x)
+        stacked = self.gather(ops.expand_dims(x, 0))          # (tp, ...)
+        return ops.stop_gradient(ops.max(stacked, axis=0)[0])
 
 
 def copy_to_tp(mesh):
@@ -124,4 +155,4 @@ def scatter_to_tp(mesh):
 
 
 def max_from_tp(mesh):
-    return MaxFromTP(mesh.tp_group) if mesh.tp > 1 else Identity()
+    return MaxFromTP(mesh.tp_group, mesh.tp, mesh.tp_index) if mesh.tp > 1 else Identity()

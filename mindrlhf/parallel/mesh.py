@@ -15,6 +15,11 @@ _CREATED_GROUPS: Dict[Tuple[int, ...], str] = {}
 _INITIALIZED = False
 
 
+def is_world_group(group: str) -> bool:
+    from mindspore.communication import GlobalComm
+    return group == GlobalComm.WORLD_COMM_GROUP
+
+
 def distributed_env() -> Tuple[int, int]:
     """(rank, world_size) from msrun's environment, without initialising communication."""
     world = int(os.environ.get("MS_WORKER_NUM", os.environ.get("RANK_SIZE", "1")))
@@ -38,6 +43,9 @@ def init_distributed() -> Tuple[int, int]:
 def group_for(ranks: Tuple[int, ...]) -> str:
     """Name of a communication group over `ranks`, created on first use (every member must ask)."""
     ranks = tuple(sorted(ranks))
+    if ranks not in _CREATED_GROUPS and len(ranks) == distributed_env()[1]:
+        from mindspore.communication import GlobalComm
+        _CREATED_GROUPS[ranks] = GlobalComm.WORLD_COMM_GROUP  # some CPU kernels accept only the world group
     if ranks not in _CREATED_GROUPS:
         from mindspore.communication import create_group
         name = "g" + "_".join(str(r) for r in ranks)

@@ -1,0 +1,40 @@
+"""Shared test helpers: build our model from an HF directory and run it on numpy inputs."""
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor
+
+from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+from mindrlhf.configs import ModelConfig
+from mindrlhf.models.qwen2 import CausalLM, causal_bias
+from mindrlhf.parallel.mesh import Mesh
+
+
+def load_ours(hf_dir, cfg: ModelConfig, mesh: Mesh = None) -> CausalLM:
+    from mindrlhf.checkpoint.model_io import load_full_weights
+    model = CausalLM(cfg, mesh)
+    load_full_weights(model, iter_hf_as_ms(hf_dir), hf_dir)
+    return model
+
+
+def model_inputs(ids: np.ndarray, attention_mask: np.ndarray = None):
+    b, t = ids.shape
+    mask = np.ones((b, t), np.int32) if attention_mask is None else attention_mask.astype(np.int32)
+    pos = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    return Tensor(ids.astype(np.int32)), Tensor(pos), causal_bias(Tensor(mask))
+
+
+def token_loss_and_grads(model: CausalLM, ids: np.ndarray, names):
+    """Mean next-token NLL and its gradients w.r.t. the named parameters (our model)."""
+    import mindspore as ms
+    inputs = model_inputs(ids[:, :-1])
+    labels = Tensor(ids[:, 1:].astype(np.int32))
+    params = [p for p in model.get_parameters() if p.name in names]
+    assert len(params) == len(names), names
+
+    def loss_fn(input_ids, pos, bias, lab):
+        logprob, _ = model.token_logprobs(input_ids, pos, bias, lab)
+        return -logprob.mean()
+
+    loss, grads = ms.value_and_grad(loss_fn, None, params)(*inputs, labels)
+    return float(loss.asnumpy()), {p.name: g.asnumpy() for p, g in zip(params, grads)}

@@ -1,0 +1,174 @@
+"""HF <-> MindSpore weight interop, checkpoint files, and clear errors on bad checkpoints/configs."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hf_reference import make_hf_model, tiny_model_kwargs
+from model_helpers import load_ours
+from mindrlhf.checkpoint.hf_interop import export_hf, hf_weight_files, iter_hf_as_ms
+from mindrlhf.checkpoint.model_io import (load_full_weights, model_state, read_checkpoint, save_checkpoint)
+from mindrlhf.checkpoint.safetensors_io import (SafeTensorsFile, as_bf16, bf16_to_f32, f32_to_bf16,
+                                                write_safetensors)
+from mindrlhf.configs import CheckpointError, ConfigError, ModelConfig, load_model_yaml
+from mindrlhf.models.qwen2 import CausalLM, param_specs
+
+
+def _file_tensors(path):
+    out = {}
+    for f in hf_weight_files(path):
+        st = SafeTensorsFile(f)
+        out.update({k: (st.dtype_code(k), np.array(st.get(k))) for k in st.keys()})
+    return out
+
+
+def test_hf_roundtrip_bit_exact_fp32(tmp_path):
+    src, dst = tmp_path / "hf", tmp_path / "back"
+    make_hf_model(str(src), qkv_bias=True, tie=False)
+    cfg = ModelConfig(**tiny_model_kwargs(True, False))
+    model = load_ours(str(src), cfg)
+    export_hf(model_state(model), str(dst), cfg)
+    a, b = _file_tensors(str(src)), _file_tensors(str(dst))
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k][0] == b[k][0] and a[k][1].tobytes() == b[k][1].tobytes(), k
+
+
+def test_hf_roundtrip_bit_exact_bf16_and_sharded_index(tmp_path):
+    """bf16 weights through a bf16 model and back; the export is split into several shards + index."""
+    cfg = ModelConfig(**tiny_model_kwargs(True, True), param_init_type="bfloat16")
+    rng = np.random.RandomState(0)
+    full = {n: f32_to_bf16(rng.randn(*shape).astype(np.float32)) for n, (shape, _) in param_specs(cfg).items()}
+    export_hf(full, str(tmp_path / "src"), cfg, max_shard_bytes=20_000, torch_dtype="bfloat16")
+    assert os.path.isfile(tmp_path / "src" / "model.safetensors.index.json")
+    assert len(hf_weight_files(str(tmp_path / "src"))) > 1
+    model = CausalLM(cfg)
+    load_full_weights(model, iter_hf_as_ms(str(tmp_path / "src")), "src")
+    export_hf(model_state(model), str(tmp_path / "dst"), cfg, torch_dtype="bfloat16")
+    a, b = _file_tensors(str(tmp_path / "src")), _file_tensors(str(tmp_path / "dst"))
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k][0] == b[k][0] == "BF16" and a[k][1].tobytes() == b[k][1].tobytes(), k
+
+
+def test_exported_hf_loads_in_transformers(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from hf_reference import hf_logits
+    cfg = ModelConfig(**tiny_model_kwargs(True, False))
+    model = CausalLM(cfg)
+    export_hf(model_state(model), str(tmp_path), cfg)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), torch_dtype=torch.float32)
+    from model_helpers import model_inputs
+    ids = np.arange(10).reshape(1, 10) % 160
+    ref = hf_logits(hf, ids)
+    got = model.full_logits(*model_inputs(ids)).asnumpy()
+    assert np.abs(ref - got).max() <= 1e-4
+
+
+@pytest.mark.parametrize("ext", [".ckpt", ".safetensors"])
+def test_mindspore_checkpoint_roundtrip(tmp_path, ext):
+    cfg = ModelConfig(**tiny_model_kwargs(False, False))
+    model = CausalLM(cfg)
+    state = model_state(model)
+    path = str(tmp_path / ("model" + ext))
+    save_checkpoint(state, path)
+    back = read_checkpoint(path)
+    assert set(back) == set(state)
+    for k in state:
+        assert np.array_equal(back[k], state[k]), k
+    other = CausalLM(cfg)
+    load_full_weights(other, back.items(), path)
+    for k, v in model_state(other).items():
+        assert np.array_equal(v, state[k])
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
+
+
+def test_bf16_conversion_rounds_to_nearest_even():
+    x = np.array([1.0, 1.00390625, 1.01171875, -3.5, 1e-40], np.float32)
+    back = bf16_to_f32(f32_to_bf16(x))
+    assert back[0] == 1.0 and back[1] == 1.0 and back[2] == 1.015625 and back[3] == -3.5
+
+
+def _full_state(cfg):
+    return model_state(CausalLM(cfg))
+
+
+def test_missing_weight_names_the_parameter(tmp_path):
+    cfg = ModelConfig(**tiny_model_kwargs(True, False))
+    state = _full_state(cfg)
+    del state["model.layers.1.attention.wv.bias"]
+    with pytest.raises(CheckpointError, match=r"missing parameter model\.layers\.1\.attention\.wv\.bias.*\(32,\)"):
+        load_full_weights(CausalLM(cfg), state.items(), "ckpt")
+
+
+def test_wrong_shape_names_parameter_and_shapes():
+    cfg = ModelConfig(**tiny_model_kwargs(True, False))
+    state = _full_state(cfg)
+    state["model.layers.0.feed_forward.w1.weight"] = np.zeros((90, 64), np.float32)
+    with pytest.raises(CheckpointError, match=r"feed_forward\.w1\.weight has shape \(90, 64\).*expects \(96, 64\)"):
+        load_full_weights(CausalLM(cfg), state.items(), "ckpt")
+
+
+def test_unexpected_weight_is_an_error():
+    cfg = ModelConfig(**tiny_model_kwargs(True, False))
+    state = _full_state(cfg)
+    state["model.layers.7.attention.wq.weight"] = np.zeros((64, 64), np.float32)
+    with pytest.raises(CheckpointError, match=r"unexpected parameter model\.layers\.7"):
+        load_full_weights(CausalLM(cfg), state.items(), "ckpt")
+
+
+def test_corrupt_safetensors_is_reported(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    write_safetensors(str(path), [("a", np.zeros((100,), np.float32))])
+    data = path.read_bytes()
+    path.write_bytes(data[:-40])  # truncated
+    with pytest.raises(CheckpointError, match="bad.safetensors.*truncated"):
+        SafeTensorsFile(str(path))
+
+
+def _write_yaml(tmp_path, model_config, parallel=None, extra=""):
+    import yaml
+    doc = {"model": {"model_config": model_config, "arch": {"type": "LlamaForCausalLM"}}}
+    if parallel is not None:
+        doc["parallel_config"] = parallel
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(doc) + extra)
+    return str(path)
+
+
+def test_yaml_unknown_field_is_named(tmp_path):
+    path = _write_yaml(tmp_path, {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "hiden_size": 3})
+    with pytest.raises(ConfigError, match=r"m\.yaml: model\.model_config\.hiden_size: unknown field"):
+        load_model_yaml(path)
+
+
+def test_yaml_invalid_value_is_named(tmp_path):
+    path = _write_yaml(tmp_path, {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "compute_dtype": "fp8"})
+    with pytest.raises(ConfigError, match=r"model\.model_config\.compute_dtype: expected one of"):
+        load_model_yaml(path)
+    path = _write_yaml(tmp_path, {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "n_kv_heads": 4,
+                                  "vocab_size": 100}, {"model_parallel": 8})
+    with pytest.raises(ConfigError, match=r"parallel_config\.model_parallel=8 does not divide"):
+        load_model_yaml(path)
+
+
+def test_shipped_yaml_configs_load():
+    root = os.path.join(os.path.dirname(__file__), "..", "model_configs", "qwen_grpo")
+    names = sorted(f for f in os.listdir(root) if f.endswith(".yaml"))
+    assert "finetune_qwen2_5_7b.yaml" in names and "predict_qwen2_5_7b_instruct.yaml" in names
+    for name in names:
+        loaded = load_model_yaml(os.path.join(root, name))
+        assert loaded.model.hidden_size > 0
+    q7 = load_model_yaml(os.path.join(root, "finetune_qwen2_5_7b.yaml")).model
+    assert (q7.hidden_size, q7.num_layers, q7.num_heads, q7.n_kv_heads, q7.intermediate_size, q7.vocab_size) == \
+        (3584, 28, 28, 4, 18944, 152064)
+    assert q7.qkv_has_bias and not q7.tie_word_embeddings
+
+
+def test_param_specs_match_built_model():
+    for kw in (tiny_model_kwargs(True, False), tiny_model_kwargs(False, True)):
+        cfg = ModelConfig(**kw)
+        built = {p.name: tuple(p.shape) for p in CausalLM(cfg).get_parameters()}
+        assert built == {n: s for n, (s, _) in param_specs(cfg).items()}
