@@ -1,0 +1,140 @@
+"""jsonl (GSM8K / OpenR1-Math / raw) -> GRPO prompt MindRecord. The library behind `rlhf_data.py`."""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES, SCHEMA, read_jsonl, write_mindrecord
+from mindrlhf.data.tokenizer import load_tokenizer
+
+
+@dataclass
+class ConvertSummary:
+    rows_in: int = 0
+    rows_written: int = 0
+    prompts_truncated: int = 0
+    prompts_skipped: int = 0
+    answers_truncated: int = 0
+    output_bytes: int = 0
+    seconds: float = 0.0
+    reasons: Dict[str, int] = field(default_factory=dict)
+
+    def lines(self, path: str) -> List[str]:
+        return [f"rows read:        {self.rows_in}",
+                f"rows written:     {self.rows_written}  -> {path} (+ .db)",
+                f"prompts > max_prompt_length: {self.prompts_truncated} truncated, {self.prompts_skipped} skipped",
+                f"answers cut at seq_length:   {self.answers_truncated}",
+                f"output size:      {self.output_bytes / 1e6:.2f} MB",
+                f"time:             {self.seconds:.1f} s ({self.rows_in / max(self.seconds, 1e-9):.0f} rows/s)"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Convert GSM8K-style jsonl into a GRPO prompt MindRecord.")
+    p.add_argument("--vocab_path", required=True, help="vocab.json (or a directory with tokenizer.json)")
+    p.add_argument("--merges_file_path", default=None, help="merges.txt belonging to --vocab_path")
+    p.add_argument("--file_path", required=True, help="input jsonl, one example per line")
+    p.add_argument("--output_path", required=True, help="output .mindrecord (a .db index is written beside it)")
+    p.add_argument("--max_prompt_length", type=int, default=256, help="prompt_ids column length")
+    p.add_argument("--seq_length", type=int, default=512, help="pretrain_ids/loss_mask column length")
+    p.add_argument("--pad_token_id", type=int, default=None, help="default: the tokenizer's <|endoftext|> id")
+    p.add_argument("--dataset_type", default="gsm8k", choices=["gsm8k", "openr1math", "raw"])
+    p.add_argument("--prompt_template", default="none",
+                   help=f"one of {sorted(PROMPT_TEMPLATES)} or a text file containing '{{question}}'")
+    p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip"],
+                   help="what to do with prompts longer than --max_prompt_length (truncate keeps the end)")
+    p.add_argument("--workers", type=int, default=0, help="tokenizer threads (0: all cores)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    return p
+
+
+def resolve_template(name: str) -> str:
+    if name in PROMPT_TEMPLATES:
+        return PROMPT_TEMPLATES[name]
+    if os.path.isfile(name):
+        with open(name, encoding="utf-8") as fh:
+            text = fh.read()
+        if "{question}" not in text:
+            raise ConfigError(f"--prompt_template {name}: the template has no {{question}} placeholder")
+        return text
+    raise ConfigError(f"--prompt_template: expected one of {sorted(PROMPT_TEMPLATES)} or a file, got {name!r}")
+
+
+def convert(args) -> ConvertSummary:
+    t0 = time.time()
+    if args.max_prompt_length <= 0 or args.seq_length <= args.max_prompt_length:
+        raise ConfigError(f"--seq_length ({args.seq_length}) must exceed --max_prompt_length "
+                          f"({args.max_prompt_length}) > 0")
+    out_dir = os.path.dirname(os.path.abspath(args.output_path))
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"--output_path: the directory {out_dir} does not exist")
+    if args.workers:
+        os.environ["RAYON_NUM_THREADS"] = str(args.workers)
+    template = resolve_template(args.prompt_template)
+    tok = load_tokenizer(args.vocab_path, args.merges_file_path)
+    pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
+    if pad is None:
+        raise ConfigError("--pad_token_id: the tokenizer has no <|endoftext|> token; give the id explicitly")
+    examples = read_jsonl(args.file_path, args.dataset_type)
+    summary = ConvertSummary(rows_in=len(examples))
+
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        progress = tqdm(total=len(examples), desc="tokenize", unit="rows")
+    cols: Dict[str, list] = {c: [] for c in SCHEMA}
+    chunk = 2048
+    for start in range(0, len(examples), chunk):
+        part = examples[start:start + chunk]
+        prompts = tok.encode_batch([template.format(question=e.question) for e in part])
+        answers = tok.encode_batch([" " + e.answer_text for e in part])
+        for ex, p_ids, a_ids in zip(part, prompts, answers):
+            if len(p_ids) > args.max_prompt_length:
+                if args.on_long_prompt == "skip":
+                    summary.prompts_skipped += 1
+                    continue
+                summary.prompts_truncated += 1
+                p_ids = p_ids[-args.max_prompt_length:]
+            full = p_ids + a_ids + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
+            if len(full) > args.seq_length:
+                summary.answers_truncated += 1
+                full = full[:args.seq_length]
+            prompt = np.full(args.max_prompt_length, pad, np.int64)
+            prompt[:len(p_ids)] = p_ids
+            pretrain = np.full(args.seq_length, pad, np.int64)
+            pretrain[:len(full)] = full
+            mask = np.zeros(args.seq_length, np.int64)
+            mask[len(p_ids):len(full)] = 1
+            cols["prompt_ids"].append(prompt)
+            cols["pretrain_ids"].append(pretrain)
+            cols["loss_mask"].append(mask)
+            cols["prompt_length"].append(np.int64(len(p_ids)))
+            cols["solution"].append(ex.solution)
+        if progress:
+            progress.update(len(part))
+    if progress:
+        progress.close()
+    summary.rows_written = len(cols["prompt_ids"])
+    if summary.rows_written == 0:
+        raise ConfigError(f"{args.file_path}: every row was skipped (prompts longer than "
+                          f"--max_prompt_length={args.max_prompt_length}); nothing written")
+    write_mindrecord(args.output_path, cols, SCHEMA)
+    summary.output_bytes = sum(os.path.getsize(args.output_path + s) for s in ("", ".db"))
+    summary.seconds = time.time() - t0
+    return summary
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        summary = convert(args)
+    except ConfigError as err:
+        print(f"error: {err}")
+        return 2
+    print("\n".join(summary.lines(args.output_path)))
+    return 0

@@ -1,0 +1,81 @@
+"""Prompt reader for GRPO: global seeded shuffle per epoch, sharded by data-parallel rank, resumable.
+
+Every rank reads the (small) prompt table with MindDataset, permutes it with a seed that depends on
+(seed, epoch) only, and takes rows `dp_rank::dp_size` of that order: the DP shards are disjoint, their
+union is the epoch, and the position (epoch, index) fully determines what comes next, so a checkpoint
+stores just those two numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterator, Optional
+
+import numpy as np
+
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.data.mindrecord_io import read_mindrecord
+
+
+@dataclass
+class DataPosition:
+    epoch: int = 0
+    index: int = 0    # batches already taken in this epoch (per rank)
+
+
+def prompt_lengths(prompt_ids: np.ndarray, pad_token_id: int) -> np.ndarray:
+    """Length of right-padded prompts (MindRLHF files have no prompt_length column)."""
+    not_pad = prompt_ids != pad_token_id
+    return np.where(not_pad.any(1), prompt_ids.shape[1] - np.argmax(not_pad[:, ::-1], axis=1), 0)
+
+
+class PromptDataset:
+    def __init__(self, path: str, batch_size: int, dp_size: int = 1, dp_rank: int = 0, seed: int = 0,
+                 pad_token_id: int = 0, shuffle: bool = True, columns: Optional[Dict[str, np.ndarray]] = None):
+        self.table = columns if columns is not None else read_mindrecord(path)
+        self.path = path
+        n = len(self.table["prompt_ids"])
+        if "prompt_length" not in self.table:
+            self.table["prompt_length"] = prompt_lengths(self.table["prompt_ids"], pad_token_id)
+        if "solution" not in self.table:
+            self.table["solution"] = np.array([""] * n, dtype=object)
+        if batch_size <= 0:
+            raise ConfigError(f"batch_size: expected > 0, got {batch_size}")
+        if n < batch_size * dp_size:
+            raise ConfigError(f"{path}: {n} prompts cannot fill one step of batch_size={batch_size} x "
+                              f"data_parallel={dp_size}")
+        self.num_rows = n
+        self.batch_size, self.dp_size, self.dp_rank = batch_size, dp_size, dp_rank
+        self.seed, self.shuffle = seed, shuffle
+        self.position = DataPosition()
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Whole steps per epoch (every rank the same number; the remainder is dropped this epoch)."""
+        return self.num_rows // (self.batch_size * self.dp_size)
+
+    def epoch_rows(self, epoch: int) -> np.ndarray:
+        """This rank's row indices for `epoch`, in order."""
+        order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_rows) if self.shuffle
+                 else np.arange(self.num_rows))
+        usable = self.batches_per_epoch * self.batch_size * self.dp_size
+        return order[:usable][self.dp_rank::self.dp_size]
+
+    def next_batch(self) -> Dict[str, np.ndarray]:
+        if self.position.index >= self.batches_per_epoch:
+            self.position = DataPosition(self.position.epoch + 1, 0)
+        rows = self.epoch_rows(self.position.epoch)
+        take = rows[self.position.index * self.batch_size:(self.position.index + 1) * self.batch_size]
+        self.position = DataPosition(self.position.epoch, self.position.index + 1)
+        batch = {k: v[take] for k, v in self.table.items()}
+        batch["row_index"] = take
+        return batch
+
+    def __iter__(self) -> Iterator[Dict[str, np.ndarray]]:
+        while True:
+            yield self.next_batch()
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"epoch": self.position.epoch, "index": self.position.index}
+
+    def load_state_dict(self, state: Dict[str, int]):
+        self.position = DataPosition(int(state["epoch"]), int(state["index"]))

@@ -1,0 +1,157 @@
+"""MindRecord schema for GRPO prompts, an atomic writer, and jsonl row parsing.
+
+Columns (all int64 arrays right-padded with `pad_token_id`, as MindRLHF writes them, plus two of ours):
+
+    prompt_ids     [max_prompt_length]  the prompt (after the template), right-padded
+    pretrain_ids   [seq_length]         prompt + reference answer text, right-padded (SFT warm-up)
+    loss_mask      [seq_length]         1 on the answer tokens of pretrain_ids, else 0
+    prompt_length  int64                number of real tokens in prompt_ids          (mindrlhf)
+    solution       string               the reference final answer for the verifier  (mindrlhf)
+
+Files holding only MindRLHF's three columns load too (prompt_length is then recovered from the padding).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from mindrlhf.configs.errors import ConfigError
+
+SCHEMA = {
+    "prompt_ids": {"type": "int64", "shape": [-1]},
+    "pretrain_ids": {"type": "int64", "shape": [-1]},
+    "loss_mask": {"type": "int64", "shape": [-1]},
+    "prompt_length": {"type": "int64"},
+    "solution": {"type": "string"},
+}
+MINDRLHF_COLUMNS = ("prompt_ids", "pretrain_ids", "loss_mask")
+
+PROMPT_TEMPLATES = {
+    "none": "{question}",
+    "plain": "Question: {question}\nAnswer:",
+    "qwen_chat": ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                  "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"),
+    "qwen_r1": ("<|im_start|>system\nA conversation between User and Assistant. The user asks a question, and "
+                "the Assistant solves it. The Assistant first thinks about the reasoning process and then "
+                "provides the answer. The reasoning process and answer are enclosed within <think> </think> and "
+                "<answer> </answer> tags, respectively, and the final answer is put in \\boxed{{}}.<|im_end|>\n"
+                "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"),
+}
+
+
+@dataclass
+class Example:
+    question: str
+    answer_text: str   # what an SFT target would be (full worked answer)
+    solution: str      # the final answer the verifier compares against
+
+
+def parse_row(obj: dict, dataset_type: str, where: str) -> Example:
+    """One jsonl object -> Example; errors name the file:line and the missing key."""
+    def need(key):
+        if key not in obj:
+            raise ConfigError(f"{where}: missing key {key!r} (dataset_type={dataset_type} expects it)")
+        if not isinstance(obj[key], str):
+            raise ConfigError(f"{where}: key {key!r} must be a string, got {type(obj[key]).__name__}")
+        return obj[key]
+
+    if dataset_type == "gsm8k":
+        question, answer = need("question"), need("answer")
+        if "####" not in answer:
+            raise ConfigError(f"{where}: answer has no '#### <number>' final answer")
+        return Example(question, answer, answer.rsplit("####", 1)[1].strip().replace(",", ""))
+    if dataset_type == "openr1math":
+        question = need("problem")
+        solution = obj.get("answer")
+        if not isinstance(solution, str):
+            raise ConfigError(f"{where}: missing key 'answer' (dataset_type=openr1math expects it)")
+        return Example(question, obj.get("solution", solution) or solution, solution.strip())
+    if dataset_type == "raw":
+        question = need("prompt")
+        solution = obj.get("answer", obj.get("solution", ""))
+        return Example(question, str(solution), str(solution).strip())
+    raise ConfigError(f"--dataset_type: expected gsm8k, openr1math or raw, got {dataset_type!r}")
+
+
+def read_jsonl(path: str, dataset_type: str) -> List[Example]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"--file_path: file not found: {path}")
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as err:
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({err})") from None
+            if not isinstance(obj, dict):
+                raise ConfigError(f"{path}:{lineno}: expected a JSON object per line")
+            rows.append(parse_row(obj, dataset_type, f"{path}:{lineno}"))
+    if not rows:
+        raise ConfigError(f"{path}: the file has no rows")
+    return rows
+
+
+def write_mindrecord(path: str, columns: Dict[str, list], schema: Dict[str, dict], batch_rows: int = 4096):
+    """Write rows (column -> list of values) to `path` (+ `.db`), atomically: both files appear or none."""
+    from mindspore.mindrecord import FileWriter
+    out_dir = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"--output_path: the directory {out_dir} does not exist")
+    n = len(next(iter(columns.values())))
+    tmp_dir = tempfile.mkdtemp(prefix=".tmp_mindrecord_", dir=out_dir)
+    try:
+        tmp_file = os.path.join(tmp_dir, os.path.basename(path))
+        writer = FileWriter(tmp_file, shard_num=1, overwrite=True)
+        writer.set_page_size(1 << 20)    # MindRecord's default 32 MB page bloats small prompt files
+        writer.set_header_size(1 << 20)
+        writer.add_schema(schema, "mindrlhf_grpo_prompts")
+        for start in range(0, n, batch_rows):
+            writer.write_raw_data([{k: columns[k][i] for k in columns} for i in range(start, min(n, start + batch_rows))])
+        writer.commit()
+        for suffix in ("", ".db"):
+            os.replace(tmp_file + suffix, path + suffix)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def read_mindrecord(path: str) -> Dict[str, np.ndarray]:
+    """All rows of a prompt MindRecord as column arrays, in file order (our schema or MindRLHF's)."""
+    import mindspore.dataset as ds
+    if not os.path.isfile(path):
+        raise ConfigError(f"--mind_dataset_dir: MindRecord file not found: {path}")
+    from mindspore.mindrecord import FileReader
+    reader = FileReader(path)
+    try:
+        header_cols = set(reader.schema().keys()) if hasattr(reader, "schema") else None
+    finally:
+        reader.close()
+    cols = [c for c in SCHEMA if header_cols is None or c in header_cols]
+    missing = [c for c in MINDRLHF_COLUMNS if c not in cols]
+    if missing:
+        raise ConfigError(f"{path}: MindRecord lacks column(s) {missing}; expected at least {MINDRLHF_COLUMNS}")
+    data = ds.MindDataset(path, columns_list=cols, shuffle=False)
+    out: Dict[str, list] = {c: [] for c in cols}
+    for row in data.create_dict_iterator(num_epochs=1, output_numpy=True):
+        for c in cols:
+            out[c].append(row[c])
+    result = {c: np.stack(v) if c not in ("solution",) else np.array([_as_str(s) for s in v], dtype=object)
+              for c, v in out.items()}
+    if "prompt_length" in result:
+        result["prompt_length"] = result["prompt_length"].reshape(-1)
+    return result
+
+
+def _as_str(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, np.ndarray):
+        return _as_str(value.item())
+    return str(value)

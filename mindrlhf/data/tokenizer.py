@@ -1,0 +1,134 @@
+"""Tokenizers: Qwen2 byte-level BPE (vocab.json + merges.txt, or tokenizer.json) via `tokenizers`.
+
+The Qwen2 pipeline is NFC normalisation, Qwen2's pre-tokenisation regex, byte-level mapping and BPE, plus
+the chat special tokens. Llama's `tokenizer.model` goes through sentencepiece.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional, Sequence
+
+from mindrlhf.configs.errors import ConfigError
+
+QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                           r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+class Tokenizer:
+    """Batch encode/decode with the ids our models use; `eos_token_id`/`pad_token_id` as in Qwen2."""
+
+    def __init__(self, backend, source: str):
+        self._tok = backend
+        self.source = source
+        self.pad_token_id = self.token_to_id("<|endoftext|>")
+        self.eos_token_id = self.token_to_id("<|im_end|>")
+        if self.eos_token_id is None:
+            self.eos_token_id = self.pad_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
+
+    def encode(self, text: str) -> List[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> List[str]:
+        return self._tok.decode_batch([list(x) for x in batch], skip_special_tokens=skip_special_tokens)
+
+
+def _qwen2_pipeline(tok):
+    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_SPECIAL_TOKENS])
+    return tok
+
+
+def _check_vocab_merges(vocab_path: str, merges_path: str):
+    """Name the first merges.txt line whose pieces or result are not in vocab.json."""
+    try:
+        with open(vocab_path, encoding="utf-8") as fh:
+            vocab = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{vocab_path}: not a readable vocab.json ({err})") from None
+    if not isinstance(vocab, dict):
+        raise ConfigError(f"{vocab_path}: expected a JSON object mapping tokens to ids")
+    with open(merges_path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.rstrip("\n")
+            if not line or line.startswith("#version"):
+                continue
+            parts = line.split(" ")
+            if len(parts) != 2:
+                raise ConfigError(f"{merges_path}:{lineno}: expected two space-separated tokens, got {line!r}")
+            for piece in (parts[0], parts[1], parts[0] + parts[1]):
+                if piece not in vocab:
+                    raise ConfigError(f"{merges_path}:{lineno}: token {piece!r} is not in {vocab_path} "
+                                      f"(vocab.json and merges.txt do not belong together)")
+
+
+def load_qwen2_tokenizer(vocab_path: str, merges_path: str) -> Tokenizer:
+    """Qwen2/Qwen2.5 byte-level BPE from vocab.json + merges.txt."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import BPE
+    for path, what in ((vocab_path, "--vocab_path"), (merges_path, "--merges_file_path")):
+        if not path or not os.path.isfile(path):
+            raise ConfigError(f"{what}: file not found: {path}")
+    _check_vocab_merges(vocab_path, merges_path)
+    model = BPE.from_file(vocab_path, merges_path, unk_token=None, continuing_subword_prefix="",
+                          end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+    return Tokenizer(_qwen2_pipeline(HFTokenizer(model)), vocab_path)
+
+
+def load_tokenizer_json(path: str) -> Tokenizer:
+    """A `tokenizer.json` file, or a directory that holds one (HF fast-tokenizer format)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise ConfigError(f"{path}: no tokenizer.json found")
+    try:
+        return Tokenizer(HFTokenizer.from_file(file), file)
+    except Exception as err:  # tokenizers raises a bare Exception on bad JSON
+        raise ConfigError(f"{file}: not a valid tokenizer.json ({err})") from None
+
+
+def load_tokenizer(vocab_path: Optional[str] = None, merges_path: Optional[str] = None,
+                   tokenizer_dir: Optional[str] = None) -> Tokenizer:
+    if tokenizer_dir:
+        return load_tokenizer_json(tokenizer_dir)
+    if vocab_path and os.path.isdir(vocab_path):
+        return load_tokenizer_json(vocab_path)
+    return load_qwen2_tokenizer(vocab_path, merges_path)
+
+
+def train_byte_level_bpe(texts: Sequence[str], vocab_size: int, out_dir: str):
+    """Train a small Qwen2-style byte-level BPE and write vocab.json + merges.txt (tests and the demo)."""
+    from tokenizers import Tokenizer as HFTokenizer, pre_tokenizers, Regex
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+    tok = HFTokenizer(BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=list(QWEN2_SPECIAL_TOKENS), show_progress=False,
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    os.makedirs(out_dir, exist_ok=True)
+    tok.model.save(out_dir)
+    return os.path.join(out_dir, "vocab.json"), os.path.join(out_dir, "merges.txt")

@@ -1,0 +1,142 @@
+"""Tokenizer parity with transformers, jsonl -> MindRecord conversion, bad input, and the sharded reader."""
+import os
+
+import numpy as np
+import pytest
+
+from data_helpers import TEXT_SAMPLES, arithmetic_rows, make_tokenizer_files, write_jsonl
+from mindrlhf.configs import ConfigError
+from mindrlhf.data.convert import build_parser, convert
+from mindrlhf.data.dataset import PromptDataset
+from mindrlhf.data.mindrecord_io import SCHEMA, read_mindrecord, write_mindrecord
+from mindrlhf.data.tokenizer import load_qwen2_tokenizer, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok_files(tmp_path_factory):
+    return make_tokenizer_files(str(tmp_path_factory.mktemp("tok")))
+
+
+def test_token_ids_match_transformers_qwen2(tok_files):
+    from transformers import Qwen2Tokenizer
+    vocab, merges = tok_files
+    ours = load_qwen2_tokenizer(vocab, merges)
+    ref = Qwen2Tokenizer(vocab=vocab, merges=merges, additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    texts = TEXT_SAMPLES + ["<|im_start|>user\n你好😀<|im_end|>\n<|im_start|>assistant\n", "<|endoftext|>x",
+                            "   leading and trailing   ", "x = [1, 2, 3]  # code\n\tif x: pass", "1234567890" * 3,
+                            "Ａｂｃ full-width + e\u0301 combining"]
+    for text in texts:
+        got = ours.encode(text)
+        assert got == ref(text, add_special_tokens=False)["input_ids"], text
+        assert ours.decode(got, skip_special_tokens=False) == ref.decode(got, skip_special_tokens=False)
+    assert ours.encode_batch(texts) == [ours.encode(t) for t in texts]
+    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        assert ours.encode(special) == [ours.token_to_id(special)]
+
+
+def test_tokenizer_json_directory(tok_files, tmp_path):
+    vocab, merges = tok_files
+    ours = load_qwen2_tokenizer(vocab, merges)
+    ours._tok.save(str(tmp_path / "tokenizer.json"))
+    again = load_tokenizer(tokenizer_dir=str(tmp_path))
+    assert again.encode("What is 3 + 4?") == ours.encode("What is 3 + 4?")
+
+
+def test_mismatched_vocab_and_merges(tmp_path, tok_files):
+    _, merges = tok_files
+    other_vocab, _ = make_tokenizer_files(str(tmp_path), vocab_size=280, extra_texts=["zzzz qqqq"] * 5)
+    with pytest.raises(ConfigError, match=r"merges\.txt:\d+: token .* is not in .*vocab\.json"):
+        load_qwen2_tokenizer(other_vocab, merges)
+
+
+def _args(tok_files, src, out, *extra):
+    vocab, merges = tok_files
+    return build_parser().parse_args(["--vocab_path", vocab, "--merges_file_path", merges, "--file_path", str(src),
+                                      "--output_path", str(out), "--no_progress", *extra])
+
+
+def test_convert_reads_back_exactly(tmp_path, tok_files):
+    rows = arithmetic_rows(50)
+    src = write_jsonl(str(tmp_path / "train.jsonl"), rows)
+    out = tmp_path / "train.mindrecord"
+    summary = convert(_args(tok_files, src, out, "--max_prompt_length", "24", "--seq_length", "48"))
+    assert summary.rows_written == 50 and summary.prompts_truncated == 0
+    table = read_mindrecord(str(out))
+    tok = load_qwen2_tokenizer(*tok_files)
+    for i, row in enumerate(rows):
+        p = tok.encode(row["question"])
+        assert table["prompt_length"][i] == len(p)
+        assert table["prompt_ids"][i, :len(p)].tolist() == p
+        assert (table["prompt_ids"][i, len(p):] == tok.pad_token_id).all()
+        assert table["solution"][i] == row["answer"].split("####")[1].strip()
+        full = table["pretrain_ids"][i]
+        answer = full[table["loss_mask"][i] == 1].tolist()
+        assert tok.decode(answer).strip() == row["answer"].strip()
+    assert table["prompt_ids"].dtype == np.int64 and table["loss_mask"].shape == (50, 48)
+
+
+def test_long_prompts_truncated_or_skipped(tmp_path, tok_files):
+    rows = arithmetic_rows(10) + [{"question": "word " * 60, "answer": "#### 1"}] * 3
+    src = write_jsonl(str(tmp_path / "t.jsonl"), rows)
+    s1 = convert(_args(tok_files, src, tmp_path / "a.mindrecord", "--max_prompt_length", "16", "--seq_length", "32"))
+    assert (s1.rows_written, s1.prompts_truncated) == (13, 3)
+    s2 = convert(_args(tok_files, src, tmp_path / "b.mindrecord", "--max_prompt_length", "16", "--seq_length", "32",
+                       "--on_long_prompt", "skip"))
+    assert (s2.rows_written, s2.prompts_skipped) == (10, 3)
+
+
+@pytest.mark.parametrize("lines,pattern", [
+    (['{"question": "a", "answer": "#### 1"}', '{"question": "b", "answer": '], r"t\.jsonl:2: not valid JSON"),
+    (['{"question": "a", "answer": "#### 1"}', '{"answer": "#### 2"}'], r"t\.jsonl:2: missing key 'question'"),
+    (['{"question": "a"}'], r"t\.jsonl:1: missing key 'answer'"),
+    ([], r"t\.jsonl: the file has no rows"),
+])
+def test_bad_jsonl_names_file_and_line(tmp_path, tok_files, lines, pattern):
+    src = write_jsonl(str(tmp_path / "t.jsonl"), lines)
+    with pytest.raises(ConfigError, match=pattern):
+        convert(_args(tok_files, src, tmp_path / "o.mindrecord"))
+    assert not [f for f in os.listdir(tmp_path) if "mindrecord" in f]
+
+
+def test_output_in_missing_directory(tmp_path, tok_files):
+    src = write_jsonl(str(tmp_path / "t.jsonl"), arithmetic_rows(3))
+    with pytest.raises(ConfigError, match=r"--output_path: the directory .*nope does not exist"):
+        convert(_args(tok_files, src, tmp_path / "nope" / "o.mindrecord"))
+
+
+def _table(n):
+    return {"prompt_ids": np.arange(n * 4, dtype=np.int64).reshape(n, 4) + 1,
+            "pretrain_ids": np.ones((n, 8), np.int64), "loss_mask": np.zeros((n, 8), np.int64)}
+
+
+def test_mindrlhf_three_column_file_is_accepted(tmp_path):
+    table = _table(6)
+    table["prompt_ids"][:, 3] = 0  # right padding
+    path = str(tmp_path / "old.mindrecord")
+    schema = {k: SCHEMA[k] for k in ("prompt_ids", "pretrain_ids", "loss_mask")}
+    write_mindrecord(path, {k: list(v) for k, v in table.items()}, schema)
+    ds = PromptDataset(path, batch_size=2, pad_token_id=0, shuffle=False)
+    batch = ds.next_batch()
+    assert batch["prompt_ids"].tolist() == table["prompt_ids"][:2].tolist()
+    assert batch["prompt_length"].tolist() == [3, 3]
+
+
+def test_dp_shards_are_disjoint_and_cover_the_epoch():
+    table = _table(20)
+    shards = [PromptDataset("mem", batch_size=2, dp_size=2, dp_rank=r, seed=3, columns=dict(table)) for r in range(2)]
+    seen = [np.concatenate([s.next_batch()["row_index"] for _ in range(s.batches_per_epoch)]) for s in shards]
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(np.concatenate(seen).tolist()) == list(range(20))
+
+
+def test_epochs_differ_and_resume_continues_exactly():
+    table = _table(12)
+    ds = PromptDataset("mem", batch_size=3, seed=5, columns=dict(table))
+    assert not np.array_equal(ds.epoch_rows(0), ds.epoch_rows(1))
+    taken = [ds.next_batch()["row_index"] for _ in range(5)]    # crosses into epoch 1
+    state = ds.state_dict()
+    rest = [ds.next_batch()["row_index"] for _ in range(4)]
+    resumed = PromptDataset("mem", batch_size=3, seed=5, columns=dict(table))
+    resumed.load_state_dict(state)
+    assert [resumed.next_batch()["row_index"].tolist() for _ in range(4)] == [r.tolist() for r in rest]
+    assert state == {"epoch": 1, "index": 1} and len(taken) == 5
