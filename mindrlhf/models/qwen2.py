@@ -105,6 +105,35 @@ class Attention(nn.Cell):
         q, k, v = self.project_qkv(x, cos, sin)
         return self.attend(q, k, v, bias)
 
+    def prefill(self, x, cos, sin, bias, cache_k, cache_v, n_samples):
+        """Full-prompt attention that also fills the KV cache, each prompt's entries copied n_samples times.
+
+        cache_k/v: Parameters (L, B*n, nkv, hd), slot-major so a decode step writes one row in place.
+        """
+        q, k, v = self.project_qkv(x, cos, sin)
+        ops.assign(cache_k, _cache_rows(k, n_samples, cache_k.shape[0]))
+        ops.assign(cache_v, _cache_rows(v, n_samples, cache_v.shape[0]))
+        return self.attend(q, k, v, bias)
+
+    def decode(self, x, cos, sin, bias, cache_k, cache_v, slot):
+        """One new token per sequence: write its k/v at cache row `slot` (shape (1,)), attend to the cache."""
+        q, k, v = self.project_qkv(x, cos, sin)                       # k/v (N, nkv, 1, hd)
+        cache_k = ops.scatter_update(cache_k, slot, ops.transpose(k, (2, 0, 1, 3)))
+        cache_v = ops.scatter_update(cache_v, slot, ops.transpose(v, (2, 0, 1, 3)))
+        keys = ops.transpose(cache_k, (1, 2, 0, 3))                    # (N, nkv, L, hd)
+        values = ops.transpose(cache_v, (1, 2, 0, 3))
+        return self.attend(q, keys, values, bias)
+
+
+def _cache_rows(kv, n_samples, cache_len):
+    """kv (B, nkv, P, hd) -> (L, B*n, nkv, hd): slot-major, each row repeated n times, zero-padded to L."""
+    b, nkv, p, hd = kv.shape
+    rows = ops.transpose(kv, (2, 0, 1, 3))                                       # (P, B, nkv, hd)
+    rows = ops.broadcast_to(ops.expand_dims(rows, 2), (p, b, n_samples, nkv, hd))
+    rows = ops.reshape(rows, (p, b * n_samples, nkv, hd))
+    pad = ops.zeros((cache_len - p, b * n_samples, nkv, hd), rows.dtype)
+    return ops.concat((rows, pad), 0)
+
 
 class FeedForward(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
@@ -137,6 +166,16 @@ class DecoderLayer(nn.Cell):
         h = x + self.attention(self.enter_attn(self.attention_norm(x)), cos, sin, bias)
         return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
 
+    def prefill(self, x, cos, sin, bias, cache_k, cache_v, n_samples):
+        h = x + self.attention.prefill(self.enter_attn(self.attention_norm(x)), cos, sin, bias, cache_k, cache_v,
+                                       n_samples)
+        return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
+
+    def decode(self, x, cos, sin, bias, cache_k, cache_v, slot):
+        h = x + self.attention.decode(self.enter_attn(self.attention_norm(x)), cos, sin, bias, cache_k, cache_v,
+                                      slot)
+        return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
+
 
 class DecoderModel(nn.Cell):
     """Embedding, decoder layers and final norm (MindFormers' `model.*`)."""
@@ -165,6 +204,20 @@ class DecoderModel(nn.Cell):
         cos, sin = self.rope(position_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, bias)
+        return self.norm_out(x)
+
+    def prefill(self, input_ids, position_ids, bias, caches_k, caches_v, n_samples):
+        x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
+        cos, sin = self.rope(position_ids)
+        for i in range(len(self.layers)):
+            x = self.layers[i].prefill(x, cos, sin, bias, caches_k[i], caches_v[i], n_samples)
+        return self.norm_out(x)
+
+    def decode(self, input_ids, position_ids, bias, caches_k, caches_v, slot):
+        x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
+        cos, sin = self.rope(position_ids)
+        for i in range(len(self.layers)):
+            x = self.layers[i].decode(x, cos, sin, bias, caches_k[i], caches_v[i], slot)
         return self.norm_out(x)
 
 
@@ -212,11 +265,11 @@ class CausalLM(nn.Cell):
 
     def full_logits(self, input_ids, position_ids, bias):
         """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""
-        return self.gather_vocab(self(input_ids, position_ids, bias))
+        return self.gather_vocab(self.head(self.model(input_ids, position_ids, bias)))
 
     def token_logprobs(self, input_ids, position_ids, bias, labels):
         """Per-position log p(labels) and entropy (B, T), vocabulary-parallel."""
-        return self.logprob_fn(self(input_ids, position_ids, bias), labels)
+        return self.logprob_fn(self.head(self.model(input_ids, position_ids, bias)), labels)
 
 
 def param_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], Optional[int]]]:

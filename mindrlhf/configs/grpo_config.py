@@ -1,0 +1,241 @@
+"""GRPO run configuration: one dataclass per section, every field typed, defaulted and documented.
+
+Sources, later wins: dataclass defaults < `--config grpo_config.yaml` < command-line flags that were
+actually given (a flag's absence never overrides the YAML). The CLI and the README's config reference are
+both generated from these dataclasses, so they cannot drift.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+from mindrlhf.configs.errors import ConfigError
+
+
+def _f(default, help_text, **kw):
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d), metadata={"help": help_text, **kw})
+    return field(default=default, metadata={"help": help_text, **kw})
+
+
+@dataclass
+class RunConfig:
+    """Files and run control (names as in MindRLHF's qwen_grpo_tutorial)."""
+    sft_path_train: str = _f("", "model YAML of the policy (train layout)")
+    sft_path_infer: str = _f("", "model YAML of the rollout model (infer layout); default: same as train")
+    vocab_path: str = _f("", "tokenizer vocab.json (or a directory with tokenizer.json)")
+    merges_file_path: str = _f("", "tokenizer merges.txt")
+    mind_dataset_dir: str = _f("", "prompt MindRecord written by rlhf_data.py")
+    eval_dataset: str = _f("", "held-out prompt MindRecord for greedy-accuracy eval (optional)")
+    save_ckpt_dir: str = _f("./ckpt", "where checkpoints, metrics and the exported policy go")
+    save_data_file: str = _f("", "also write every rollout (prompt, response, reward) to this MindRecord")
+    load_sft_checkpoint_train: str = _f("", "policy weights: HF dir/safetensors or MindSpore .ckpt/.safetensors")
+    load_sft_checkpoint_infer: str = _f("", "rollout weights (default: the policy's; they are synced each step)")
+    load_ref_checkpoint: str = _f("", "reference weights (default: the initial policy's)")
+    use_parallel: bool = _f(False, "run under msrun with the layouts of the model YAMLs")
+    only_save_strategy: bool = _f(False, "write the train and infer strategy files, then exit")
+    enable_compile_cache: bool = _f(False, "accepted for MindRLHF compatibility; graphs are compiled in memory")
+    resume: bool = _f(False, "continue from the newest complete checkpoint in save_ckpt_dir")
+    seed: int = _f(1, "seed for sampling, data order and init")
+    total_steps: int = _f(100, "GRPO steps (each: rollout, rewards, updates, weight sync)")
+    save_steps: int = _f(50, "save a checkpoint every N steps (and at the end); 0 = only at the end")
+    keep_checkpoints: int = _f(2, "keep the last K complete checkpoints")
+    eval_steps: int = _f(0, "greedy-accuracy eval on eval_dataset every N steps (and at start/end); 0 = off")
+    eval_prompts: int = _f(64, "how many eval prompts (per run, split over DP)")
+    log_dir: str = _f("", "metrics JSONL / TensorBoard directory (default: save_ckpt_dir)")
+    export_hf: bool = _f(True, "export the final policy as HF safetensors to save_ckpt_dir/hf_policy")
+    progress: bool = _f(True, "show a progress bar over steps (rank 0)")
+
+
+@dataclass
+class RLConfig:
+    """GRPO algorithm."""
+    num_generations: int = _f(8, "G: completions per prompt (one group)")
+    batch_size: int = _f(4, "prompts per rollout-DP rank per step")
+    mini_batch_size: int = _f(0, "sequences per optimizer update on each train-DP rank; 0 = all at once")
+    num_iterations: int = _f(1, "passes over each rollout (>1 uses old-policy logprobs, PPO-style)")
+    beta: float = _f(0.0, "KL coefficient to the reference model; 0 disables the reference model entirely")
+    kl_estimator: str = _f("k3", "k1, k2 or k3", choices=["k1", "k2", "k3"])
+    clip_low: float = _f(0.2, "ratio clip below 1 - clip_low")
+    clip_high: float = _f(0.2, "ratio clip above 1 + clip_high (clip-higher: > clip_low)")
+    loss_agg: str = _f("token-mean", "token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm "
+                       "(Dr.GRPO)", choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+    adv_norm_std: bool = _f(True, "divide advantages by the group std (False: Dr.GRPO)")
+    ref_sync_steps: int = _f(0, "copy the policy into the reference model every N steps; 0 = never")
+
+
+@dataclass
+class SamplingConfig:
+    """Rollout sampling."""
+    temperature: float = _f(1.0, "0 = greedy")
+    top_k: int = _f(0, "0 = off")
+    top_p: float = _f(1.0, "nucleus sampling")
+    min_p: float = _f(0.0, "drop tokens below min_p x the top probability")
+    repetition_penalty: float = _f(1.0, "HF definition; 1 = off")
+    max_tokens: int = _f(64, "max new tokens per completion")
+    min_tokens: int = _f(0, "EOS suppressed before this many tokens")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with warmup + cosine."""
+    lr: float = _f(1e-6, "peak learning rate")
+    min_lr: float = _f(0.0, "learning rate at the end of the cosine")
+    warmup_steps: int = _f(0, "linear warmup, in optimizer updates")
+    weight_decay: float = _f(0.01, "decoupled weight decay (not on norms/biases)")
+    beta1: float = _f(0.9, "Adam beta1")
+    beta2: float = _f(0.999, "Adam beta2")
+    eps: float = _f(1e-8, "Adam epsilon")
+    max_grad_norm: float = _f(1.0, "global gradient-norm clip; 0 = off")
+
+
+@dataclass
+class RewardConfig:
+    """Rule-based rewards, combined by weight."""
+    verifier_function: List[str] = _f(["accuracy_reward"], "names from mindrlhf.reward.verifiers")
+    verifier_weight: List[float] = _f([1.0], "one weight per verifier_function")
+
+
+@dataclass
+class SwapConfig:
+    """Host-memory swap per phase (free-and-restore on CPU; MindSpore offload on Ascend)."""
+    offload_train_param: bool = _f(False, "policy weights to host during rollout (needs a separate rollout model)")
+    offload_train_optimizer: bool = _f(False, "optimizer state to host outside the train phase")
+    offload_train_grad: bool = _f(False, "accepted; gradients are not kept between steps, so nothing to move")
+    offload_infer_param: bool = _f(False, "rollout weights to host during training (separate rollout model)")
+    offload_kv_cache: bool = _f(True, "drop the KV cache after each rollout")
+    offload_ref_param: bool = _f(False, "reference weights to host outside their phase")
+
+
+@dataclass
+class GRPOConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    swap: SwapConfig = field(default_factory=SwapConfig)
+
+    def validate(self):
+        positive = [("rl.num_generations", self.rl.num_generations), ("rl.batch_size", self.rl.batch_size),
+                    ("rl.num_iterations", self.rl.num_iterations), ("run.total_steps", self.run.total_steps),
+                    ("sampling.max_tokens", self.sampling.max_tokens), ("run.keep_checkpoints",
+                                                                        self.run.keep_checkpoints)]
+        for name, value in positive:
+            if value <= 0:
+                raise ConfigError(f"{name}: expected > 0, got {value}")
+        if self.rl.beta < 0:
+            raise ConfigError(f"rl.beta: expected >= 0, got {self.rl.beta}")
+        if not 0 <= self.rl.clip_low < 1 or self.rl.clip_high < 0:
+            raise ConfigError(f"rl.clip_low/clip_high: expected 0 <= clip_low < 1 and clip_high >= 0, got "
+                              f"{self.rl.clip_low}/{self.rl.clip_high}")
+        if self.optim.lr <= 0:
+            raise ConfigError(f"optim.lr: expected > 0, got {self.optim.lr}")
+        if len(self.reward.verifier_function) != len(self.reward.verifier_weight):
+            raise ConfigError(f"reward.verifier_weight: {len(self.reward.verifier_weight)} weights for "
+                              f"{len(self.reward.verifier_function)} verifier_function entries")
+        return self
+
+
+SECTIONS = [f.name for f in dataclasses.fields(GRPOConfig)]
+
+
+def _section_fields():
+    for sec in dataclasses.fields(GRPOConfig):
+        for f in dataclasses.fields(sec.default_factory()):
+            yield sec.name, f
+
+
+def _coerce(value, f: dataclasses.Field, where: str):
+    typ = str(f.type)
+    choices = f.metadata.get("choices")
+    try:
+        if typ == "bool":
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                value = value.lower() in ("true", "1")
+            elif not isinstance(value, bool):
+                raise ValueError
+        elif typ == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            value = int(value)
+        elif typ == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            value = float(value)
+        elif typ.startswith("List"):
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v]
+            if not isinstance(value, list):
+                raise ValueError
+            value = [float(v) for v in value] if "float" in typ else [str(v) for v in value]
+        elif typ == "str":
+            value = "" if value is None else str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {typ}, got {value!r}") from None
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: expected one of {choices}, got {value!r}")
+    return value
+
+
+def load_grpo_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None) -> GRPOConfig:
+    """Defaults < YAML file (sections as in GRPOConfig) < overrides {field_name: value} from the CLI."""
+    cfg = GRPOConfig()
+    if path:
+        if not os.path.isfile(path):
+            raise ConfigError(f"--config: file not found: {path}")
+        with open(path, encoding="utf-8") as fh:
+            try:
+                raw = yaml.safe_load(fh) or {}
+            except yaml.YAMLError as err:
+                raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections {SECTIONS}")
+        for sec_name, values in raw.items():
+            if sec_name not in SECTIONS:
+                raise ConfigError(f"{path}: {sec_name}: unknown section (expected one of {SECTIONS})")
+            section = getattr(cfg, sec_name)
+            known = {f.name: f for f in dataclasses.fields(section)}
+            for key, value in (values or {}).items():
+                if key not in known:
+                    raise ConfigError(f"{path}: {sec_name}.{key}: unknown field (known: {', '.join(known)})")
+                setattr(section, key, _coerce(value, known[key], f"{path}: {sec_name}.{key}"))
+    where = {f.name: (sec, f) for sec, f in _section_fields()}
+    for key, value in (overrides or {}).items():
+        sec, f = where[key]
+        setattr(getattr(cfg, sec), key, _coerce(value, f, f"--{key}"))
+    return cfg.validate()
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    """Every config field as --field_name; unset flags stay absent so they never override the YAML."""
+    p = argparse.ArgumentParser(description="GRPO training with mindrlhf (run under msrun for several ranks)",
+                                argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", help="grpo_config.yaml with sections " + ", ".join(SECTIONS))
+    for sec, f in _section_fields():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        p.add_argument(f"--{f.name}", metavar=str(f.type).upper().replace("LIST[", "").rstrip("]"),
+                       help=f"[{sec}] {f.metadata['help']} (default: {default})")
+    return p
+
+
+def config_from_argv(argv=None) -> GRPOConfig:
+    ns = vars(build_arg_parser().parse_args(argv))
+    path = ns.pop("config", None)
+    return load_grpo_config(path, ns)
+
+
+def config_reference_markdown() -> str:
+    """The README's config reference table, generated from the dataclasses."""
+    lines = ["| section | field | default | meaning |", "| --- | --- | --- | --- |"]
+    for sec, f in _section_fields():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        lines.append(f"| {sec} | `{f.name}` | `{default!r}` | {f.metadata['help']} |")
+    return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""MindSpore generation engine: jit-compiled prefill and decode over a KV cache kept in Parameters.
+
+Static shapes so each graph compiles once per (batch, prompt bucket, cache length): prompts are
+left-padded to a bucket length P, every prompt is prefilled once and its cache rows copied to its n
+samples, and each decode step writes one cache row in place (`scatter_update` on a Parameter; passing the
+cache in and out of a graph instead costs a full copy per step). Sampling runs on host numpy over the
+gathered logits. Sequences that finished keep their slot but stop producing tokens; the loop ends when all
+have finished.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.models.qwen2 import NEG_INF, CausalLM, causal_bias
+from mindrlhf.rollout.sampling import SamplingParams, process_logits, sample
+
+
+@dataclass
+class RolloutOutput:
+    """n samples per prompt, sample j of prompt i at row i*n + j. Responses right-padded with pad id."""
+    prompt_ids: List[List[int]]        # per row (repeated per sample)
+    response_ids: np.ndarray           # (N, max_tokens) int64
+    response_mask: np.ndarray          # (N, max_tokens) 1 on generated tokens (EOS included)
+    logprobs: np.ndarray               # (N, max_tokens) float32 logprob of each sampled token
+    finish_reason: List[str]           # "stop" (EOS) or "length"
+    prompt_index: np.ndarray           # (N,) which input prompt each row came from
+    seconds: float = 0.0
+
+    @property
+    def response_lengths(self) -> np.ndarray:
+        return self.response_mask.sum(-1)
+
+
+class _Prefill(nn.Cell):
+    def __init__(self, lm: CausalLM, caches_k, caches_v, n_samples: int):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+        self.caches_k, self.caches_v = caches_k, caches_v
+        self.n_samples = n_samples
+
+    @ms.jit
+    def construct(self, input_ids, position_ids, bias):
+        h = self.lm.model.prefill(input_ids, position_ids, bias, self.caches_k, self.caches_v, self.n_samples)
+        return self.lm.gather_vocab(self.lm.head(h[:, -1:, :]))[:, 0, :]
+
+
+class _Decode(nn.Cell):
+    def __init__(self, lm: CausalLM, caches_k, caches_v):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+        self.caches_k, self.caches_v = caches_k, caches_v
+
+    @ms.jit
+    def construct(self, input_ids, position_ids, bias, slot):
+        h = self.lm.model.decode(input_ids, position_ids, bias, self.caches_k, self.caches_v, slot)
+        return self.lm.gather_vocab(self.lm.head(h))[:, 0, :]
+
+
+class GenerationEngine:
+    """Batched generation on one model replica (one DP rank of the infer layout, TP inside the model)."""
+
+    def __init__(self, model: CausalLM, pad_token_id: int = 0, prompt_bucket: int = 16):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.prompt_bucket = prompt_bucket
+        self._compiled = {}     # (rows, P, L, n) -> (prefill, decode, caches)
+        self._rng = None
+
+    def release_cache(self):
+        """Drop compiled graphs and their KV cache (frees host/device memory between rollouts)."""
+        self._compiled.clear()
+
+    def _runners(self, batch: int, p: int, length: int, n: int):
+        key = (batch, p, length, n)
+        if key not in self._compiled:
+            self._compiled.clear()  # one cache at a time
+            cfg, mesh = self.model.config, self.model.mesh
+            shape = (length, batch * n, cfg.n_kv_heads // mesh.tp, cfg.head_dim)
+            dtype = self.model.compute_dtype
+            ck = ms.ParameterTuple([Parameter(Tensor(np.zeros(shape, np.float32)).astype(dtype),
+                                              name=f"kv_cache.k.{i}", requires_grad=False)
+                                    for i in range(cfg.num_layers)])
+            cv = ms.ParameterTuple([Parameter(Tensor(np.zeros(shape, np.float32)).astype(dtype),
+                                              name=f"kv_cache.v.{i}", requires_grad=False)
+                                    for i in range(cfg.num_layers)])
+            self._compiled[key] = (_Prefill(self.model, ck, cv, n), _Decode(self.model, ck, cv))
+        return self._compiled[key]
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 rng: Optional[np.random.Generator] = None) -> RolloutOutput:
+        params.validate()
+        if len(prompts) == 0:
+            raise ConfigError("generate: the prompt batch is empty")
+        cfg = self.model.config
+        lengths = np.array([len(p) for p in prompts])
+        if lengths.min() == 0:
+            raise ConfigError(f"generate: prompt {int(np.argmin(lengths))} is empty")
+        p_len = int(-(-lengths.max() // self.prompt_bucket) * self.prompt_bucket)
+        total = p_len + params.max_tokens
+        if total > cfg.max_position_embedding:
+            raise ConfigError(f"generate: prompt bucket {p_len} + max_tokens {params.max_tokens} = {total} exceeds "
+                              f"the model's max_position_embedding={cfg.max_position_embedding}; the longest "
+                              f"prompt has {lengths.max()} tokens")
+        if rng is None:
+            rng = np.random.default_rng([params.seed, self.model.mesh.rank])
+        t0 = time.time()
+        b, n = len(prompts), params.n
+        rows = b * n
+        prefill, decode = self._runners(b, p_len, total, n)
+
+        ids = np.full((b, p_len), self.pad_token_id, np.int64)
+        mask = np.zeros((b, p_len), np.int32)
+        for i, p in enumerate(prompts):
+            ids[i, p_len - len(p):] = p
+            mask[i, p_len - len(p):] = 1
+        pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
+        logits = prefill(Tensor(ids.astype(np.int32)), Tensor(pos), causal_bias(Tensor(mask))).asnumpy()
+        logits = np.repeat(logits, n, axis=0)                                      # (rows, V)
+
+        # key validity over the cache for each row: real prompt tokens, then generated slots as they fill
+        key_ok = np.zeros((rows, total), bool)
+        key_ok[:, :p_len] = np.repeat(mask, n, axis=0).astype(bool)
+        seen = None
+        if params.repetition_penalty != 1.0:
+            seen = np.zeros((rows, cfg.vocab_size), bool)
+            for i, p in enumerate(prompts):
+                seen[i * n:(i + 1) * n, p] = True
+        next_pos = np.repeat(lengths, n).astype(np.int32)
+        out_ids = np.full((rows, params.max_tokens), self.pad_token_id, np.int64)
+        out_mask = np.zeros((rows, params.max_tokens), np.int64)
+        out_logp = np.zeros((rows, params.max_tokens), np.float32)
+        done = np.zeros(rows, bool)
+        eos = np.array(params.eos_token_ids, np.int64)
+        for t in range(params.max_tokens):
+            scores = process_logits(logits, params, seen, suppress_eos=t < params.min_tokens)
+            tokens, logp = sample(scores, params, rng)
+            active = ~done
+            out_ids[active, t] = tokens[active]
+            out_mask[active, t] = 1
+            out_logp[active, t] = logp[active]
+            if seen is not None:
+                seen[np.arange(rows)[active], tokens[active]] = True
+            done |= active & np.isin(tokens, eos)
+            if done.all() or t == params.max_tokens - 1:
+                break
+            slot = p_len + t
+            key_ok[:, slot] = True
+            bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]
+            feed = np.where(done, self.pad_token_id, tokens).astype(np.int32)[:, None]
+            logits = decode(Tensor(feed), Tensor(next_pos[:, None]), Tensor(bias),
+                            Tensor(np.array([slot], np.int32))).asnumpy()
+            next_pos = next_pos + 1
+        reasons = ["stop" if d else "length" for d in done]
+        prompt_rows = [list(prompts[i]) for i in range(b) for _ in range(n)]
+        return RolloutOutput(prompt_rows, out_ids, out_mask, out_logp, reasons,
+                             np.repeat(np.arange(b), n), time.time() - t0)

@@ -1,0 +1,114 @@
+"""Sampling parameters and the logits processors, on host numpy (float64 for stable log-softmax).
+
+Order follows vLLM/HF: repetition penalty -> min_tokens (EOS suppressed) -> temperature -> top-k -> top-p ->
+min-p. The returned logprob is that of the sampled token under the distribution actually sampled from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from mindrlhf.configs.errors import ConfigError
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0          # 0 = greedy
+    top_k: int = 0                    # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0   # HF definition: divide positive logits, multiply negative ones
+    max_tokens: int = 64
+    min_tokens: int = 0
+    n: int = 1                        # samples per prompt (GRPO num_generations)
+    eos_token_ids: List[int] = field(default_factory=list)
+    seed: int = 0
+
+    def validate(self):
+        if self.max_tokens <= 0:
+            raise ConfigError(f"max_tokens: expected > 0, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ConfigError(f"min_tokens: expected 0 <= min_tokens <= max_tokens={self.max_tokens}, "
+                              f"got {self.min_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature: expected >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: expected in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(f"min_p: expected in [0, 1), got {self.min_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k: expected >= 0, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ConfigError(f"repetition_penalty: expected > 0, got {self.repetition_penalty}")
+        if self.n <= 0:
+            raise ConfigError(f"n: expected > 0, got {self.n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """logits (N, V); seen (N, V) bool: tokens in the prompt or generated so far."""
+    if penalty == 1.0:
+        return logits
+    penalised = np.where(logits > 0, logits / penalty, logits * penalty)
+    return np.where(seen, penalised, logits)
+
+
+def process_logits(logits: np.ndarray, params: SamplingParams, seen: Optional[np.ndarray],
+                   suppress_eos: bool) -> np.ndarray:
+    """Raw logits (N, V) -> the log-space scores actually sampled from (-inf where filtered)."""
+    x = logits.astype(np.float64)
+    if seen is not None:
+        x = apply_repetition_penalty(x, seen, params.repetition_penalty)
+    if suppress_eos and params.eos_token_ids:
+        x[:, params.eos_token_ids] = -np.inf
+    if params.greedy:
+        return x
+    x = x / params.temperature
+    v = x.shape[-1]
+    if 0 < params.top_k < v:
+        kth = np.partition(x, v - params.top_k, axis=-1)[:, v - params.top_k][:, None]
+        x = np.where(x < kth, -np.inf, x)
+    if params.top_p < 1.0:
+        order = np.argsort(-x, axis=-1)
+        sorted_x = np.take_along_axis(x, order, -1)
+        probs = _softmax(sorted_x)
+        cum = np.cumsum(probs, -1)
+        drop_sorted = (cum - probs) >= params.top_p          # keep the smallest prefix reaching top_p
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, -1)
+        x = np.where(drop, -np.inf, x)
+    if params.min_p > 0:
+        probs = _softmax(x)
+        x = np.where(probs < params.min_p * probs.max(-1, keepdims=True), -np.inf, x)
+    return x
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    m = np.max(x, -1, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(-1, keepdims=True)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    m = np.max(x, -1, keepdims=True)
+    shifted = x - m
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def sample(scores: np.ndarray, params: SamplingParams, rng: np.random.Generator):
+    """scores (N, V) from process_logits -> (tokens (N,), logprobs (N,))."""
+    if params.greedy:
+        tokens = np.argmax(scores, -1)
+        logp = log_softmax(scores)          # greedy: report the model's own (penalised) distribution
+    else:
+        logp = log_softmax(scores)
+        probs = np.exp(logp)
+        u = rng.random((scores.shape[0], 1))
+        tokens = np.minimum((np.cumsum(probs, -1) < u).sum(-1), scores.shape[1] - 1)
+        tokens = np.where(np.isfinite(logp[np.arange(len(tokens)), tokens]), tokens, np.argmax(scores, -1))
+    return tokens.astype(np.int64), logp[np.arange(len(tokens)), tokens].astype(np.float32)
