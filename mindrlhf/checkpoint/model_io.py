@@ -118,3 +118,30 @@ def iter_checkpoint(path: str) -> Iterator[Tuple[str, np.ndarray]]:
 
 def read_checkpoint(path: str) -> Dict[str, np.ndarray]:
     return dict(iter_checkpoint(path))
+
+
+def _is_hf_naming(names) -> bool:
+    return any(n.startswith("model.embed_tokens.") or ".self_attn." in n for n in names)
+
+
+def load_weights(model, path: str):
+    """Load `path` into `model`, whatever it is: an HF directory / safetensors file (HF names), a full
+    MindSpore checkpoint (our names), or a directory of per-rank shards (`rank_N/*.ckpt|.safetensors`,
+    as transform_checkpoint.py writes them) for this rank's layout."""
+    from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+    if os.path.isdir(path):
+        rank_dir = os.path.join(path, f"rank_{model.mesh.rank}")
+        if os.path.isdir(rank_dir):
+            files = sorted(f for f in os.listdir(rank_dir) if f.endswith(CKPT_EXTS))
+            if len(files) != 1:
+                raise CheckpointError(f"{rank_dir}: expected exactly one .ckpt/.safetensors file, found {files}")
+            load_sharded_weights(model, read_checkpoint(os.path.join(rank_dir, files[0])), rank_dir)
+            return
+        load_full_weights(model, iter_hf_as_ms(path), path)
+        return
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: checkpoint not found")
+    if path.endswith(".safetensors") and _is_hf_naming(SafeTensorsFile(path).keys()):
+        load_full_weights(model, iter_hf_as_ms(path), path)
+        return
+    load_full_weights(model, iter_checkpoint(path), path)

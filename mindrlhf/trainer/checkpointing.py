@@ -1,0 +1,100 @@
+"""Training checkpoints: per-rank shards written atomically, a step counts only once marked COMPLETE.
+
+    save_ckpt_dir/step_000010/rank_0/{policy,optimizer}.safetensors + rank_state.json
+    save_ckpt_dir/step_000010/trainer_state.json, COMPLETE
+
+A crash while saving leaves a step directory without COMPLETE; resume skips it and the next save prunes it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from mindrlhf.checkpoint.model_io import load_sharded_weights, model_state, read_checkpoint, save_checkpoint
+from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.parallel import comm
+from mindrlhf.utils.atomic import atomic_dir, atomic_path
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"step_{step:06d}")
+
+
+def complete_steps(root: str) -> List[int]:
+    if not os.path.isdir(root):
+        return []
+    steps = []
+    for name in os.listdir(root):
+        m = _STEP_RE.match(name)
+        if m and os.path.isfile(os.path.join(root, name, "COMPLETE")):
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def write_json(path: str, obj):
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=1)
+
+
+def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer, rank_state: Dict,
+                             trainer_state: Dict, keep: int):
+    """Collective: every rank writes its shard; rank 0 marks the step complete and prunes old steps."""
+    target = step_dir(root, step)
+    os.makedirs(target, exist_ok=True)
+    with atomic_dir(os.path.join(target, f"rank_{rank}")) as tmp:
+        save_checkpoint(model_state(policy), os.path.join(tmp, "policy.safetensors"))
+        opt_state = {p.name: p.asnumpy() for p in optimizer.state_parameters()}
+        save_checkpoint(opt_state, os.path.join(tmp, "optimizer.safetensors"))
+        write_json(os.path.join(tmp, "rank_state.json"), rank_state)
+    comm.barrier()
+    if rank == 0:
+        write_json(os.path.join(target, "trainer_state.json"), trainer_state)
+        write_json(os.path.join(target, "COMPLETE"), {"step": step})
+        _prune(root, keep)
+    comm.barrier()
+
+
+def _prune(root: str, keep: int):
+    done = complete_steps(root)
+    newest = done[-1] if done else -1
+    for name in os.listdir(root):
+        m = _STEP_RE.match(name)
+        if not m:
+            continue
+        s = int(m.group(1))
+        if (s in done and s not in done[-keep:]) or (s not in done and s < newest):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def load_training_checkpoint(root: str, rank: int, policy, optimizer) -> Optional[Dict]:
+    """Restore the newest complete step into policy/optimizer; returns its states or None if there is none."""
+    steps = complete_steps(root)
+    if not steps:
+        return None
+    target = step_dir(root, steps[-1])
+    rank_dir = os.path.join(target, f"rank_{rank}")
+    if not os.path.isdir(rank_dir):
+        raise CheckpointError(f"{target}: no shard for rank {rank}; was it saved with another world size?")
+    load_sharded_weights(policy, read_checkpoint(os.path.join(rank_dir, "policy.safetensors")), rank_dir)
+    opt_state = read_checkpoint(os.path.join(rank_dir, "optimizer.safetensors"))
+    from mindspore import Tensor
+    for p in optimizer.state_parameters():
+        if p.name not in opt_state:
+            raise CheckpointError(f"{rank_dir}/optimizer.safetensors: missing {p.name}")
+        if tuple(opt_state[p.name].shape) != tuple(p.shape):
+            raise CheckpointError(f"{rank_dir}/optimizer.safetensors: {p.name} has shape "
+                                  f"{tuple(opt_state[p.name].shape)}, expected {tuple(p.shape)}")
+        p.set_data(Tensor(np.ascontiguousarray(opt_state[p.name])))
+    with open(os.path.join(rank_dir, "rank_state.json"), encoding="utf-8") as fh:
+        rank_state = json.load(fh)
+    with open(os.path.join(target, "trainer_state.json"), encoding="utf-8") as fh:
+        trainer_state = json.load(fh)
+    return {"step": steps[-1], "rank_state": rank_state, "trainer_state": trainer_state, "dir": target}

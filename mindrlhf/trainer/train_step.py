@@ -1,0 +1,94 @@
+"""Compiled (jit) pieces of training: per-token logprobs of responses, and one policy update.
+
+A training sequence is [prompt left-padded to P | response right-padded to R]; the logprob of response
+token k is read at input position P - 1 + k. Shapes are static per run so each graph compiles once.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from mindrlhf.models.qwen2 import CausalLM
+from mindrlhf.models.tp_regions import reduce_from_tp
+from mindrlhf.parallel.grad_sync import DPGradMean
+from mindrlhf.trainer.grpo_math import agg_token_mean, grpo_loss
+from mindrlhf.trainer.optim import AdamW, clip_by_global_norm
+
+
+def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int):
+    """(logprob, entropy) of the last `response_len` label positions, each (N, R)."""
+    logp, ent = model.token_logprobs(input_ids, position_ids, bias, labels)
+    start = logp.shape[1] - response_len
+    return logp[:, start:], ent[:, start:]
+
+
+class ResponseLogProb(nn.Cell):
+    """No-grad logprobs (old policy, reference, rollout-vs-train check)."""
+
+    def __init__(self, model: CausalLM, response_len: int):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.response_len = response_len
+
+    @ms.jit
+    def construct(self, input_ids, position_ids, bias, labels):
+        logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len)
+        return ops.stop_gradient(logp), ops.stop_gradient(ent)
+
+
+class GRPOLossCell(nn.Cell):
+    def __init__(self, model: CausalLM, rl, response_len: int):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.response_len = response_len
+        self.clip_low, self.clip_high = rl.clip_low, rl.clip_high
+        self.beta, self.kl_estimator, self.agg = rl.beta, rl.kl_estimator, rl.loss_agg
+
+    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages):
+        logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len)
+        loss, pg_loss, kl, clip_frac = grpo_loss(logp, old_logp, ref_logp, advantages, mask, self.clip_low,
+                                                 self.clip_high, self.beta, self.kl_estimator, self.agg,
+                                                 self.response_len)
+        entropy = agg_token_mean(ops.stop_gradient(ent), ops.cast(mask, ms.float32), self.response_len)
+        return loss, (pg_loss, kl, clip_frac, entropy)
+
+
+class SplitNormSum(nn.Cell):
+    """Global squared grad norm under TP: split params' squares summed over TP ranks, replicated once."""
+
+    def __init__(self, split_flags, mesh):
+        super().__init__()
+        self.split_flags = tuple(split_flags)
+        self.reduce = reduce_from_tp(mesh)
+
+    def construct(self, squares):
+        split, replicated = ops.zeros((), ms.float32), ops.zeros((), ms.float32)
+        for i in range(len(squares)):
+            if self.split_flags[i]:
+                split = split + squares[i]
+            else:
+                replicated = replicated + squares[i]
+        return self.reduce(split) + replicated
+
+
+class PolicyTrainStep(nn.Cell):
+    """Loss, gradients, DP mean, global-norm clip and AdamW in one compiled graph."""
+
+    def __init__(self, loss_cell: GRPOLossCell, optimizer: AdamW, mesh, split_flags, max_grad_norm: float):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+        self.optimizer = optimizer
+        self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params, has_aux=True)
+        self.dp_mean = DPGradMean(mesh)
+        self.norm_sum = SplitNormSum(split_flags, mesh)
+        self.max_grad_norm = max_grad_norm
+
+    @ms.jit
+    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages, lr):
+        (loss, aux), grads = self.grad_fn(input_ids, position_ids, bias, labels, mask, old_logp, ref_logp,
+                                          advantages)
+        grads = self.dp_mean(grads)
+        grads, grad_norm = clip_by_global_norm(grads, self.max_grad_norm, self.norm_sum)
+        self.optimizer(grads, lr)
+        pg_loss, kl, clip_frac, entropy = aux
+        return loss, pg_loss, kl, clip_frac, entropy, grad_norm
