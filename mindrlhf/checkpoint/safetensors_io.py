@@ -31,6 +31,12 @@ def as_bf16(bits: np.ndarray) -> np.ndarray:
     return bits.view(np.uint16).view(BF16)
 
 
+def contiguous(arr: np.ndarray) -> np.ndarray:
+    """np.ascontiguousarray that keeps the BF16 marker."""
+    out = np.ascontiguousarray(arr)
+    return as_bf16(out) if isinstance(arr, BF16) else out
+
+
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
@@ -127,3 +133,52 @@ def iter_safetensors(paths: Iterable[str]) -> Iterator[Tuple[str, np.ndarray, st
         f = SafeTensorsFile(path)
         for name in f.keys():
             yield name, f.get(name), path
+
+
+class SafeTensorsStreamWriter:
+    """Write tensors one at a time in a declared order (header first), so a slicer holds one at a time.
+
+    Atomic like write_safetensors: data goes to a temp file that `close()` renames into place.
+    """
+
+    def __init__(self, path: str, specs: List[Tuple[str, str, Tuple[int, ...]]]):
+        from mindrlhf.utils.atomic import atomic_path
+        self._ctx = atomic_path(path)
+        self._tmp = self._ctx.__enter__()
+        header, offset = {}, 0
+        itemsize = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                    "BOOL": 1}
+        for name, code, shape in specs:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize[code]
+            header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        blob += b" " * ((8 - len(blob) % 8) % 8)
+        self._order = [(n, c, tuple(s)) for n, c, s in specs]
+        self._next = 0
+        self._fh = open(self._tmp, "wb")
+        self._fh.write(struct.pack("<Q", len(blob)))
+        self._fh.write(blob)
+
+    def write(self, name: str, arr: np.ndarray):
+        exp_name, code, shape = self._order[self._next]
+        if name != exp_name or tuple(arr.shape) != shape or _dtype_code(arr) != code:
+            raise CheckpointError(f"stream writer: expected {exp_name} {code}{list(shape)}, got {name} "
+                                  f"{_dtype_code(arr)}{list(arr.shape)}")
+        self._fh.write(np.ascontiguousarray(arr).tobytes())
+        self._next += 1
+
+    def close(self):
+        self._fh.close()
+        if self._next != len(self._order):
+            self.abort()
+            raise CheckpointError(f"stream writer: {len(self._order) - self._next} tensors were never written")
+        self._ctx.__exit__(None, None, None)
+
+    def abort(self):
+        if not self._fh.closed:
+            self._fh.close()
+        try:
+            self._ctx.__exit__(CheckpointError, CheckpointError("aborted"), None)
+        except CheckpointError:
+            pass

@@ -1,0 +1,136 @@
+"""MindSpore strategy files (`ParallelStrategyMap` protobuf): write ours, read ours and MindSpore's.
+
+A strategy file records, per parameter, the device matrix and tensor map (not the full shape: that comes
+from the checkpoint being sliced). We write one file per rank of a role (`ckpt_strategy_rank_{r}.ckpt`, as
+MindFormers names them; without pipeline stages all ranks' files are identical) plus a merged file.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.parallel.layouts import Layout
+from mindrlhf.utils.atomic import atomic_path
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    dev_matrix: Tuple[int, ...]
+    tensor_map: Tuple[int, ...]
+    opt_shard_step: int = 0
+    opt_shard_size: int = 0
+
+    def layout(self, full_shape, name: str = "") -> Layout:
+        if self.opt_shard_size > 1:
+            raise CheckpointError(f"parameter {name}: optimizer-sharded strategies (opt_weight_shard_size="
+                                  f"{self.opt_shard_size}) are not supported for slicing")
+        if len(self.tensor_map) != len(full_shape):
+            raise CheckpointError(f"parameter {name}: the strategy's tensor_map {list(self.tensor_map)} has "
+                                  f"{len(self.tensor_map)} dims, the checkpoint tensor has shape {tuple(full_shape)}")
+        try:
+            return Layout(tuple(full_shape), self.dev_matrix, self.tensor_map)
+        except ValueError as err:
+            raise CheckpointError(f"parameter {name}: {err}") from None
+
+
+def strategy_bytes(layouts: Dict[str, Layout]) -> bytes:
+    from mindspore.train import node_strategy_pb2 as pb
+    smap = pb.ParallelStrategyMap()
+    smap.current_stage = 0
+    for name, layout in layouts.items():
+        item = smap.parallel_layout_item.add()
+        item.param_name = name
+        lay = item.parallel_layouts
+        lay.dev_matrix.add().dim.extend(layout.dev_matrix)
+        lay.tensor_map.add().dim.extend(layout.tensor_map)
+        lay.param_split_shape.add()
+        lay.indices_offset.add()
+        lay.field = 0
+        lay.opt_weight_shard_step = 0
+        lay.opt_weight_shard_size = 0
+    return smap.SerializeToString()
+
+
+def write_strategy(path: str, layouts: Dict[str, Layout]):
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(strategy_bytes(layouts))
+
+
+def read_strategy(path: str) -> Dict[str, StrategyEntry]:
+    """Parameter -> (device matrix, tensor map, optimizer shard) from a strategy file (ours or MindSpore's)."""
+    from google.protobuf.message import DecodeError
+    from mindspore.train import node_strategy_pb2 as pb
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: strategy file not found")
+    smap = pb.ParallelStrategyMap()
+    try:
+        with open(path, "rb") as fh:
+            smap.ParseFromString(fh.read())
+    except (DecodeError, OSError) as err:
+        raise CheckpointError(f"{path}: not a MindSpore strategy file ({err})") from None
+    out = {}
+    for item in smap.parallel_layout_item:
+        lay = item.parallel_layouts
+        if not lay.dev_matrix or not lay.tensor_map:
+            raise CheckpointError(f"{path}: parameter {item.param_name} has no device matrix or tensor map")
+        maps = [list(t.dim) for t in lay.tensor_map if list(t.dim)] if len(lay.tensor_map) > 1 else \
+            [list(lay.tensor_map[0].dim)]
+        if len(maps) != 1:
+            raise CheckpointError(f"{path}: parameter {item.param_name} uses a multi-axis tensor map, "
+                                  f"which mindrlhf cannot slice yet")
+        name = item.param_name.split("-", 1)[1] if "-" in item.param_name else item.param_name
+        out[name] = StrategyEntry(tuple(lay.dev_matrix[0].dim), tuple(maps[0]), int(lay.opt_weight_shard_step),
+                                  int(lay.opt_weight_shard_size))
+    if not out:
+        raise CheckpointError(f"{path}: the strategy file lists no parameters")
+    return out
+
+
+def find_strategy_file(path: str) -> str:
+    """A strategy file, or a directory holding per-rank files (all ranks' files agree without pipelining)."""
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(path):
+        files = sorted(f for f in os.listdir(path) if f.endswith(".ckpt"))
+        merged = [f for f in files if "merged" in f]
+        if merged:
+            return os.path.join(path, merged[0])
+        if files:
+            return os.path.join(path, files[0])
+    raise CheckpointError(f"{path}: no strategy file (*.ckpt) found")
+
+
+def role_strategy_paths(out_dir: str, role: str, world: int) -> List[str]:
+    return [os.path.join(out_dir, f"{role}_strategy", f"ckpt_strategy_rank_{r}.ckpt") for r in range(world)]
+
+
+def save_role_strategy(out_dir: str, role: str, layouts: Dict[str, Layout], world: int) -> List[str]:
+    paths = role_strategy_paths(out_dir, role, world)
+    os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
+    for p in paths:
+        write_strategy(p, layouts)
+    merged = os.path.join(out_dir, f"{role}_merged_strategy.ckpt")
+    write_strategy(merged, layouts)
+    return paths + [merged]
+
+
+def save_role_strategies(cfg) -> List[str]:
+    """`grpo_one_stage.py --only_save_strategy True`: train and infer strategy files from the model YAMLs."""
+    from mindrlhf.configs.model_config import load_model_yaml
+    from mindrlhf.models.qwen2 import param_specs
+    from mindrlhf.parallel.layouts import role_layouts
+    from mindrlhf.configs.errors import ConfigError
+    run = cfg.run
+    if not run.sft_path_train:
+        raise ConfigError("sft_path_train: required to write strategy files")
+    out_dir = os.path.join(run.save_ckpt_dir, "strategy")
+    written = []
+    for role, path in (("train", run.sft_path_train), ("infer", run.sft_path_infer or run.sft_path_train)):
+        yaml_cfg = load_model_yaml(path)
+        par = yaml_cfg.parallel
+        layouts = role_layouts(param_specs(yaml_cfg.model), par.data_parallel, par.model_parallel)
+        written += save_role_strategy(out_dir, role, layouts, par.world_size)
+    return written

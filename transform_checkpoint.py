@@ -1,0 +1,52 @@
+"""Slice, re-slice or merge checkpoints by MindSpore strategy files.
+
+  full -> per rank:      python transform_checkpoint.py --src_checkpoint full.ckpt --dst_checkpoint out/ \
+                             --dst_strategy strategy/train_strategy/
+  per rank -> per rank:  ... --src_checkpoint in/ --src_strategy strategy/train_strategy/ --dst_strategy strategy/infer_strategy/
+  per rank -> full:      ... --src_checkpoint in/ --src_strategy strategy/train_strategy/   (no --dst_strategy)
+
+Output: dst_checkpoint/rank_N/<prefix>N.<format>. The destination appears only when complete.
+"""
+import argparse
+import sys
+
+from mindrlhf.checkpoint.slicing import transform
+from mindrlhf.configs.errors import CheckpointError
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--src_checkpoint", required=True, help="full .ckpt/.safetensors/HF dir, or a dir of rank_N/")
+    p.add_argument("--dst_checkpoint", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--dst_strategy", default=None, help="strategy file or directory; omit to merge into one file")
+    p.add_argument("--src_strategy", default=None, help="strategy of a per-rank source")
+    p.add_argument("--format", default="ckpt", choices=["ckpt", "safetensors"], help="output format")
+    p.add_argument("--prefix", default="checkpoint_", help="output file name prefix")
+    p.add_argument("--no_progress", action="store_true")
+    args = p.parse_args(argv)
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(desc="slice", unit="param")
+
+    def progress(done, total, name):
+        if bar is not None:
+            bar.total = total
+            bar.update(1)
+
+    try:
+        report = transform(args.src_checkpoint, args.dst_checkpoint, args.dst_strategy, args.src_strategy,
+                           args.format, args.prefix, progress)
+    except CheckpointError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if bar is not None:
+            bar.close()
+    print(f"wrote {report.ranks} rank file(s) for {report.params} parameters ({report.bytes_in / 1e6:.1f} MB) "
+          f"to {args.dst_checkpoint} in {report.seconds:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
