@@ -108,8 +108,8 @@ class GenerationEngine:
             raise ConfigError(f"generate: prompt bucket {p_len} + max_tokens {params.max_tokens} = {total} exceeds "
                               f"the model's max_position_embedding={cfg.max_position_embedding}; the longest "
                               f"prompt has {lengths.max()} tokens")
-        if rng is None:
-            rng = np.random.default_rng([params.seed, self.model.mesh.rank])
+        if rng is None:   # TP peers must draw identical samples: seed by the DP replica, not the rank
+            rng = np.random.default_rng([params.seed, self.model.mesh.dp_index])
         t0 = time.time()
         b, n = len(prompts), params.n
         rows = b * n

@@ -51,7 +51,8 @@ class GRPOTrainer:
         self._setup_data()
         self._setup_training()
         self.step = 0
-        self.rng = np.random.default_rng([cfg.run.seed, self.rank])
+        # TP peers of a rollout replica must sample identically: seed by the infer-DP index
+        self.rng = np.random.default_rng([cfg.run.seed, self.infer_mesh.dp_index])
         log_dir = cfg.run.log_dir or cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0)
         if cfg.run.resume:

@@ -1,0 +1,84 @@
+"""GRPO math against hand-computed numpy values."""
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from mindrlhf.trainer.grpo_math import (LOSS_AGGREGATIONS, clipped_policy_loss, group_advantages, grpo_loss, kl_k1,
+                                        kl_k2, kl_k3)
+
+LOGP = np.array([[-1.0, -2.0, -0.5], [-0.3, -1.2, -4.0]], np.float32)
+OLD = np.array([[-1.5, -1.5, -0.5], [-0.3, -2.0, -4.0]], np.float32)
+REF = np.array([[-0.9, -2.5, -1.0], [-0.2, -1.0, -3.0]], np.float32)
+MASK = np.array([[1, 1, 0], [1, 1, 1]], np.float32)
+ADV = np.array([1.5, -0.5], np.float32)
+
+
+def T(x):
+    return Tensor(np.asarray(x, np.float32))
+
+
+def test_group_advantages_std_and_dr_grpo():
+    r = np.array([1, 0, 0, 1, 1, 1, 1, 1], np.float32)
+    adv = group_advantages(r, 4)
+    g = r[:4]
+    expected = (g - g.mean()) / (g.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(adv[:4], expected, rtol=1e-6)
+    assert np.all(adv[4:] == 0)          # all-equal group: no signal
+    np.testing.assert_allclose(group_advantages(r, 4, norm_std=False)[:4], g - g.mean(), rtol=1e-6)
+    with pytest.raises(ValueError, match="groups of num_generations=3"):
+        group_advantages(r, 3)
+
+
+def test_kl_estimators():
+    np.testing.assert_allclose(kl_k1(T(LOGP), T(REF)).asnumpy(), LOGP - REF, rtol=1e-6)
+    np.testing.assert_allclose(kl_k2(T(LOGP), T(REF)).asnumpy(), 0.5 * (LOGP - REF) ** 2, rtol=1e-6)
+    log_r = REF - LOGP
+    np.testing.assert_allclose(kl_k3(T(LOGP), T(REF)).asnumpy(), np.exp(log_r) - log_r - 1, rtol=1e-5, atol=1e-7)
+    assert (kl_k3(T(LOGP), T(REF)).asnumpy() >= 0).all()
+    assert np.allclose(kl_k3(T(LOGP), T(LOGP)).asnumpy(), 0)
+
+
+def _np_clipped(lo, hi):
+    ratio = np.exp(LOGP - OLD)
+    a = ADV[:, None]
+    return np.maximum(-a * ratio, -a * np.clip(ratio, 1 - lo, 1 + hi)), ratio
+
+
+def test_clipped_loss_with_clip_higher():
+    loss, clipped, ratio = clipped_policy_loss(T(LOGP), T(OLD), T(ADV), 0.2, 0.28)
+    exp_loss, exp_ratio = _np_clipped(0.2, 0.28)
+    np.testing.assert_allclose(loss.asnumpy(), exp_loss, rtol=1e-5)
+    np.testing.assert_allclose(ratio.asnumpy(), exp_ratio, rtol=1e-5)
+    # row 0 token 0: ratio e^0.5=1.65 > 1.28 with A>0 -> clipped; row 1 token 1: ratio e^0.8 with A<0 -> the
+    # pessimistic unclipped branch stays active; row 0 token 1: ratio 0.61 with A>0 -> unclipped
+    c = clipped.asnumpy()
+    assert c[0, 0] == 1 and c[1, 1] == 0 and c[0, 1] == 0
+    assert loss.asnumpy()[0, 0] == pytest.approx(-1.5 * 1.28)
+
+
+@pytest.mark.parametrize("agg", list(LOSS_AGGREGATIONS))
+def test_aggregations(agg):
+    vals = np.array([[1.0, 2.0, 100.0], [3.0, 4.0, 5.0]], np.float32)
+    got = float(LOSS_AGGREGATIONS[agg](T(vals), T(MASK), 4).asnumpy())
+    expected = {"token-mean": (1 + 2 + 3 + 4 + 5) / 5,
+                "seq-mean-token-mean": ((1 + 2) / 2 + (3 + 4 + 5) / 3) / 2,
+                "seq-mean-token-sum-norm": ((1 + 2) / 4 + (3 + 4 + 5) / 4) / 2}[agg]
+    assert got == pytest.approx(expected, rel=1e-6)
+
+
+def test_total_loss_combines_policy_and_kl():
+    loss, pg, kl, clip = grpo_loss(T(LOGP), T(OLD), T(REF), T(ADV), T(MASK), 0.2, 0.2, 0.1, "k3", "token-mean", 3)
+    exp_pg, _ = _np_clipped(0.2, 0.2)
+    exp_pg = (exp_pg * MASK).sum() / MASK.sum()
+    log_r = REF - LOGP
+    exp_kl = ((np.exp(log_r) - log_r - 1) * MASK).sum() / MASK.sum()
+    assert float(pg.asnumpy()) == pytest.approx(exp_pg, rel=1e-5)
+    assert float(kl.asnumpy()) == pytest.approx(exp_kl, rel=1e-5)
+    assert float(loss.asnumpy()) == pytest.approx(exp_pg + 0.1 * exp_kl, rel=1e-5)
+
+
+def test_first_update_has_ratio_one_no_clip_and_zero_kl():
+    """On-policy first step (old = current, ref = current): ratio 1, no clipping, KL 0."""
+    loss, pg, kl, clip = grpo_loss(T(LOGP), T(LOGP), T(LOGP), T(ADV), T(MASK), 0.2, 0.28, 0.04, "k3", "token-mean", 3)
+    assert float(clip.asnumpy()) == 0 and float(kl.asnumpy()) == 0
+    assert float(pg.asnumpy()) == pytest.approx(-(ADV[:, None] * MASK).sum() / MASK.sum(), rel=1e-6)

@@ -1,0 +1,128 @@
+"""Generation engine: parity with transformers generate, logprobs vs the train model, sampling rules, errors."""
+import numpy as np
+import pytest
+
+from hf_reference import make_hf_model, tiny_model_kwargs
+from model_helpers import load_ours
+from mindrlhf.configs import ConfigError, ModelConfig
+from mindrlhf.rollout.engine import GenerationEngine
+from mindrlhf.rollout.sampling import SamplingParams, apply_repetition_penalty, process_logits
+from mindrlhf.trainer.samples import SampleBatch, left_pad
+from mindrlhf.trainer.train_step import ResponseLogProb
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("hf"))
+    hf = make_hf_model(d, qkv_bias=True, tie=False, n_kv_heads=2)
+    ours = load_ours(d, ModelConfig(**tiny_model_kwargs(True, False, 2)))
+    return hf, ours
+
+
+def _prompts(seed=0, lengths=(5, 9, 3, 7)):
+    rs = np.random.RandomState(seed)
+    return [rs.randint(3, 160, size=n).tolist() for n in lengths]
+
+
+def test_greedy_matches_transformers_generate(models):
+    import torch
+    hf, ours = models
+    prompts = _prompts()
+    eos = 7
+    out = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=14, eos_token_ids=[eos]))
+    for i, p in enumerate(prompts):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=14, do_sample=False, pad_token_id=0,
+                          eos_token_id=eos)[0, len(p):].tolist()
+        n = int(out.response_mask[i].sum())
+        assert out.response_ids[i, :n].tolist() == ref
+        assert out.finish_reason[i] == ("stop" if ref[-1] == eos else "length")
+
+
+def test_sampled_logprobs_equal_train_model_logprobs(models):
+    _, ours = models
+    prompts = _prompts(1)
+    params = SamplingParams(temperature=1.0, max_tokens=10, n=3, eos_token_ids=[7], seed=3)
+    out = GenerationEngine(ours, pad_token_id=0, prompt_bucket=16).generate(prompts, params)
+    assert out.response_ids.shape == (len(prompts) * 3, 10)
+    ids, mask = left_pad(out.prompt_ids, 16, 0)
+    batch = SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs,
+                        out.prompt_index, np.zeros(len(ids), np.int64))
+    from mindrlhf.trainer.samples import training_tensors
+    t = training_tensors(batch)
+    logp, _ = ResponseLogProb(ours, 10)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
+    m = out.response_mask.astype(bool)
+    assert np.abs(logp.asnumpy()[m] - out.logprobs[m]).max() <= 1e-4
+    # n samples of one prompt differ (sampling), but share the prompt
+    assert out.prompt_ids[0] == out.prompt_ids[1] == out.prompt_ids[2]
+    assert len({tuple(r) for r in out.response_ids[:3]}) > 1
+
+
+def test_same_seed_same_samples(models):
+    _, ours = models
+    eng = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8)
+    params = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=8, n=2, seed=11)
+    a = eng.generate(_prompts(2), params).response_ids
+    b = eng.generate(_prompts(2), params).response_ids
+    assert np.array_equal(a, b)
+
+
+def test_top_k_one_equals_greedy(models):
+    _, ours = models
+    eng = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8)
+    greedy = eng.generate(_prompts(), SamplingParams(temperature=0, max_tokens=8)).response_ids
+    topk = eng.generate(_prompts(), SamplingParams(temperature=0.7, top_k=1, max_tokens=8, seed=5)).response_ids
+    assert np.array_equal(greedy, topk)
+
+
+def test_min_tokens_suppresses_eos():
+    logits = np.zeros((2, 10), np.float32)
+    logits[:, 3] = 50.0     # EOS would win
+    p = SamplingParams(temperature=0, eos_token_ids=[3], max_tokens=4, min_tokens=2)
+    scores = process_logits(logits, p, None, suppress_eos=True)
+    assert np.all(np.isneginf(scores[:, 3])) and (np.argmax(scores, -1) != 3).all()
+    assert (np.argmax(process_logits(logits, p, None, suppress_eos=False), -1) == 3).all()
+
+
+def test_min_tokens_in_generation(models):
+    _, ours = models
+    eng = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8)
+    free = eng.generate(_prompts(), SamplingParams(temperature=0, max_tokens=6))
+    eos = int(free.response_ids[0, 0])  # the first greedy token of prompt 0 becomes "EOS"
+    stopped = eng.generate(_prompts(), SamplingParams(temperature=0, max_tokens=6, eos_token_ids=[eos]))
+    assert stopped.response_mask[0].sum() == 1
+    held = eng.generate(_prompts(), SamplingParams(temperature=0, max_tokens=6, eos_token_ids=[eos], min_tokens=3))
+    assert held.response_mask[0].sum() >= 3 and eos not in held.response_ids[0, :3].tolist()
+
+
+def test_repetition_penalty_matches_hf_definition():
+    import torch
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+    rs = np.random.RandomState(0)
+    logits = rs.randn(2, 12).astype(np.float32)
+    seen_ids = [[1, 4, 4, 7], [0, 11, 2, 2]]
+    seen = np.zeros((2, 12), bool)
+    for i, ids in enumerate(seen_ids):
+        seen[i, ids] = True
+    ours = apply_repetition_penalty(logits.astype(np.float64), seen, 1.3)
+    ref = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor(seen_ids), torch.tensor(logits)).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-6)
+
+
+def test_top_p_and_min_p_filtering():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    kept = np.isfinite(process_logits(logits, SamplingParams(top_p=0.8), None, False))
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = np.isfinite(process_logits(logits, SamplingParams(min_p=0.2), None, False))
+    assert kept.tolist() == [[True, True, True, False]]
+
+
+def test_bad_inputs(models):
+    _, ours = models
+    eng = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8)
+    with pytest.raises(ConfigError, match="exceeds the model's max_position_embedding=64"):
+        eng.generate([[5] * 60], SamplingParams(max_tokens=8))
+    with pytest.raises(ConfigError, match="max_tokens: expected > 0"):
+        eng.generate(_prompts(), SamplingParams(max_tokens=0))
+    with pytest.raises(ConfigError, match="prompt batch is empty"):
+        eng.generate([], SamplingParams(max_tokens=4))
