@@ -73,9 +73,10 @@ def load_sharded_weights(model, tensors: Dict[str, np.ndarray], source: str):
 
 
 def param_to_numpy(param) -> np.ndarray:
+    """A copy (asnumpy() may alias the parameter's memory, which later updates would change)."""
     if param.dtype == ms.bfloat16:
         return f32_to_bf16(param.float().asnumpy())
-    return param.asnumpy()
+    return param.asnumpy().copy()
 
 
 def model_state(model) -> Dict[str, np.ndarray]:

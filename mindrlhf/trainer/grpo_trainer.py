@@ -202,9 +202,11 @@ class GRPOTrainer:
         mean = np.mean(np.array(stats), 0)
         keys = ["loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr"]
         result = dict(zip(keys, mean.tolist()))
-        if comm.any_rank(not np.isfinite(result["loss"])):
-            raise TrainingError(f"step {self.step}: the loss is not finite (NaN/inf) on at least one rank; "
-                                f"lower optim.lr or check the data")
+        bad = not (np.isfinite(result["loss"]) and np.isfinite(result["grad_norm"]))
+        if comm.any_rank(bad):
+            raise TrainingError(f"step {self.step + 1}: the loss or gradient norm is not finite (NaN/inf) on at least "
+                                f"one rank (loss={result['loss']}, grad_norm={result['grad_norm']}); the last "
+                                f"checkpoint is untouched. Lower optim.lr or check the data and weights")
         return result
 
     def train_one_step(self) -> Dict[str, float]:

@@ -1,0 +1,39 @@
+"""A tiny GRPO setup on disk: tokenizer, arithmetic prompts, model YAMLs, for trainer and msrun tests."""
+from __future__ import annotations
+
+import os
+
+import yaml
+
+from data_helpers import arithmetic_rows, make_tokenizer_files, write_jsonl
+from mindrlhf.data.convert import build_parser, convert
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+def model_yaml(path: str, dp: int = 1, tp: int = 1, vocab_size: int = 416, **model_overrides) -> str:
+    with open(os.path.join(REPO, "model_configs", "qwen_grpo", "finetune_qwen2_tiny.yaml")) as fh:
+        doc = yaml.safe_load(fh)
+    doc["model"]["model_config"].update(vocab_size=vocab_size, **model_overrides)
+    doc["parallel_config"].update(data_parallel=dp, model_parallel=tp)
+    with open(path, "w") as fh:
+        yaml.safe_dump(doc, fh)
+    return path
+
+
+def make_grpo_assets(root: str, rows: int = 64) -> dict:
+    vocab, merges = make_tokenizer_files(os.path.join(root, "tok"), vocab_size=400)
+    src = write_jsonl(os.path.join(root, "train.jsonl"), arithmetic_rows(rows))
+    out = os.path.join(root, "train.mindrecord")
+    convert(build_parser().parse_args(["--vocab_path", vocab, "--merges_file_path", merges, "--file_path", src,
+                                       "--output_path", out, "--max_prompt_length", "16", "--seq_length", "48",
+                                       "--prompt_template", "plain", "--no_progress"]))
+    return {"vocab_path": vocab, "merges_file_path": merges, "mind_dataset_dir": out,
+            "sft_path_train": model_yaml(os.path.join(root, "model.yaml"))}
+
+
+def grpo_overrides(assets: dict, save_dir: str, **extra) -> dict:
+    base = dict(assets, save_ckpt_dir=save_dir, total_steps=2, max_tokens=8, num_generations=4, batch_size=2,
+                progress=False, export_hf=False, lr=1e-3)
+    base.update(extra)
+    return base
