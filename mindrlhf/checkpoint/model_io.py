@@ -79,6 +79,13 @@ def param_to_numpy(param) -> np.ndarray:
     return param.asnumpy().copy()
 
 
+def param_as_f32(param) -> np.ndarray:
+    """float32 numpy view/copy of a parameter of any dtype (for packing into float32 buffers)."""
+    if param.dtype == ms.float32:
+        return param.asnumpy()
+    return param.float().asnumpy()
+
+
 def model_state(model) -> Dict[str, np.ndarray]:
     """This rank's parameter shards as numpy (bf16 as BF16 bit views)."""
     return {p.name: param_to_numpy(p) for p in model.get_parameters()}

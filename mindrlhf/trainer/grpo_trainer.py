@@ -25,6 +25,7 @@ from mindrlhf.models.qwen2 import CausalLM, param_specs
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
+from mindrlhf.parallel.swap import SwapGroup
 from mindrlhf.reward.verifiers import RewardFn, accuracy_reward
 from mindrlhf.rollout.engine import GenerationEngine
 from mindrlhf.rollout.sampling import SamplingParams
@@ -88,8 +89,11 @@ class GRPOTrainer:
             self.rollout_model = self.policy           # the seam: one model serves both roles
         else:
             self.rollout_model = CausalLM(infer_yaml.model, self.infer_mesh)
-        self.weight_sync = WeightSync(self.policy, self.rollout_model)
-        self.weight_sync.sync()                        # rollout starts from the policy's weights
+        self.weight_sync = WeightSync(self.policy, self.rollout_model, run.reshard_transport)
+        if run.load_sft_checkpoint_infer and self.rollout_model is not self.policy:
+            load_weights(self.rollout_model, run.load_sft_checkpoint_infer)   # checked by the logprob gap
+        else:
+            self.weight_sync.sync()                    # rollout starts from the policy's weights
         self.ref_model = None
         if self.cfg.rl.beta > 0:
             self.ref_model = CausalLM(self.model_cfg, self.train_mesh)
@@ -147,6 +151,13 @@ class GRPOTrainer:
         self.policy_logprob = ResponseLogProb(self.policy, smp.max_tokens)
         self.ref_logprob = ResponseLogProb(self.ref_model, smp.max_tokens) if self.ref_model else None
         self.updates_per_step = rl.num_iterations * (self.rows_per_train_rank // self.mini_batch)
+        sw, separate = self.cfg.swap, self.rollout_model is not self.policy
+        self.swap = {
+            "policy": SwapGroup("policy", self.policy.get_parameters(), sw.offload_train_param and separate),
+            "optimizer": SwapGroup("optimizer", self.optimizer.state_parameters(), sw.offload_train_optimizer),
+            "rollout": SwapGroup("rollout", self.rollout_model.get_parameters(), sw.offload_infer_param and separate),
+            "ref": SwapGroup("ref", self.ref_model.get_parameters() if self.ref_model else [], sw.offload_ref_param),
+        }
         self.total_updates = self.cfg.run.total_steps * self.updates_per_step
 
     def sampling_params(self, greedy=False) -> SamplingParams:
@@ -221,6 +232,11 @@ class GRPOTrainer:
             return result
 
         t_step = time.time()
+        swap = self.swap
+        swap_before = sum(g.seconds for g in swap.values())
+        for name in ("policy", "optimizer", "ref"):       # rollout phase: only the rollout model resident
+            swap[name].offload()
+        swap["rollout"].reload()
         batch = self.dataset.next_batch()
         local = phase("rollout", self.rollout, batch)
         solutions = comm_gather_solutions(batch["solution"], self.infer_mesh)
@@ -230,11 +246,21 @@ class GRPOTrainer:
         per = self.rows_per_train_rank
         mine = slice(self.train_mesh.dp_index * per, (self.train_mesh.dp_index + 1) * per)
         my_samples = samples.rows(mine.start, mine.stop)
+        swap["policy"].reload()
         old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples)
-        ref_logp = (phase("ref_logprob", self.logprobs, self.ref_logprob, my_samples) if self.ref_logprob
-                    else np.zeros_like(old_logp))
+        if self.ref_logprob:
+            swap["ref"].reload()
+            ref_logp = phase("ref_logprob", self.logprobs, self.ref_logprob, my_samples)
+            swap["ref"].offload()
+        else:
+            ref_logp = np.zeros_like(old_logp)
+        swap["rollout"].offload()                         # train phase: policy, grads, optimizer resident
+        swap["optimizer"].reload()
         stats = phase("train", self.update, my_samples, old_logp, ref_logp, advantages[mine])
-        phase("weight_sync", self.weight_sync.sync)
+        swap["optimizer"].offload()
+        phase("weight_sync", self.weight_sync.sync)       # rewrites every rollout parameter in full
+        if not self.weight_sync.shared:
+            swap["rollout"].mark_resident()
         self.step += 1
 
         mask = my_samples.response_mask.astype(bool)
@@ -253,6 +279,7 @@ class GRPOTrainer:
         gen_tokens = float(lengths.sum())
         metrics.update({f"time_{k}": v for k, v in times.items()})
         metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
+        metrics["time_swap"] = sum(g.seconds for g in swap.values()) - swap_before
         metrics["time_step"] = time.time() - t_step
         metrics["rollout_tokens_per_s"] = gen_tokens / max(times["rollout"], 1e-9)
         return metrics
@@ -275,10 +302,12 @@ class GRPOTrainer:
 
     def save(self):
         run = self.cfg.run
+        self.swap["optimizer"].reload()
         checkpointing.save_training_checkpoint(
             run.save_ckpt_dir, self.step, self.rank, self.policy, self.optimizer,
             rank_state={"rng": self.rng.bit_generator.state, "data": self.dataset.state_dict()},
             trainer_state={"step": self.step, "world_size": self.world}, keep=run.keep_checkpoints)
+        self.swap["optimizer"].offload()
 
     def _resume(self):
         state = checkpointing.load_training_checkpoint(self.cfg.run.save_ckpt_dir, self.rank, self.policy,
@@ -334,6 +363,9 @@ class GRPOTrainer:
                 self.save()
         if progress:
             progress.close()
+        for group in self.swap.values():
+            group.reload()
+        self.weight_sync.close()
         if run.export_hf:
             self.export_policy(os.path.join(run.save_ckpt_dir, "hf_policy"))
         self.metrics.close()
