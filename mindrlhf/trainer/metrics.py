@@ -8,7 +8,7 @@ from typing import Dict, Optional
 _SHOWN = [("reward", "reward_mean", "{:.3f}"), ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
           ("kl", "kl", "{:.4f}"), ("clip", "clip_frac", "{:.3f}"), ("ent", "entropy", "{:.3f}"),
           ("gnorm", "grad_norm", "{:.3f}"), ("lr", "lr", "{:.2e}"), ("gap", "rollout_train_logprob_gap", "{:.1e}"),
-          ("s", "time_step", "{:.1f}")]
+          ("s", "time_step", "{:.1f}"), ("eval_acc", "eval_accuracy", "{:.3f}")]
 
 
 def _tensorboard_writer(log_dir: str):
