@@ -107,7 +107,7 @@ def test_nan_loss_stops_with_a_clear_error(assets, tmp_path):
     for p in trainer.policy.trainable_params():
         if p.name.endswith("norm_out.weight"):
             from mindspore import Tensor
-            p.set_data(Tensor(np.full(p.shape, np.nan, np.float32)))
+            p.copy_(Tensor(np.full(p.shape, np.nan, np.float32)))
     trainer.weight_sync.sync()
     with pytest.raises(TrainingError, match="loss or gradient norm is not finite"):
         trainer.fit()

@@ -27,6 +27,21 @@ def _to_param_dtype(arr: np.ndarray, dtype) -> Tensor:
     return Tensor(np.ascontiguousarray(arr)).astype(dtype)
 
 
+def write_param(param, value) -> None:
+    """Overwrite a parameter's values in place.
+
+    Graphs compiled with `ms.jit` keep the buffer a Parameter had when they were compiled:
+    `set_data` swaps in a new buffer that those graphs never see (measured on MindSpore 2.10 CPU). Every
+    weight write after start-up (re-layout, resume, swap, tests) must therefore copy into the existing
+    buffer. `value` is a numpy array (BF16 views allowed) or a Tensor of the parameter's shape.
+    """
+    tensor = value if isinstance(value, Tensor) else _to_param_dtype(value, param.dtype)
+    if tuple(tensor.shape) != tuple(param.shape):
+        raise CheckpointError(f"parameter {param.name}: cannot write shape {tuple(tensor.shape)} into "
+                              f"{tuple(param.shape)}")
+    param.copy_(tensor.astype(param.dtype))
+
+
 def model_layouts(model):
     from mindrlhf.models.qwen2 import param_specs
     return role_layouts(param_specs(model.config), model.mesh.dp, model.mesh.tp)
@@ -49,7 +64,7 @@ def load_full_weights(model, tensors: Iterable[Tuple[str, np.ndarray]], source: 
             raise CheckpointError(f"{source}: parameter {name} has shape {tuple(arr.shape)}, the model "
                                   f"expects {layout.full_shape}")
         shard = layout.shard(arr, rank)
-        params[name].set_data(_to_param_dtype(shard, params[name].dtype))
+        write_param(params[name], shard)
         loaded.add(name)
     missing = sorted(set(params) - loaded)
     if missing:
@@ -69,7 +84,7 @@ def load_sharded_weights(model, tensors: Dict[str, np.ndarray], source: str):
         if tuple(tensors[name].shape) != tuple(params[name].shape):
             raise CheckpointError(f"{source}: parameter {name} has shape {tuple(tensors[name].shape)}, this "
                                   f"rank expects {tuple(params[name].shape)}")
-        params[name].set_data(_to_param_dtype(tensors[name], params[name].dtype))
+        write_param(params[name], tensors[name])
 
 
 def param_to_numpy(param) -> np.ndarray:

@@ -105,12 +105,13 @@ class RewardConfig:
 
 @dataclass
 class SwapConfig:
-    """Host-memory swap per phase (free-and-restore on CPU; MindSpore offload on Ascend)."""
+    """Host-memory swap per phase. Saves device memory on Ascend (MindSpore offload; unverified here). On
+    CPU it is an exact emulation that frees nothing (compiled graphs hold their buffers)."""
     offload_train_param: bool = _f(False, "policy weights to host during rollout (needs a separate rollout model)")
     offload_train_optimizer: bool = _f(False, "optimizer state to host outside the train phase")
-    offload_train_grad: bool = _f(False, "accepted; gradients are not kept between steps, so nothing to move")
+    offload_train_grad: bool = _f(False, "accepted; gradients live only inside the train step, nothing to move")
     offload_infer_param: bool = _f(False, "rollout weights to host during training (separate rollout model)")
-    offload_kv_cache: bool = _f(True, "drop the KV cache after each rollout")
+    offload_kv_cache: bool = _f(False, "KV cache to host between rollouts")
     offload_ref_param: bool = _f(False, "reference weights to host outside their phase")
 
 

@@ -25,7 +25,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 from mindspore import Tensor
 
-from mindrlhf.checkpoint.model_io import param_as_f32
+from mindrlhf.checkpoint.model_io import param_as_f32, write_param
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.qwen2 import param_specs
 from mindrlhf.parallel import comm
@@ -117,8 +117,7 @@ class WeightSync:
         self.last_seconds = time.time() - t0
 
     def _assign(self, move: ParamMove, shard: np.ndarray):
-        param = self._dst[move.name]
-        param.set_data(Tensor(shard).astype(param.dtype), slice_shape=True)
+        write_param(self._dst[move.name], shard)
 
     # ---- collective transport ----------------------------------------------------------------------
     def _sync_collective(self, _index: int, bucket: List[ParamMove]):

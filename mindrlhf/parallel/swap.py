@@ -1,9 +1,15 @@
-"""Host-memory swap: move parameter groups a phase does not need off the device, and back.
+"""Host-memory swap: move parameter groups a phase does not need to host memory, and back.
 
-On Ascend, MindSpore's `Parameter._offload()/_load()` move device memory to host and back (not verified
-here: this machine has no NPU). On CPU those calls do nothing, so we free the storage explicitly
-(`set_data(1-element tensor, slice_shape=True)`) after keeping a host numpy copy, and restore from it; the
-restore is bit-exact. Either way compiled graphs keep referring to the same Parameter objects.
+Ascend: MindSpore's `Parameter._offload()` / `_load()` move the device buffer to host and back. This
+path has NOT been run here (no NPU on this machine); treat it as unverified.
+
+CPU: `_offload()/_load()` do nothing, and the free-and-restore trick (`set_data(1-element tensor)`)
+is unsafe with compiled graphs: measured on MindSpore 2.10, an `ms.jit` graph keeps the buffer its
+Parameters had at compile time, so after `set_data` it silently computes with the stale buffer, and that
+buffer stays allocated (no memory is freed). So on CPU a swap keeps a host copy and zeroes the buffer in
+place on offload, and copies the host data back in place on reload. That is exact and keeps every
+graph correct (and a phase that wrongly used offloaded weights would see zeros), but it frees no memory:
+on CPU swap is a correctness-preserving emulation, not a memory saving.
 """
 from __future__ import annotations
 
@@ -12,10 +18,12 @@ from typing import Dict, Iterable, List
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import Tensor, ops
+
+from mindrlhf.checkpoint.model_io import param_to_numpy, write_param
 
 
-def _on_ascend() -> bool:
+def on_ascend() -> bool:
     return ms.get_context("device_target") == "Ascend"
 
 
@@ -28,7 +36,6 @@ class SwapGroup:
         self.enabled = enabled and bool(self.params)
         self.resident = True
         self._host: Dict[str, np.ndarray] = {}
-        self._dtypes: Dict[str, object] = {}
         self.seconds = 0.0
 
     def offload(self):
@@ -36,12 +43,11 @@ class SwapGroup:
             return
         t0 = time.time()
         for p in self.params:
-            if _on_ascend():
+            if on_ascend():
                 p._offload()  # pylint: disable=protected-access
                 continue
-            self._dtypes[p.name] = p.dtype
-            self._host[p.name] = p.asnumpy().copy() if p.dtype != ms.bfloat16 else p.float().asnumpy().copy()
-            p.set_data(Tensor(np.zeros(1, np.float32)).astype(p.dtype), slice_shape=True)
+            self._host[p.name] = param_to_numpy(p)
+            p.copy_(ops.zeros(p.shape, p.dtype))
         self.resident = False
         self.seconds += time.time() - t0
 
@@ -50,15 +56,18 @@ class SwapGroup:
             return
         t0 = time.time()
         for p in self.params:
-            if _on_ascend():
+            if on_ascend():
                 p._load()  # pylint: disable=protected-access
                 continue
-            p.set_data(Tensor(self._host.pop(p.name)).astype(self._dtypes[p.name]), slice_shape=True)
+            write_param(p, self._host.pop(p.name))
         self.resident = True
         self.seconds += time.time() - t0
 
     def mark_resident(self):
-        """The group's data was rewritten in place (e.g. by a weight sync): drop the stale host copy."""
+        """The group was rewritten in full while offloaded (e.g. by a weight sync): drop the host copy."""
+        if self.enabled and not self.resident and on_ascend():
+            for p in self.params:
+                p._load()  # pylint: disable=protected-access
         self._host.clear()
         self.resident = True
 

@@ -73,14 +73,15 @@ class GenerationEngine:
         self._compiled = {}     # (rows, P, L, n) -> (prefill, decode, caches)
         self._rng = None
 
-    def release_cache(self):
-        """Drop compiled graphs and their KV cache (frees host/device memory between rollouts)."""
-        self._compiled.clear()
+    def cache_parameters(self) -> List[Parameter]:
+        """Every KV-cache Parameter allocated so far (for host swap between rollouts)."""
+        return [p for _, _, ck, cv in self._compiled.values() for p in list(ck) + list(cv)]
 
     def _runners(self, batch: int, p: int, length: int, n: int):
+        # Compiled graphs (and their caches) are kept for the engine's lifetime: a jit graph holds its
+        # Parameters' buffers even after the Python objects are dropped, so rebuilding would only leak.
         key = (batch, p, length, n)
         if key not in self._compiled:
-            self._compiled.clear()  # one cache at a time
             cfg, mesh = self.model.config, self.model.mesh
             shape = (length, batch * n, cfg.n_kv_heads // mesh.tp, cfg.head_dim)
             dtype = self.model.compute_dtype
@@ -90,8 +91,8 @@ class GenerationEngine:
             cv = ms.ParameterTuple([Parameter(Tensor(np.zeros(shape, np.float32)).astype(dtype),
                                               name=f"kv_cache.v.{i}", requires_grad=False)
                                     for i in range(cfg.num_layers)])
-            self._compiled[key] = (_Prefill(self.model, ck, cv, n), _Decode(self.model, ck, cv))
-        return self._compiled[key]
+            self._compiled[key] = (_Prefill(self.model, ck, cv, n), _Decode(self.model, ck, cv), ck, cv)
+        return self._compiled[key][:2]
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  rng: Optional[np.random.Generator] = None) -> RolloutOutput:

@@ -15,7 +15,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import load_sharded_weights, model_state, read_checkpoint, save_checkpoint
+from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, read_checkpoint, save_checkpoint,
+                                         write_param)
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel import comm
 from mindrlhf.utils.atomic import atomic_dir, atomic_path
@@ -85,14 +86,13 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer) -> Optiona
         raise CheckpointError(f"{target}: no shard for rank {rank}; was it saved with another world size?")
     load_sharded_weights(policy, read_checkpoint(os.path.join(rank_dir, "policy.safetensors")), rank_dir)
     opt_state = read_checkpoint(os.path.join(rank_dir, "optimizer.safetensors"))
-    from mindspore import Tensor
     for p in optimizer.state_parameters():
         if p.name not in opt_state:
             raise CheckpointError(f"{rank_dir}/optimizer.safetensors: missing {p.name}")
         if tuple(opt_state[p.name].shape) != tuple(p.shape):
             raise CheckpointError(f"{rank_dir}/optimizer.safetensors: {p.name} has shape "
                                   f"{tuple(opt_state[p.name].shape)}, expected {tuple(p.shape)}")
-        p.set_data(Tensor(np.ascontiguousarray(opt_state[p.name])))
+        write_param(p, opt_state[p.name])
     with open(os.path.join(rank_dir, "rank_state.json"), encoding="utf-8") as fh:
         rank_state = json.load(fh)
     with open(os.path.join(target, "trainer_state.json"), encoding="utf-8") as fh:

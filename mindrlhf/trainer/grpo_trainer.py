@@ -15,7 +15,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindrlhf.checkpoint.hf_interop import export_hf
-from mindrlhf.checkpoint.model_io import load_weights, model_state
+from mindrlhf.checkpoint.model_io import load_weights, model_state, write_param
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.model_config import load_model_yaml
@@ -25,7 +25,7 @@ from mindrlhf.models.qwen2 import CausalLM, param_specs
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
-from mindrlhf.parallel.swap import SwapGroup
+from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.reward.verifiers import RewardFn, accuracy_reward
 from mindrlhf.rollout.engine import GenerationEngine
 from mindrlhf.rollout.sampling import SamplingParams
@@ -157,7 +157,11 @@ class GRPOTrainer:
             "optimizer": SwapGroup("optimizer", self.optimizer.state_parameters(), sw.offload_train_optimizer),
             "rollout": SwapGroup("rollout", self.rollout_model.get_parameters(), sw.offload_infer_param and separate),
             "ref": SwapGroup("ref", self.ref_model.get_parameters() if self.ref_model else [], sw.offload_ref_param),
+            "kv_cache": SwapGroup("kv_cache", [], sw.offload_kv_cache),    # filled after the first rollout
         }
+        if any(g.enabled for g in self.swap.values()) and not on_ascend():
+            self.log("note: host swap on CPU keeps results exact but frees no memory (compiled graphs hold "
+                     "their parameter buffers); it saves memory only on Ascend. See mindrlhf/parallel/swap.py")
         self.total_updates = self.cfg.run.total_steps * self.updates_per_step
 
     def sampling_params(self, greedy=False) -> SamplingParams:
@@ -170,9 +174,12 @@ class GRPOTrainer:
     # ---- phases ---------------------------------------------------------------------------------------
     def rollout(self, batch) -> SampleBatch:
         prompts = [row[:n].tolist() for row, n in zip(batch["prompt_ids"], batch["prompt_length"])]
+        swap = self.swap["kv_cache"]
+        swap.reload()
         out = self.engine.generate(prompts, self.sampling_params(), self.rng)
-        if self.cfg.swap.offload_kv_cache:
-            self.engine.release_cache()
+        swap.params = self.engine.cache_parameters()
+        swap.enabled = self.cfg.swap.offload_kv_cache and bool(swap.params)
+        swap.offload()
         ids, mask = left_pad(out.prompt_ids, self.prompt_width, self.pad_id)
         offset = self.infer_mesh.dp_index * len(prompts)
         return SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs,
@@ -291,9 +298,8 @@ class GRPOTrainer:
         n = min(self.cfg.run.eval_prompts, len(table["prompt_ids"]))
         idx = np.arange(n)[self.infer_mesh.dp_index::self.infer_mesh.dp]
         prompts = [table["prompt_ids"][i][:table["prompt_length"][i]].tolist() for i in idx]
+        self.swap["kv_cache"].reload()
         out = self.engine.generate(prompts, self.sampling_params(greedy=True), self.rng)
-        if self.cfg.swap.offload_kv_cache:
-            self.engine.release_cache()
         texts = self.tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(out.response_ids, out.response_mask)])
         correct = sum(accuracy_reward(t, table["solution"][i]) for t, i in zip(texts, idx))
         counts = np.array([correct, len(idx)], np.float64) if self.infer_mesh.tp_index == 0 else np.zeros(2)
@@ -397,4 +403,4 @@ def _shape_fields(cfg):
 def _copy_weights(src: CausalLM, dst: CausalLM):
     dst_params = {p.name: p for p in dst.get_parameters()}
     for p in src.get_parameters():
-        dst_params[p.name].set_data(p.data.copy())
+        write_param(dst_params[p.name], p.asnumpy())
