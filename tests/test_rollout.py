@@ -126,3 +126,11 @@ def test_bad_inputs(models):
         eng.generate(_prompts(), SamplingParams(max_tokens=0))
     with pytest.raises(ConfigError, match="prompt batch is empty"):
         eng.generate([], SamplingParams(max_tokens=4))
+
+
+def test_vllm_backend_refused_off_ascend(models):
+    from mindrlhf.rollout.backends import make_engine
+    _, ours = models
+    with pytest.raises(ConfigError, match="vllm_mindspore runs only on Ascend .* Use rollout_backend: mindspore"):
+        make_engine("vllm_mindspore", ours, 0, 8)
+    assert isinstance(make_engine("mindspore", ours, 0, 8), GenerationEngine)

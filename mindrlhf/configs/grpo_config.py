@@ -50,6 +50,8 @@ class RunConfig:
     log_dir: str = _f("", "metrics JSONL / TensorBoard directory (default: save_ckpt_dir)")
     export_hf: bool = _f(True, "export the final policy as HF safetensors to save_ckpt_dir/hf_policy")
     progress: bool = _f(True, "show a progress bar over steps (rank 0)")
+    rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device) or vllm_mindspore "
+                              "(Ascend only; refused elsewhere)", choices=["mindspore", "vllm_mindspore"])
     reshard_transport: str = _f("auto", "train->infer weight transport: shm (same host), collective, or auto",
                                 choices=["auto", "shm", "collective"])
 

@@ -27,7 +27,7 @@ from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.reward.verifiers import RewardFn, accuracy_reward
-from mindrlhf.rollout.engine import GenerationEngine
+from mindrlhf.rollout.backends import make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing
 from mindrlhf.trainer.grpo_math import group_advantages
@@ -138,7 +138,7 @@ class GRPOTrainer:
         if run.eval_steps and run.eval_dataset:
             self.eval_dataset = PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, self.pad_id, shuffle=False)
         self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight)
-        self.engine = GenerationEngine(self.rollout_model, self.pad_id, prompt_bucket=self.prompt_width)
+        self.engine = make_engine(run.rollout_backend, self.rollout_model, self.pad_id, self.prompt_width)
 
     def _setup_training(self):
         rl, opt, smp = self.cfg.rl, self.cfg.optim, self.cfg.sampling

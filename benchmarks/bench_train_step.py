@@ -1,0 +1,89 @@
+"""forward + backward + AdamW tokens/s: our model (ms.jit) vs the same model and weights in torch eager.
+
+Model 4 layers / hidden 512 / 8 heads / 2 kv heads / intermediate 1408 / vocab 32000, batch 8 x seq 256.
+Each side runs in its own process so peak RSS is its own. Last line: one JSON object.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BENCH_MODEL, hf_model_dir, peak_rss_mb, run_child  # noqa: E402
+
+BATCH, SEQ, WARMUP, STEPS = 8, 256, 2, 6
+
+
+def batch(seed=0):
+    return np.random.RandomState(seed).randint(0, BENCH_MODEL["vocab_size"], (BATCH, SEQ + 1))
+
+
+def ours(hf_dir):
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindrlhf.checkpoint.model_io import load_weights
+    from mindrlhf.configs import ModelConfig
+    from mindrlhf.models.qwen2 import CausalLM, causal_bias
+    from mindrlhf.trainer.optim import AdamW
+    from mindrlhf.trainer.sft import _SFTStep
+    model = CausalLM(ModelConfig(**BENCH_MODEL))
+    load_weights(model, hf_dir)
+    step = _SFTStep(model, AdamW(list(model.trainable_params()), weight_decay=0.0), max_grad_norm=0.0)
+    ids = batch()
+    args = (Tensor(ids[:, :-1].astype(np.int32)), Tensor(np.tile(np.arange(SEQ, dtype=np.int32), (BATCH, 1))),
+            causal_bias(Tensor(np.ones((BATCH, SEQ), np.int32))), Tensor(ids[:, 1:].astype(np.int32)),
+            Tensor(np.ones((BATCH, SEQ), np.float32)), Tensor(np.float32(1e-5)))
+    for _ in range(WARMUP):
+        step(*args).asnumpy()
+    t0 = time.perf_counter()
+    for _ in range(STEPS):
+        loss = step(*args)
+    loss.asnumpy()
+    return BATCH * SEQ * STEPS / (time.perf_counter() - t0)
+
+
+def reference(hf_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    ids = torch.tensor(batch())
+    for i in range(WARMUP + STEPS):
+        if i == WARMUP:
+            t0 = time.perf_counter()
+        logits = model(ids[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return BATCH * SEQ * STEPS / (time.perf_counter() - t0)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--child", nargs=2, metavar=("WHICH", "HF_DIR"))
+    args = p.parse_args()
+    if args.child:
+        which, hf_dir = args.child
+        tps = ours(hf_dir) if which == "ours" else reference(hf_dir)
+        print(json.dumps({"tokens_per_s": tps, "peak_rss_mb": peak_rss_mb()}))
+        return
+    hf_dir = hf_model_dir(os.path.join(tempfile.gettempdir(), "mindrlhf_bench_model"))
+    mine = run_child(__file__, "ours", hf_dir)
+    ref = run_child(__file__, "reference", hf_dir)
+    print(f"ours (MindSpore jit): {mine['tokens_per_s']:.0f} tokens/s, peak RSS {mine['peak_rss_mb']:.0f} MB")
+    print(f"torch eager:          {ref['tokens_per_s']:.0f} tokens/s, peak RSS {ref['peak_rss_mb']:.0f} MB")
+    print(json.dumps({"bench": "train_step", "ours": round(mine["tokens_per_s"], 1),
+                      "reference": round(ref["tokens_per_s"], 1), "unit": "tokens/s",
+                      "ratio": round(mine["tokens_per_s"] / ref["tokens_per_s"], 3),
+                      "peak_rss_ratio": round(mine["peak_rss_mb"] / ref["peak_rss_mb"], 3)}))
+
+
+if __name__ == "__main__":
+    main()

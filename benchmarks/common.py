@@ -1,0 +1,52 @@
+"""Shared benchmark helpers: the benchmark model config, HF reference construction, peak-RSS subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, REPO)
+
+# The issues' benchmark model: 4 layers, hidden 512, 8 heads / 2 kv heads, intermediate 1408, vocab 32000.
+BENCH_MODEL = dict(hidden_size=512, num_layers=4, num_heads=8, n_kv_heads=2, intermediate_size=1408,
+                   vocab_size=32000, qkv_has_bias=True, tie_word_embeddings=False, seq_length=512,
+                   max_position_embedding=512, theta=10000.0, rms_norm_eps=1e-6)
+
+
+def peak_rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def hf_model_dir(path: str, seed: int = 0) -> str:
+    """The benchmark model as an HF Qwen2 checkpoint with random weights (written once)."""
+    if os.path.isfile(os.path.join(path, "model.safetensors")):
+        return path
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    m = BENCH_MODEL
+    cfg = Qwen2Config(hidden_size=m["hidden_size"], num_hidden_layers=m["num_layers"],
+                      num_attention_heads=m["num_heads"], num_key_value_heads=m["n_kv_heads"],
+                      intermediate_size=m["intermediate_size"], vocab_size=m["vocab_size"],
+                      max_position_embeddings=m["max_position_embedding"], tie_word_embeddings=False,
+                      rope_theta=m["theta"], rms_norm_eps=m["rms_norm_eps"], use_sliding_window=False)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def run_child(script: str, *args, env_extra=None) -> dict:
+    """Run `script --child ...` in a fresh process; it prints one JSON line last."""
+    env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3", **(env_extra or {}))
+    out = subprocess.run([sys.executable, script, "--child", *map(str, args)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{script} child failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
