@@ -23,7 +23,6 @@ def batch(seed=0):
 
 
 def ours(hf_dir):
-    import mindspore as ms
     from mindspore import Tensor
     from mindrlhf.checkpoint.model_io import load_weights
     from mindrlhf.configs import ModelConfig

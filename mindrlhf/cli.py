@@ -15,7 +15,7 @@ def grpo_main(argv=None) -> int:
             for path in save_role_strategies(cfg):
                 print(f"wrote {path}")
             return 0
-        from mindrlhf.trainer.grpo_trainer import GRPOTrainer, TrainingError
+        from mindrlhf.trainer.grpo_trainer import GRPOTrainer
         trainer = GRPOTrainer(cfg)
         trainer.fit()
     except (ConfigError, CheckpointError) as err:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 from mindrlhf.data.tokenizer import train_byte_level_bpe
 

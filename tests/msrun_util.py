@@ -5,7 +5,6 @@ import glob
 import os
 import socket
 import subprocess
-import sys
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -28,7 +27,3 @@ def run_msrun(script: str, args, workers: int, log_dir: str, timeout: int = 900)
                 logs.append(f"--- {path} ---\n" + fh.read()[-4000:])
         raise AssertionError(f"msrun failed ({proc.returncode}):\n{proc.stdout.decode(errors='replace')[-3000:]}\n"
                              + "\n".join(logs))
-
-
-def msrun_python() -> str:
-    return sys.executable

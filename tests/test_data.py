@@ -140,3 +140,21 @@ def test_epochs_differ_and_resume_continues_exactly():
     resumed.load_state_dict(state)
     assert [resumed.next_batch()["row_index"].tolist() for _ in range(4)] == [r.tolist() for r in rest]
     assert state == {"epoch": 1, "index": 1} and len(taken) == 5
+
+
+def test_llama_sentencepiece_tokenizer(tmp_path):
+    import sentencepiece as spm
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(["the cat sat on the mat", "What is 12 + 7? The answer is 19.", "hello world"] * 50))
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "sp"), vocab_size=60,
+                                   model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1, minloglevel=2)
+    ours = load_tokenizer(str(tmp_path / "sp.model"))
+    texts = ["the cat sat", "What is 12 + 7?", "hello world"]
+    assert ours.encode_batch(texts) == [ours.encode(t) for t in texts]
+    for t in texts:
+        assert ours.decode(ours.encode(t)) == t
+        assert 0 not in ours.encode(t)            # in-vocabulary text never maps to <unk>
+    assert ours.eos_token_id == 2 and ours.pad_token_id == 2 and ours.vocab_size == 60
+    with pytest.raises(ConfigError, match="not a sentencepiece model"):
+        (tmp_path / "bad.model").write_bytes(b"garbage")
+        load_tokenizer(str(tmp_path / "bad.model"))

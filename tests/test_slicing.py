@@ -11,8 +11,8 @@ from mindrlhf.checkpoint.safetensors_io import f32_to_bf16
 from mindrlhf.checkpoint.slicing import transform
 from mindrlhf.configs import CheckpointError
 from mindrlhf.parallel.layouts import Layout
-from mindrlhf.parallel.plan import full_layout, plan_tensor
-from mindrlhf.parallel.strategy import read_strategy, save_role_strategy, write_strategy
+from mindrlhf.parallel.plan import plan_tensor
+from mindrlhf.parallel.strategy import read_strategy, write_strategy
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -207,3 +207,21 @@ def test_cli_and_only_save_strategy(tmp_path):
     shard = read_checkpoint(str(tmp_path / "out" / "rank_1" / "checkpoint_1.ckpt"))
     name = "model.layers.1.feed_forward.w2.weight"
     assert np.array_equal(shard[name], state[name][:, state[name].shape[1] // 2:])
+
+
+def test_mindspore_transform_checkpoint_by_rank_accepts_our_strategy(tmp_path):
+    import mindspore as ms
+    full = _full(4)
+    strategy = str(tmp_path / "s.ckpt")
+    write_strategy(strategy, _layouts(2, 2))
+    save_checkpoint(full, str(tmp_path / "full.ckpt"))
+    transform(str(tmp_path / "full.ckpt"), str(tmp_path / "ours"), dst_strategy=strategy)
+    for rank in range(4):
+        assert ms.rank_list_for_transform(rank, None, strategy) == [0]
+        out = str(tmp_path / f"ms_rank_{rank}.ckpt")
+        ms.transform_checkpoint_by_rank(rank, {0: str(tmp_path / "full.ckpt")}, out, None, strategy)
+        theirs = read_checkpoint(out)
+        ours = read_checkpoint(str(tmp_path / "ours" / f"rank_{rank}" / f"checkpoint_{rank}.ckpt"))
+        assert set(theirs) == set(ours)
+        for n in ours:
+            assert theirs[n].tobytes() == ours[n].tobytes(), (n, rank)

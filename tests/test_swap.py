@@ -2,7 +2,6 @@
 import json
 import os
 
-import numpy as np
 import pytest
 
 from grpo_helpers import make_grpo_assets, model_yaml

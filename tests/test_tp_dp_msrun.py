@@ -70,3 +70,9 @@ def test_region_backward_rules(worker_results):
         assert np.array_equal(res["region/scatter_fwd"], xs[:, 4 * r: 4 * r + 4])
         assert np.array_equal(res["region/scatter_bwd"], np.concatenate([np.full((2, 4), 1.0),
                                                                          np.full((2, 4), 2.0)], -1))
+
+
+def test_tp2_rollout_samples_same_tokens_as_tp1(worker_results):
+    for res in worker_results:
+        assert np.array_equal(res["rollout_tp"], res["rollout_ref"])
+    assert np.array_equal(worker_results[0]["rollout_tp"], worker_results[1]["rollout_tp"])

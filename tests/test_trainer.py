@@ -1,5 +1,4 @@
 """The GRPO loop in one process: first-step invariants, resume equality, crash-safe checkpoints, bad config."""
-import json
 import os
 
 import numpy as np
@@ -31,12 +30,17 @@ def _trainer(assets, save_dir, **extra):
 
 
 def test_first_step_kl_zero_ratio_one_no_clip(assets, tmp_path):
-    trainer = _trainer(assets, tmp_path, beta=0.05, total_steps=1)
+    trainer = _trainer(assets, tmp_path, beta=0.05, total_steps=1, save_data_file=str(tmp_path / "rollouts.mindrecord"))
     metrics = trainer.fit()[0]
     assert metrics["kl"] == 0.0 and metrics["clip_frac"] == 0.0
     assert metrics["rollout_train_logprob_gap"] <= 1e-4
     rows = read_metrics(str(tmp_path / "metrics.jsonl"))
     assert rows[0]["step"] == 1 and "time_rollout" in rows[0] and "peak_mb_train" in rows[0]
+    import mindspore.dataset as ds
+    saved = list(ds.MindDataset(str(tmp_path / "rollouts.mindrecord"), shuffle=False).create_dict_iterator(
+        output_numpy=True, num_epochs=1))
+    assert len(saved) == 2 * 4 and all(int(r["step"]) == 1 for r in saved)
+    assert float(np.mean([r["reward"] for r in saved])) == pytest.approx(metrics["reward_mean"], abs=1e-6)
 
 
 def test_updates_change_the_policy_and_rollout_sees_them(assets, tmp_path):
@@ -148,3 +152,26 @@ def test_grpo_config_yaml_and_cli_precedence(tmp_path):
         config_from_argv(["--config", str(cfg_file)])
     with pytest.raises(ConfigError, match=r"--loss_agg: expected one of"):
         config_from_argv(["--loss_agg", "mean"])
+
+
+@pytest.mark.msrun
+def test_world_size_mismatch_under_msrun_exits_cleanly(assets, tmp_path):
+    """Every rank fails the same validation before any collective: non-zero exit, message, no hang."""
+    import subprocess
+    import sys
+    from msrun_util import free_port
+    dp4 = model_yaml(str(tmp_path / "dp4.yaml"), dp=4, vocab_size=416)
+    script = os.path.join(os.path.dirname(__file__), "..", "examples", "grpo", "qwen_grpo_tutorial",
+                          "grpo_one_stage.py")
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", "--join=True", f"--log_dir={tmp_path / 'log'}", script,
+           "--use_parallel", "True", "--sft_path_train", dp4, "--vocab_path", assets["vocab_path"],
+           "--merges_file_path", assets["merges_file_path"], "--mind_dataset_dir", assets["mind_dataset_dir"],
+           "--save_ckpt_dir", str(tmp_path / "ckpt")]
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert proc.returncode != 0
+    for r in range(2):
+        log = (tmp_path / "log" / f"worker_{r}.log").read_text(errors="replace")
+        assert "error: train (sft_path_train) parallel_config: data_parallel=4 x model_parallel=1 = 4 ranks, " \
+               "but the job has 2" in log

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import CKPT_EXTS, iter_checkpoint, read_checkpoint, save_checkpoint
+from mindrlhf.checkpoint.model_io import CKPT_EXTS, read_checkpoint, save_checkpoint
 from mindrlhf.checkpoint.safetensors_io import (BF16, SafeTensorsFile, SafeTensorsStreamWriter, _dtype_code,
                                                 contiguous)
 from mindrlhf.configs.errors import CheckpointError
@@ -30,7 +30,7 @@ class FullSource:
     """One full checkpoint file (our names; HF-named safetensors are renamed on the fly)."""
 
     def __init__(self, path: str):
-        from mindrlhf.checkpoint.hf_interop import hf_weight_files, iter_hf_as_ms
+        from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
         from mindrlhf.checkpoint.model_io import _is_hf_naming
         self.path = path
         if os.path.isdir(path):

@@ -33,13 +33,15 @@ class RunConfig:
     mind_dataset_dir: str = _f("", "prompt MindRecord written by rlhf_data.py")
     eval_dataset: str = _f("", "held-out prompt MindRecord for greedy-accuracy eval (optional)")
     save_ckpt_dir: str = _f("./ckpt", "where checkpoints, metrics and the exported policy go")
-    save_data_file: str = _f("", "also write every rollout (prompt, response, reward) to this MindRecord")
+    save_data_file: str = _f("", "also write every rollout (step, prompt, response, reward, solution) to this "
+                             "MindRecord; rewritten at each checkpoint and at the end")
     load_sft_checkpoint_train: str = _f("", "policy weights: HF dir/safetensors or MindSpore .ckpt/.safetensors")
     load_sft_checkpoint_infer: str = _f("", "rollout weights (default: the policy's; they are synced each step)")
     load_ref_checkpoint: str = _f("", "reference weights (default: the initial policy's)")
     use_parallel: bool = _f(False, "run under msrun with the layouts of the model YAMLs")
     only_save_strategy: bool = _f(False, "write the train and infer strategy files, then exit")
-    enable_compile_cache: bool = _f(False, "accepted for MindRLHF compatibility; graphs are compiled in memory")
+    enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache (MindSpore "
+                                     "enable_compile_cache) to start faster next time")
     resume: bool = _f(False, "continue from the newest complete checkpoint in save_ckpt_dir")
     seed: int = _f(1, "seed for sampling, data order and init")
     total_steps: int = _f(100, "GRPO steps (each: rollout, rewards, updates, weight sync)")
@@ -111,7 +113,6 @@ class SwapConfig:
     CPU it is an exact emulation that frees nothing (compiled graphs hold their buffers)."""
     offload_train_param: bool = _f(False, "policy weights to host during rollout (needs a separate rollout model)")
     offload_train_optimizer: bool = _f(False, "optimizer state to host outside the train phase")
-    offload_train_grad: bool = _f(False, "accepted; gradients live only inside the train step, nothing to move")
     offload_infer_param: bool = _f(False, "rollout weights to host during training (separate rollout model)")
     offload_kv_cache: bool = _f(False, "KV cache to host between rollouts")
     offload_ref_param: bool = _f(False, "reference weights to host outside their phase")

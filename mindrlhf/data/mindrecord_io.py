@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List
 
 import numpy as np
 

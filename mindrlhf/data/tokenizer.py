@@ -107,8 +107,47 @@ def load_tokenizer_json(path: str) -> Tokenizer:
         raise ConfigError(f"{file}: not a valid tokenizer.json ({err})") from None
 
 
+class SentencePieceTokenizer:
+    """Llama's `tokenizer.model` through sentencepiece, with the same interface as `Tokenizer`."""
+
+    def __init__(self, path: str):
+        import sentencepiece as spm
+        if not os.path.isfile(path):
+            raise ConfigError(f"--vocab_path: file not found: {path}")
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=path)
+        except (RuntimeError, OSError) as err:
+            raise ConfigError(f"{path}: not a sentencepiece model ({err})") from None
+        self.source = path
+        self.eos_token_id = self._sp.eos_id() if self._sp.eos_id() >= 0 else None
+        self.pad_token_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        i = self._sp.piece_to_id(token)
+        return None if i == self._sp.unk_id() and token != self._sp.id_to_piece(i) else i
+
+    def encode(self, text: str) -> List[int]:
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+        return self._sp.encode(list(texts))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._sp.decode(list(ids))
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> List[str]:
+        return [self.decode(x) for x in batch]
+
+
 def load_tokenizer(vocab_path: Optional[str] = None, merges_path: Optional[str] = None,
-                   tokenizer_dir: Optional[str] = None) -> Tokenizer:
+                   tokenizer_dir: Optional[str] = None):
+    """Qwen2 BPE (vocab.json + merges.txt), a tokenizer.json (directory), or Llama's tokenizer.model."""
+    if vocab_path and vocab_path.endswith(".model"):
+        return SentencePieceTokenizer(vocab_path)
     if tokenizer_dir:
         return load_tokenizer_json(tokenizer_dir)
     if vocab_path and os.path.isdir(vocab_path):

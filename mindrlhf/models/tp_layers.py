@@ -12,9 +12,8 @@ gate/up), so each layer itself issues at most one collective.
 """
 from __future__ import annotations
 
-import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
 
 from mindrlhf.models.tp_regions import max_from_tp, reduce_from_tp
@@ -136,11 +135,3 @@ class VocabParallelLogProb(nn.Cell):
         p_shifted = self.plogit_all(ops.sum(exp * shifted, -1)) / sum_exp
         entropy = log_z - p_shifted
         return logprob, entropy
-
-
-def np_dtype(name: str):
-    return {"float32": np.float32, "float16": np.float16}.get(name, np.float32)
-
-
-def to_tensor(array, dtype):
-    return Tensor(np.ascontiguousarray(array)).astype(dtype)

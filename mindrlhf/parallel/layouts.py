@@ -8,7 +8,7 @@ dimension replicate the tensor across them (here: dp).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -77,35 +77,3 @@ def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Optional[int]]], dp: in
         except ValueError as err:
             raise CheckpointError(f"parameter {name}: {err}") from None
     return out
-
-
-def merge_shards(layout: Layout, shards: Dict[int, np.ndarray]) -> np.ndarray:
-    """Rebuild the full tensor from shards keyed by rank (any one replica of each slice suffices)."""
-    first = next(iter(shards.values()))
-    full = np.empty(layout.full_shape, dtype=first.dtype)
-    covered = np.zeros(layout.num_ranks, dtype=bool)
-    seen = set()
-    for rank, shard in shards.items():
-        sl = layout.shard_slices(rank)
-        key = tuple((s.start, s.stop) for s in sl)
-        if key in seen:
-            continue
-        if tuple(shard.shape) != layout.shard_shape:
-            raise CheckpointError(f"shard of rank {rank} has shape {tuple(shard.shape)}, expected "
-                                  f"{layout.shard_shape}")
-        full[sl] = shard
-        seen.add(key)
-        covered[rank] = True
-    needed = {tuple((s.start, s.stop) for s in layout.shard_slices(r)) for r in range(layout.num_ranks)}
-    if needed - seen:
-        raise CheckpointError(f"shards cover {len(seen)} of the {len(needed)} distinct slices")
-    return full
-
-
-def ranks_holding(layout: Layout) -> List[int]:
-    """One rank per distinct slice (the lowest), e.g. dp replica 0."""
-    firsts: Dict[Tuple, int] = {}
-    for r in range(layout.num_ranks):
-        key = tuple((s.start, s.stop) for s in layout.shard_slices(r))
-        firsts.setdefault(key, r)
-    return sorted(firsts.values())

@@ -51,7 +51,3 @@ def plan_tensor(src: Layout, dst: Layout) -> Dict[int, List[Piece]]:
                                 tuple(slice(lo - do, hi - do) for (lo, hi), (do, _) in zip(inter, dbox))))
         plan[d] = pieces
     return plan
-
-
-def source_ranks_needed(plan: Dict[int, List[Piece]], dst_rank: int) -> List[int]:
-    return sorted({p.src_rank for p in plan[dst_rank]})

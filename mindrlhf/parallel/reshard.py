@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import numpy as np
-from mindspore import Tensor
 
 from mindrlhf.checkpoint.model_io import param_as_f32, write_param
 from mindrlhf.configs.errors import ConfigError

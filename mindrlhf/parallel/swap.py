@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import ops
 
 from mindrlhf.checkpoint.model_io import param_to_numpy, write_param
 
@@ -62,14 +62,6 @@ class SwapGroup:
             write_param(p, self._host.pop(p.name))
         self.resident = True
         self.seconds += time.time() - t0
-
-    def mark_resident(self):
-        """The group was rewritten in full while offloaded (e.g. by a weight sync): drop the host copy."""
-        if self.enabled and not self.resident and on_ascend():
-            for p in self.params:
-                p._load()  # pylint: disable=protected-access
-        self._host.clear()
-        self.resident = True
 
     def host_bytes(self) -> int:
         return sum(a.nbytes for a in self._host.values())

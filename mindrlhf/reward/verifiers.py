@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from mindrlhf.configs.errors import ConfigError
 

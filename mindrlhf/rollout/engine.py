@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn
 
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.qwen2 import NEG_INF, CausalLM, causal_bias

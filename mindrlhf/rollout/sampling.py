@@ -6,7 +6,7 @@ min-p. The returned logprob is that of the sampled token under the distribution 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 

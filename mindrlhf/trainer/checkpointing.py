@@ -13,7 +13,6 @@ import re
 import shutil
 from typing import Dict, List, Optional
 
-import numpy as np
 
 from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, read_checkpoint, save_checkpoint,
                                          write_param)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import mindspore as ms
@@ -48,6 +48,9 @@ class GRPOTrainer:
         self.rank, self.world = init_distributed() if cfg.run.use_parallel else (0, 1)
         self.log = log if self.rank == 0 else (lambda *a, **k: None)
         ms.set_seed(cfg.run.seed)
+        if cfg.run.enable_compile_cache:
+            ms.set_context(enable_compile_cache=True,
+                           compile_cache_path=os.path.join(cfg.run.save_ckpt_dir, "compile_cache"))
         self._setup_models()
         self._setup_data()
         self._setup_training()
@@ -56,6 +59,7 @@ class GRPOTrainer:
         self.rng = np.random.default_rng([cfg.run.seed, self.infer_mesh.dp_index])
         log_dir = cfg.run.log_dir or cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0)
+        self.rollout_log = RolloutLog(cfg.run.save_data_file)
         if cfg.run.resume:
             self._resume()
 
@@ -227,6 +231,20 @@ class GRPOTrainer:
                                 f"checkpoint is untouched. Lower optim.lr or check the data and weights")
         return result
 
+    # which swap groups each phase needs on the device (the rest go to host when their switch is on)
+    PHASE_RESIDENT = {
+        "rollout": ("rollout",),
+        "logprob": ("rollout", "policy"),
+        "train": ("policy", "optimizer"),
+        "sync": ("policy", "rollout"),
+    }
+
+    def enter_phase(self, phase: str, keep=()):
+        resident = set(self.PHASE_RESIDENT[phase]) | set(keep)
+        for name, group in self.swap.items():
+            if name != "kv_cache":
+                (group.reload if name in resident else group.offload)()
+
     def train_one_step(self) -> Dict[str, float]:
         times, peaks = {}, {}
 
@@ -239,37 +257,40 @@ class GRPOTrainer:
             return result
 
         t_step = time.time()
-        swap = self.swap
-        swap_before = sum(g.seconds for g in swap.values())
-        for name in ("policy", "optimizer", "ref"):       # rollout phase: only the rollout model resident
-            swap[name].offload()
-        swap["rollout"].reload()
+        swap_before = sum(g.seconds for g in self.swap.values())
+        self.enter_phase("rollout")
         batch = self.dataset.next_batch()
         local = phase("rollout", self.rollout, batch)
         solutions = comm_gather_solutions(batch["solution"], self.infer_mesh)
         samples = phase("gather", gather_samples, local, self.infer_mesh)
-        rewards, parts, _ = phase("reward", self.score, samples, solutions)
+        rewards, parts, texts = phase("reward", self.score, samples, solutions)
+        if self.cfg.run.save_data_file and self.rank == 0:
+            self.rollout_log.add(self.step + 1, samples, texts, rewards, solutions, self.tokenizer)
         advantages = group_advantages(rewards, self.cfg.rl.num_generations, self.cfg.rl.adv_norm_std)
         per = self.rows_per_train_rank
         mine = slice(self.train_mesh.dp_index * per, (self.train_mesh.dp_index + 1) * per)
         my_samples = samples.rows(mine.start, mine.stop)
-        swap["policy"].reload()
+        self.enter_phase("logprob")
         old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples)
+        ref_logp = np.zeros_like(old_logp)
         if self.ref_logprob:
-            swap["ref"].reload()
+            self.enter_phase("logprob", keep=("ref",))
             ref_logp = phase("ref_logprob", self.logprobs, self.ref_logprob, my_samples)
-            swap["ref"].offload()
-        else:
-            ref_logp = np.zeros_like(old_logp)
-        swap["rollout"].offload()                         # train phase: policy, grads, optimizer resident
-        swap["optimizer"].reload()
+        self.enter_phase("train")
         stats = phase("train", self.update, my_samples, old_logp, ref_logp, advantages[mine])
-        swap["optimizer"].offload()
-        phase("weight_sync", self.weight_sync.sync)       # rewrites every rollout parameter in full
-        if not self.weight_sync.shared:
-            swap["rollout"].mark_resident()
+        self.enter_phase("sync")
+        phase("weight_sync", self.weight_sync.sync)
         self.step += 1
+        metrics = self._step_metrics(samples, my_samples, rewards, parts, old_logp, stats)
+        metrics.update({f"time_{k}": v for k, v in times.items()})
+        metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
+        metrics["time_swap"] = sum(g.seconds for g in self.swap.values()) - swap_before
+        metrics["time_step"] = time.time() - t_step
+        metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(times["rollout"], 1e-9)
+        return metrics
 
+    @staticmethod
+    def _step_metrics(samples, my_samples, rewards, parts, old_logp, stats) -> Dict[str, float]:
         mask = my_samples.response_mask.astype(bool)
         lengths = samples.response_mask.sum(1)
         metrics = {
@@ -279,16 +300,11 @@ class GRPOTrainer:
             "response_clipped_frac": float(1.0 - samples.finished.mean()),
             "rollout_train_logprob_gap": float(np.abs(my_samples.rollout_logp - old_logp)[mask].mean())
             if mask.any() else 0.0,
+            "tokens_generated": float(lengths.sum()),
             **stats,
         }
-        for name, parts_v in parts.items():
-            metrics[f"reward/{name}"] = float(np.mean(parts_v))
-        gen_tokens = float(lengths.sum())
-        metrics.update({f"time_{k}": v for k, v in times.items()})
-        metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
-        metrics["time_swap"] = sum(g.seconds for g in swap.values()) - swap_before
-        metrics["time_step"] = time.time() - t_step
-        metrics["rollout_tokens_per_s"] = gen_tokens / max(times["rollout"], 1e-9)
+        for name, values in parts.items():
+            metrics[f"reward/{name}"] = float(np.mean(values))
         return metrics
 
     # ---- evaluation, checkpoints, the loop ----------------------------------------------------------
@@ -314,6 +330,8 @@ class GRPOTrainer:
             rank_state={"rng": self.rng.bit_generator.state, "data": self.dataset.state_dict()},
             trainer_state={"step": self.step, "world_size": self.world}, keep=run.keep_checkpoints)
         self.swap["optimizer"].offload()
+        if self.rank == 0:
+            self.rollout_log.flush()
 
     def _resume(self):
         state = checkpointing.load_training_checkpoint(self.cfg.run.save_ckpt_dir, self.rank, self.policy,
@@ -372,10 +390,38 @@ class GRPOTrainer:
         for group in self.swap.values():
             group.reload()
         self.weight_sync.close()
+        if self.rank == 0:
+            self.rollout_log.flush()
         if run.export_hf:
             self.export_policy(os.path.join(run.save_ckpt_dir, "hf_policy"))
         self.metrics.close()
         return history
+
+
+class RolloutLog:
+    """Every rollout sample of the run, written to `save_data_file` (MindRecord) at each flush."""
+
+    SCHEMA = {"step": {"type": "int64"}, "prompt": {"type": "string"}, "response": {"type": "string"},
+              "reward": {"type": "float32"}, "solution": {"type": "string"}}
+
+    def __init__(self, path: str):
+        self.path = path
+        self.rows = {k: [] for k in self.SCHEMA}
+
+    def add(self, step, samples: SampleBatch, texts, rewards, solutions, tokenizer):
+        prompts = tokenizer.decode_batch([p[m == 1].tolist() for p, m in zip(samples.prompt_ids, samples.prompt_mask)],
+                                         skip_special_tokens=False)
+        for i, text in enumerate(texts):
+            self.rows["step"].append(np.int64(step))
+            self.rows["prompt"].append(prompts[i])
+            self.rows["response"].append(text)
+            self.rows["reward"].append(np.float32(rewards[i]))
+            self.rows["solution"].append(solutions[samples.solution_index[i]])
+
+    def flush(self):
+        if self.path and self.rows["step"]:
+            from mindrlhf.data.mindrecord_io import write_mindrecord
+            write_mindrecord(self.path, self.rows, self.SCHEMA)
 
 
 def comm_gather_solutions(local: np.ndarray, infer_mesh) -> List[str]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional
+from typing import Dict
 
 _SHOWN = [("reward", "reward_mean", "{:.3f}"), ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
           ("kl", "kl", "{:.4f}"), ("clip", "clip_frac", "{:.3f}"), ("ent", "entropy", "{:.3f}"),

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from hf_reference import tiny_model_kwargs  # noqa: E402
@@ -75,6 +75,13 @@ def main():
         result["ref_grad/" + n] = ref_grads[n]
         result["tp_grad/" + n] = tp_grads[n]
         result["dp_grad/" + n] = g.asnumpy()
+    # rollout: TP=2 samples the same tokens as TP=1 with the same seed
+    from mindrlhf.rollout.engine import GenerationEngine
+    from mindrlhf.rollout.sampling import SamplingParams
+    prompts = [[5, 9, 3, 17, 2], [11, 2, 40]]
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=10, n=2, seed=4)
+    result["rollout_tp"] = GenerationEngine(tp_model, 0, 8).generate(prompts, params).response_ids
+    result["rollout_ref"] = GenerationEngine(single, 0, 8).generate(prompts, params).response_ids
     for k, v in region_grads(tp_mesh).items():
         result["region/" + k] = v
     np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **result)
