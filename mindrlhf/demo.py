@@ -35,12 +35,18 @@ def say(stage: int, text: str):
     print(f"[{stage}/{STAGES}] {text}", flush=True)
 
 
-def arithmetic(n: int, seed: int, high: int = 30) -> List[dict]:
+def held_out(a: int, b: int) -> bool:
+    """About one (a, b) pair in seven is never trained on: the eval measures generalisation, not recall."""
+    return (a + 2 * b) % 7 == 0
+
+
+def arithmetic(n: int, seed: int, test: bool, high: int = 30) -> List[dict]:
     r = random.Random(seed)
     rows = []
-    for _ in range(n):
+    while len(rows) < n:
         a, b = r.randint(0, high), r.randint(0, high)
-        rows.append({"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}.\n#### {a + b}"})
+        if held_out(a, b) == test:
+            rows.append({"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}.\n#### {a + b}"})
     return rows
 
 
@@ -60,8 +66,9 @@ def run(cmd: List[str], **kw):
 
 
 def stage_data(work: str, n_train: int):
-    say(1, f"writing {n_train} training and 200 held-out arithmetic questions (GSM8K jsonl)")
-    train, test = arithmetic(n_train, 1), arithmetic(200, 2)
+    say(1, f"writing {n_train} training and 200 held-out arithmetic questions (GSM8K jsonl; held-out pairs "
+           f"never appear in training)")
+    train, test = arithmetic(n_train, 1, test=False), arithmetic(200, 2, test=True)
     write_jsonl(os.path.join(work, "train.jsonl"), train)
     write_jsonl(os.path.join(work, "test.jsonl"), test)
     r = random.Random(3)
@@ -269,7 +276,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="demo_output", help="everything the demo writes goes here")
     p.add_argument("--steps", type=int, default=100, help="GRPO steps")
-    p.add_argument("--sft_steps", type=int, default=300, help="supervised warm-up steps")
+    p.add_argument("--sft_steps", type=int, default=600, help="supervised warm-up steps")
     p.add_argument("--workers", type=int, default=2, help="msrun workers (2 or 4 on this CPU)")
     p.add_argument("--train_rows", type=int, default=3000)
     args = p.parse_args(argv)
