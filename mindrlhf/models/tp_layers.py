@@ -120,6 +120,13 @@ class VocabParallelLogProb(nn.Cell):
 
     def construct(self, logits, labels):
         logits = ops.cast(logits, ms.float32)
+        if self.tp == 1:
+            # one fused log-softmax (and its fused backward) keeps fewer vocabulary-sized temporaries alive
+            logp_all = ops.log_softmax(logits, -1)
+            logprob = ops.gather_elements(logp_all, -1, ops.expand_dims(labels, -1)).squeeze(-1)
+            detached = ops.stop_gradient(logp_all)
+            entropy = -ops.sum(ops.exp(detached) * detached, -1)
+            return logprob, entropy
         local_max = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)[0])
         shifted = logits - self.max_all(local_max)                       # (..., V/tp)
         exp = ops.exp(shifted)
