@@ -83,10 +83,10 @@ def worker(work: str):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--worker", default=None)
+    p.add_argument("--run_worker", default=None)
     args = p.parse_args()
-    if args.worker:
-        worker(args.worker)
+    if args.run_worker:
+        worker(args.run_worker)
         return
     import socket
     work = tempfile.mkdtemp(prefix="bench_reshard_")
@@ -95,10 +95,10 @@ def main():
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1", f"--master_port={port}",
-           "--join=True", f"--log_dir={os.path.join(work, 'log')}", os.path.abspath(__file__), "--worker", work]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+           "--join=True", f"--log_dir={os.path.join(work, 'log')}", os.path.abspath(__file__), "--run_worker", work]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"msrun failed; logs in {work}/log")
+        raise SystemExit(f"msrun failed; logs in {work}/log\n{proc.stdout[-2000:]}")
     with open(os.path.join(work, "result.json")) as fh:
         r = json.load(fh)
     shutil.rmtree(work, ignore_errors=True)

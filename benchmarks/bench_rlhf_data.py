@@ -57,6 +57,8 @@ def reference(rows, vocab, merges, path, max_prompt=128, seq=256):
 
 
 def main():
+    import mindspore.mindrecord  # noqa: F401  (import cost outside both timings)
+    import transformers  # noqa: F401
     work = tempfile.mkdtemp(prefix="bench_rlhf_data_")
     rows = gsm8k_like(ROWS)
     src = os.path.join(work, "train.jsonl")
