@@ -16,8 +16,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import One, initializer
 
-from mindrlhf.configs.model_config import ModelConfig
-from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear,
+from mindrlhf.configs.model_config import ModelConfig, ParallelConfig
+from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import copy_to_tp, gather_from_tp
 from mindrlhf.parallel.mesh import Mesh
@@ -238,6 +238,7 @@ class CausalLM(nn.Cell):
     def __init__(self, cfg: ModelConfig, mesh: Optional[Mesh] = None):
         super().__init__()
         mesh = mesh or Mesh(1, 1, 0)
+        ParallelConfig(data_parallel=mesh.dp, model_parallel=mesh.tp).check_model(cfg)
         self.config = cfg
         self.mesh = mesh
         self.model = DecoderModel(cfg, mesh)
@@ -254,10 +255,7 @@ class CausalLM(nn.Cell):
     def head(self, hidden):
         hidden = self.enter_head(hidden)
         if self.tie:
-            w = ops.cast(self.model.tok_embeddings.embedding_weight, self.compute_dtype)
-            shape = hidden.shape
-            out = ops.matmul(ops.reshape(hidden, (-1, shape[-1])), ops.transpose(w, (1, 0)))
-            return ops.reshape(out, shape[:-1] + (w.shape[0],))
+            return linear(hidden, self.model.tok_embeddings.embedding_weight, self.compute_dtype)
         return self.lm_head(hidden)
 
     def construct(self, input_ids, position_ids, bias):

@@ -21,7 +21,7 @@ from mindrlhf.rollout.sampling import SamplingParams  # noqa: E402
 from mindrlhf.trainer.samples import SampleBatch, gather_samples, left_pad, training_tensors  # noqa: E402
 from mindrlhf.trainer.train_step import ResponseLogProb  # noqa: E402
 
-CFG = ModelConfig(**tiny_model_kwargs(True, False, 2))
+CFG = ModelConfig(**tiny_model_kwargs(True, False, 4))   # 4 kv heads: TP up to 4
 
 
 def full_weights(seed):
@@ -37,8 +37,10 @@ def layouts_for(world):
 
 
 def rollout_gap(policy, rollout_model, mesh_infer, rank):
-    """Generate on the rollout model, recompute with the policy: max |logprob difference|."""
-    prompts = [[5 + rank, 9, 3, 17], [11, 2, 40 + rank]]
+    """Generate on the rollout model, recompute with the policy: max |logprob difference|.
+    TP peers of one rollout replica must feed identical prompts, so prompts depend on the DP index."""
+    d = mesh_infer.dp_index
+    prompts = [[5 + d, 9, 3, 17], [11, 2, 40 + 37 * d]]
     out = GenerationEngine(rollout_model, 0, 8).generate(prompts, SamplingParams(temperature=1.0, max_tokens=6,
                                                                                    n=2, seed=1))
     ids, mask = left_pad(out.prompt_ids, 8, 0)
