@@ -108,31 +108,30 @@ class Attention(nn.Cell):
     def prefill(self, x, cos, sin, bias, cache_k, cache_v, n_samples):
         """Full-prompt attention that also fills the KV cache, each prompt's entries copied n_samples times.
 
-        cache_k/v: Parameters (L, B*n, nkv, hd), slot-major so a decode step writes one row in place.
+        cache_k/v: Parameters (B*n, nkv, L, hd), the layout attention reads, so decode never transposes them.
         """
         q, k, v = self.project_qkv(x, cos, sin)
-        ops.assign(cache_k, _cache_rows(k, n_samples, cache_k.shape[0]))
-        ops.assign(cache_v, _cache_rows(v, n_samples, cache_v.shape[0]))
+        ops.assign(cache_k, _cache_rows(k, n_samples, cache_k.shape[2]))
+        ops.assign(cache_v, _cache_rows(v, n_samples, cache_v.shape[2]))
         return self.attend(q, k, v, bias)
 
-    def decode(self, x, cos, sin, bias, cache_k, cache_v, slot):
-        """One new token per sequence: write its k/v at cache row `slot` (shape (1,)), attend to the cache."""
+    def decode(self, x, cos, sin, bias, cache_k, cache_v, kv_index):
+        """One new token per sequence: write its k/v in place at [n, head, slot] (kv_index (N*nkv, 3)),
+        then attend to the whole cache."""
         q, k, v = self.project_qkv(x, cos, sin)                       # k/v (N, nkv, 1, hd)
-        cache_k = ops.scatter_update(cache_k, slot, ops.transpose(k, (2, 0, 1, 3)))
-        cache_v = ops.scatter_update(cache_v, slot, ops.transpose(v, (2, 0, 1, 3)))
-        keys = ops.transpose(cache_k, (1, 2, 0, 3))                    # (N, nkv, L, hd)
-        values = ops.transpose(cache_v, (1, 2, 0, 3))
+        n = k.shape[0]
+        keys = ops.scatter_nd_update(cache_k, kv_index, ops.reshape(k, (n * self.nkv, self.hd)))
+        values = ops.scatter_nd_update(cache_v, kv_index, ops.reshape(v, (n * self.nkv, self.hd)))
         return self.attend(q, keys, values, bias)
 
 
 def _cache_rows(kv, n_samples, cache_len):
-    """kv (B, nkv, P, hd) -> (L, B*n, nkv, hd): slot-major, each row repeated n times, zero-padded to L."""
+    """kv (B, nkv, P, hd) -> (B*n, nkv, L, hd): each prompt's rows repeated n times, zero-padded to L."""
     b, nkv, p, hd = kv.shape
-    rows = ops.transpose(kv, (2, 0, 1, 3))                                       # (P, B, nkv, hd)
-    rows = ops.broadcast_to(ops.expand_dims(rows, 2), (p, b, n_samples, nkv, hd))
-    rows = ops.reshape(rows, (p, b * n_samples, nkv, hd))
-    pad = ops.zeros((cache_len - p, b * n_samples, nkv, hd), rows.dtype)
-    return ops.concat((rows, pad), 0)
+    rows = ops.broadcast_to(ops.expand_dims(kv, 1), (b, n_samples, nkv, p, hd))
+    rows = ops.reshape(rows, (b * n_samples, nkv, p, hd))
+    pad = ops.zeros((b * n_samples, nkv, cache_len - p, hd), rows.dtype)
+    return ops.concat((rows, pad), 2)
 
 
 class FeedForward(nn.Cell):
@@ -171,9 +170,9 @@ class DecoderLayer(nn.Cell):
                                        n_samples)
         return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
 
-    def decode(self, x, cos, sin, bias, cache_k, cache_v, slot):
+    def decode(self, x, cos, sin, bias, cache_k, cache_v, kv_index):
         h = x + self.attention.decode(self.enter_attn(self.attention_norm(x)), cos, sin, bias, cache_k, cache_v,
-                                      slot)
+                                      kv_index)
         return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
 
 
@@ -213,11 +212,11 @@ class DecoderModel(nn.Cell):
             x = self.layers[i].prefill(x, cos, sin, bias, caches_k[i], caches_v[i], n_samples)
         return self.norm_out(x)
 
-    def decode(self, input_ids, position_ids, bias, caches_k, caches_v, slot):
+    def decode(self, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
         x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
         cos, sin = self.rope(position_ids)
         for i in range(len(self.layers)):
-            x = self.layers[i].decode(x, cos, sin, bias, caches_k[i], caches_v[i], slot)
+            x = self.layers[i].decode(x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
         return self.norm_out(x)
 
 

@@ -2,8 +2,9 @@
 
 Static shapes so each graph compiles once per (batch, prompt bucket, cache length): prompts are
 left-padded to a bucket length P, every prompt is prefilled once and its cache rows copied to its n
-samples, and each decode step writes one cache row in place (`scatter_update` on a Parameter; passing the
-cache in and out of a graph instead costs a full copy per step). Sampling runs on host numpy over the
+samples, and each decode step writes its new keys/values in place (`scatter_nd_update` on Parameters laid
+out [row, kv head, slot, head dim], the layout attention reads; passing the cache in and out of a graph
+instead costs a full copy per step). Sampling runs on host numpy over the
 gathered logits. Sequences that finished keep their slot but stop producing tokens; the loop ends when all
 have finished.
 """
@@ -58,8 +59,8 @@ class _Decode(nn.Cell):
         self.caches_k, self.caches_v = caches_k, caches_v
 
     @ms.jit
-    def construct(self, input_ids, position_ids, bias, slot):
-        h = self.lm.model.decode(input_ids, position_ids, bias, self.caches_k, self.caches_v, slot)
+    def construct(self, input_ids, position_ids, bias, kv_index):
+        h = self.lm.model.decode(input_ids, position_ids, bias, self.caches_k, self.caches_v, kv_index)
         return self.lm.gather_vocab(self.lm.head(h))[:, 0, :]
 
 
@@ -83,7 +84,7 @@ class GenerationEngine:
         key = (batch, p, length, n)
         if key not in self._compiled:
             cfg, mesh = self.model.config, self.model.mesh
-            shape = (length, batch * n, cfg.n_kv_heads // mesh.tp, cfg.head_dim)
+            shape = (batch * n, cfg.n_kv_heads // mesh.tp, length, cfg.head_dim)
             dtype = self.model.compute_dtype
             ck = ms.ParameterTuple([Parameter(Tensor(np.zeros(shape, np.float32)).astype(dtype),
                                               name=f"kv_cache.k.{i}", requires_grad=False)
@@ -139,6 +140,10 @@ class GenerationEngine:
         out_logp = np.zeros((rows, params.max_tokens), np.float32)
         done = np.zeros(rows, bool)
         eos = np.array(params.eos_token_ids, np.int64)
+        nkv = cfg.n_kv_heads // self.model.mesh.tp
+        kv_index = np.zeros((rows * nkv, 3), np.int32)           # [row, kv head, slot] per written vector
+        kv_index[:, 0] = np.repeat(np.arange(rows), nkv)
+        kv_index[:, 1] = np.tile(np.arange(nkv), rows)
         for t in range(params.max_tokens):
             scores = process_logits(logits, params, seen, suppress_eos=t < params.min_tokens)
             tokens, logp = sample(scores, params, rng)
@@ -155,8 +160,8 @@ class GenerationEngine:
             key_ok[:, slot] = True
             bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]
             feed = np.where(done, self.pad_token_id, tokens).astype(np.int32)[:, None]
-            logits = decode(Tensor(feed), Tensor(next_pos[:, None]), Tensor(bias),
-                            Tensor(np.array([slot], np.int32))).asnumpy()
+            kv_index[:, 2] = slot
+            logits = decode(Tensor(feed), Tensor(next_pos[:, None]), Tensor(bias), Tensor(kv_index)).asnumpy()
             next_pos = next_pos + 1
         reasons = ["stop" if d else "length" for d in done]
         prompt_rows = [list(prompts[i]) for i in range(b) for _ in range(n)]

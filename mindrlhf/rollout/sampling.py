@@ -61,7 +61,7 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
 def process_logits(logits: np.ndarray, params: SamplingParams, seen: Optional[np.ndarray],
                    suppress_eos: bool) -> np.ndarray:
     """Raw logits (N, V) -> the log-space scores actually sampled from (-inf where filtered)."""
-    x = logits.astype(np.float64)
+    x = logits.astype(np.float32)
     if seen is not None:
         x = apply_repetition_penalty(x, seen, params.repetition_penalty)
     if suppress_eos and params.eos_token_ids:
@@ -94,21 +94,21 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    m = np.max(x, -1, keepdims=True)
-    shifted = x - m
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-
-
 def sample(scores: np.ndarray, params: SamplingParams, rng: np.random.Generator):
-    """scores (N, V) from process_logits -> (tokens (N,), logprobs (N,))."""
+    """scores (N, V) from process_logits -> (tokens (N,), logprobs (N,)).
+
+    One exp and one cumulative sum over the vocabulary (inverse-CDF sampling on unnormalised weights);
+    the log-normaliser is accumulated in float64, so the sampled token's logprob is exact to float32.
+    """
+    rows = np.arange(scores.shape[0])
+    shifted = scores - scores.max(-1, keepdims=True)                  # -inf stays -inf
+    weights = np.exp(shifted)
+    log_z = np.log(weights.sum(-1, dtype=np.float64))
     if params.greedy:
-        tokens = np.argmax(scores, -1)
-        logp = log_softmax(scores)          # greedy: report the model's own (penalised) distribution
+        tokens = np.argmax(scores, -1)      # greedy: report the model's own (penalised) distribution
     else:
-        logp = log_softmax(scores)
-        probs = np.exp(logp)
-        u = rng.random((scores.shape[0], 1))
-        tokens = np.minimum((np.cumsum(probs, -1) < u).sum(-1), scores.shape[1] - 1)
-        tokens = np.where(np.isfinite(logp[np.arange(len(tokens)), tokens]), tokens, np.argmax(scores, -1))
-    return tokens.astype(np.int64), logp[np.arange(len(tokens)), tokens].astype(np.float32)
+        cdf = np.cumsum(weights, -1)
+        u = rng.random(scores.shape[0]) * cdf[:, -1]
+        tokens = np.minimum((cdf < u[:, None]).sum(-1), scores.shape[1] - 1)
+        tokens = np.where(weights[rows, tokens] > 0, tokens, np.argmax(scores, -1))
+    return tokens.astype(np.int64), (shifted[rows, tokens] - log_z).astype(np.float32)
