@@ -175,3 +175,15 @@ def test_world_size_mismatch_under_msrun_exits_cleanly(assets, tmp_path):
         log = (tmp_path / "log" / f"worker_{r}.log").read_text(errors="replace")
         assert "error: train (sft_path_train) parallel_config: data_parallel=4 x model_parallel=1 = 4 ranks, " \
                "but the job has 2" in log
+
+
+def test_reference_sync_every_n_steps(assets, tmp_path):
+    trainer = _trainer(assets, tmp_path, total_steps=2, beta=0.05, ref_sync_steps=2, mini_batch_size=4,
+                       verifier_function="digit_fraction_test")
+    start = model_state(trainer.ref_model)
+    trainer.train_one_step()
+    assert all(np.array_equal(v, start[k]) for k, v in model_state(trainer.ref_model).items())   # not yet
+    trainer.train_one_step()
+    ref, pol = model_state(trainer.ref_model), model_state(trainer.policy)
+    assert all(np.array_equal(ref[k], pol[k]) for k in pol)
+    assert any(not np.array_equal(ref[k], start[k]) for k in pol)

@@ -15,7 +15,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindrlhf.checkpoint.hf_interop import export_hf
-from mindrlhf.checkpoint.model_io import load_weights, model_state, write_param
+from mindrlhf.checkpoint.model_io import load_weights, model_state, param_to_numpy, write_param
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.model_config import load_model_yaml
@@ -281,6 +281,9 @@ class GRPOTrainer:
         self.enter_phase("sync")
         phase("weight_sync", self.weight_sync.sync)
         self.step += 1
+        if self.ref_model is not None and self.cfg.rl.ref_sync_steps and self.step % self.cfg.rl.ref_sync_steps == 0:
+            self.swap["ref"].reload()
+            _copy_weights(self.policy, self.ref_model)     # same (train) layout: a local copy
         metrics = self._step_metrics(samples, my_samples, rewards, parts, old_logp, stats)
         metrics.update({f"time_{k}": v for k, v in times.items()})
         metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
@@ -449,4 +452,4 @@ def _shape_fields(cfg):
 def _copy_weights(src: CausalLM, dst: CausalLM):
     dst_params = {p.name: p for p in dst.get_parameters()}
     for p in src.get_parameters():
-        write_param(dst_params[p.name], p.asnumpy())
+        write_param(dst_params[p.name], param_to_numpy(p))
