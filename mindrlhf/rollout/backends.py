@@ -12,9 +12,10 @@ from mindrlhf.rollout.engine import GenerationEngine
 BACKENDS = ("mindspore", "vllm_mindspore")
 
 
-def make_engine(backend: str, model, pad_token_id: int, prompt_bucket: int):
+def check_backend(backend: str):
+    """Refuse an unusable backend before anything expensive happens (called at config time)."""
     if backend == "mindspore":
-        return GenerationEngine(model, pad_token_id, prompt_bucket)
+        return
     if backend == "vllm_mindspore":
         import mindspore as ms
         device = ms.get_context("device_target")
@@ -28,3 +29,8 @@ def make_engine(backend: str, model, pad_token_id: int, prompt_bucket: int):
         raise ConfigError("rollout_backend: the vllm_mindspore adapter is not implemented in this release (it needs "
                           "an Ascend host to be written and tested); use rollout_backend: mindspore")
     raise ConfigError(f"rollout_backend: expected one of {BACKENDS}, got {backend!r}")
+
+
+def make_engine(backend: str, model, pad_token_id: int, prompt_bucket: int):
+    check_backend(backend)
+    return GenerationEngine(model, pad_token_id, prompt_bucket)

@@ -27,7 +27,7 @@ from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.reward.verifiers import RewardFn, accuracy_reward
-from mindrlhf.rollout.backends import make_engine
+from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing
 from mindrlhf.trainer.grpo_math import group_advantages
@@ -51,8 +51,9 @@ class GRPOTrainer:
         if cfg.run.enable_compile_cache:
             ms.set_context(enable_compile_cache=True,
                            compile_cache_path=os.path.join(cfg.run.save_ckpt_dir, "compile_cache"))
-        self._setup_models()
-        self._setup_data()
+        self._read_configs()      # configs, layouts, file checks: cheap, and identical on every rank
+        self._setup_data()        # tokenizer, dataset and the checks that need them
+        self._setup_models()      # only now the expensive part: build and load weights, first sync
         self._setup_training()
         self.step = 0
         # TP peers of a rollout replica must sample identically: seed by the infer-DP index
@@ -64,7 +65,7 @@ class GRPOTrainer:
             self._resume()
 
     # ---- set-up (all validation happens here, before any collective) ----------------------------------
-    def _setup_models(self):
+    def _read_configs(self):
         run = self.cfg.run
         if not run.sft_path_train:
             raise ConfigError("sft_path_train: required (model YAML of the policy)")
@@ -84,15 +85,19 @@ class GRPOTrainer:
                            (run.load_ref_checkpoint, "load_ref_checkpoint")):
             if path and not os.path.exists(path):
                 raise ConfigError(f"{what}: not found: {path}")
+        self.infer_model_cfg = infer_yaml.model
+        check_backend(run.rollout_backend)
 
+    def _setup_models(self):
+        run = self.cfg.run
         self.policy = CausalLM(self.model_cfg, self.train_mesh)
         if run.load_sft_checkpoint_train:
             load_weights(self.policy, run.load_sft_checkpoint_train)
         same_layout = (self.train_mesh.dp, self.train_mesh.tp) == (self.infer_mesh.dp, self.infer_mesh.tp)
-        if same_layout and infer_yaml.model.param_init_type == train_yaml.model.param_init_type:
+        if same_layout and self.infer_model_cfg.param_init_type == self.model_cfg.param_init_type:
             self.rollout_model = self.policy           # the seam: one model serves both roles
         else:
-            self.rollout_model = CausalLM(infer_yaml.model, self.infer_mesh)
+            self.rollout_model = CausalLM(self.infer_model_cfg, self.infer_mesh)
         self.weight_sync = WeightSync(self.policy, self.rollout_model, run.reshard_transport)
         if run.load_sft_checkpoint_infer and self.rollout_model is not self.policy:
             load_weights(self.rollout_model, run.load_sft_checkpoint_infer)   # checked by the logprob gap
@@ -142,10 +147,10 @@ class GRPOTrainer:
         if run.eval_steps and run.eval_dataset:
             self.eval_dataset = PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, self.pad_id, shuffle=False)
         self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight)
-        self.engine = make_engine(run.rollout_backend, self.rollout_model, self.pad_id, self.prompt_width)
 
     def _setup_training(self):
         rl, opt, smp = self.cfg.rl, self.cfg.optim, self.cfg.sampling
+        self.engine = make_engine(self.cfg.run.rollout_backend, self.rollout_model, self.pad_id, self.prompt_width)
         params = list(self.policy.trainable_params())
         self.optimizer = AdamW(params, opt.weight_decay, opt.beta1, opt.beta2, opt.eps)
         specs = param_specs(self.model_cfg)
