@@ -56,19 +56,14 @@ def plan_reshard(cfg, src_dp: int, src_tp: int, dst_dp: int, dst_tp: int) -> Lis
     return [ParamMove(n, src[n], dst[n], plan_tensor(src[n], dst[n])) for n in specs]
 
 
-def same_host() -> bool:
+def same_host(my_rank: int) -> bool:
     """True when every rank of the job runs on this host (hostname hashes agree)."""
     world = comm.world_ranks()
     if len(world) == 1:
         return True
     h = np.array([zlib.crc32(socket.gethostname().encode()) % (1 << 23)], np.int64)
-    gathered = comm.all_gather(h, world, _rank())
+    gathered = comm.all_gather(h, world, my_rank)
     return bool((gathered == gathered[0]).all())
-
-
-def _rank() -> int:
-    from mindrlhf.parallel.mesh import distributed_env
-    return distributed_env()[0]
 
 
 class WeightSync:
@@ -92,7 +87,7 @@ class WeightSync:
         self.bucket_elems = max(1, bucket_bytes // 4)
         self.buckets = self._make_buckets()
         if transport == "auto":
-            transport = "shm" if same_host() and os.path.isdir("/dev/shm") else "collective"
+            transport = "shm" if same_host(self.rank) and os.path.isdir("/dev/shm") else "collective"
         self.transport = transport
 
     def _make_buckets(self) -> List[List[ParamMove]]:
