@@ -23,6 +23,7 @@ from mindrlhf.models.tp_regions import copy_to_tp, gather_from_tp
 from mindrlhf.parallel.mesh import Mesh
 
 NEG_INF = -1e30  # additive mask value; finite so fully-masked rows stay NaN-free
+_BMM_NT = ops.BatchMatMul(transpose_b=True)   # q @ k^T without materialising k^T (a cache-sized copy)
 
 
 class RMSNorm(nn.Cell):
@@ -93,7 +94,7 @@ class Attention(nn.Cell):
         s = k.shape[2]
         # GQA without materialising repeated k/v: group query heads by their kv head.
         qg = ops.reshape(q, (b, self.nkv, self.rep * t, self.hd))
-        scores = ops.matmul(qg, ops.transpose(k, (0, 1, 3, 2))) * self.scale     # (B, nkv, rep*T, S)
+        scores = _BMM_NT(qg, k) * self.scale                                  # (B, nkv, rep*T, S)
         scores = ops.reshape(scores, (b, self.nh, t, s))
         scores = ops.cast(scores, self.softmax_dtype) + bias
         probs = ops.cast(ops.softmax(scores, -1), v.dtype)
