@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -105,7 +106,7 @@ def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, s
     padded = -(-vocab_size // 64) * 64
     paths = {}
     for role, (dp, tp) in (("train", (1, workers)), ("infer", (workers, 1)), ("single", (1, 1))):
-        doc = json.loads(json.dumps(base))
+        doc = copy.deepcopy(base)
         doc["model"]["model_config"].update(vocab_size=padded, seq_length=64, max_position_embedding=64)
         doc["parallel_config"].update(data_parallel=dp, model_parallel=tp)
         paths[role] = os.path.join(work, f"{role}_model.yaml")

@@ -15,7 +15,7 @@ import numpy as np
 from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, write_safetensors
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.configs.model_config import ModelConfig
-from mindrlhf.utils.atomic import atomic_path
+from mindrlhf.utils.atomic import write_json
 
 _LAYER_MAP = [  # (our suffix, HF suffix) inside model.layers.N.
     ("attention_norm.weight", "input_layernorm.weight"),
@@ -121,9 +121,9 @@ def export_hf(tensors: Dict[str, np.ndarray], out_dir: str, cfg: ModelConfig,
             write_safetensors(os.path.join(out_dir, fname), shard, {"format": "pt"})
             weight_map.update({n: fname for n, _ in shard})
         total = sum(a.nbytes for _, a in items)
-        _write_json(os.path.join(out_dir, "model.safetensors.index.json"),
-                    {"metadata": {"total_size": total}, "weight_map": weight_map})
-    _write_json(os.path.join(out_dir, "config.json"), hf_config_dict(cfg, torch_dtype))
+        write_json(os.path.join(out_dir, "model.safetensors.index.json"),
+                    {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    write_json(os.path.join(out_dir, "config.json"), hf_config_dict(cfg, torch_dtype), indent=2)
 
 
 def hf_config_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict:
@@ -163,9 +163,3 @@ def model_config_from_hf(path: str, **overrides) -> ModelConfig:
     )
     kwargs.update(overrides)
     return ModelConfig(**kwargs)
-
-
-def _write_json(path: str, obj):
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=2)

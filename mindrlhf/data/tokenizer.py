@@ -47,13 +47,19 @@ class Tokenizer:
         return self._tok.decode_batch([list(x) for x in batch], skip_special_tokens=skip_special_tokens)
 
 
-def _qwen2_pipeline(tok):
-    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
+def _qwen2_pre_tokenizer():
+    """Qwen2's regex split, then byte-level mapping (no prefix space)."""
+    from tokenizers import Regex, pre_tokenizers
+    return pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
+
+
+def _qwen2_pipeline(tok):
+    from tokenizers import AddedToken, decoders, normalizers
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = _qwen2_pre_tokenizer()
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_SPECIAL_TOKENS])
     return tok
@@ -157,14 +163,11 @@ def load_tokenizer(vocab_path: Optional[str] = None, merges_path: Optional[str] 
 
 def train_byte_level_bpe(texts: Sequence[str], vocab_size: int, out_dir: str):
     """Train a small Qwen2-style byte-level BPE and write vocab.json + merges.txt (tests and the demo)."""
-    from tokenizers import Tokenizer as HFTokenizer, pre_tokenizers, Regex
+    from tokenizers import Tokenizer as HFTokenizer, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
     tok = HFTokenizer(BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = _qwen2_pre_tokenizer()
     trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=list(QWEN2_SPECIAL_TOKENS), show_progress=False,
                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer)

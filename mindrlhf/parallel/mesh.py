@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from mindrlhf.configs.errors import ConfigError
 
@@ -94,11 +94,6 @@ class Mesh:
     @property
     def dp_group(self) -> Optional[str]:
         return group_for(self.dp_ranks()) if self.dp > 1 else None
-
-    def all_groups(self) -> List[Tuple[int, ...]]:
-        groups = [self.tp_ranks(d) for d in range(self.dp)] if self.tp > 1 else []
-        groups += [self.dp_ranks(t) for t in range(self.tp)] if self.dp > 1 else []
-        return groups
 
 
 def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:

@@ -18,7 +18,7 @@ from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, rea
                                          write_param)
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel import comm
-from mindrlhf.utils.atomic import atomic_dir, atomic_path
+from mindrlhf.utils.atomic import atomic_dir, write_json
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
@@ -36,12 +36,6 @@ def complete_steps(root: str) -> List[int]:
         if m and os.path.isfile(os.path.join(root, name, "COMPLETE")):
             steps.append(int(m.group(1)))
     return sorted(steps)
-
-
-def write_json(path: str, obj):
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=1)
 
 
 def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer, rank_state: Dict,
