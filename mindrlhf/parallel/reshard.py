@@ -40,20 +40,26 @@ class ParamMove:
     src: Layout
     dst: Layout
     pieces: Dict[int, List[Piece]]     # destination rank -> pieces
+    owners: Tuple[int, ...]            # source ranks read by some destination (one replica per slice)
 
     @property
     def full_size(self) -> int:
         return int(np.prod(self.src.full_shape))
 
     @property
-    def owners(self) -> Tuple[int, ...]:
-        return tuple(sorted({p.src_rank for ps in self.pieces.values() for p in ps}))
+    def shard_size(self) -> int:
+        return int(np.prod(self.src.shard_shape))
 
 
 def plan_reshard(cfg, src_dp: int, src_tp: int, dst_dp: int, dst_tp: int) -> List[ParamMove]:
     specs = param_specs(cfg)
     src, dst = role_layouts(specs, src_dp, src_tp), role_layouts(specs, dst_dp, dst_tp)
-    return [ParamMove(n, src[n], dst[n], plan_tensor(src[n], dst[n])) for n in specs]
+    moves = []
+    for n in specs:
+        pieces = plan_tensor(src[n], dst[n])
+        owners = tuple(sorted({p.src_rank for ps in pieces.values() for p in ps}))
+        moves.append(ParamMove(n, src[n], dst[n], pieces, owners))
+    return moves
 
 
 def same_host(my_rank: int) -> bool:
@@ -64,6 +70,16 @@ def same_host(my_rank: int) -> bool:
     h = np.array([zlib.crc32(socket.gethostname().encode()) % (1 << 23)], np.int64)
     gathered = comm.all_gather(h, world, my_rank)
     return bool((gathered == gathered[0]).all())
+
+
+def _segment_layout(rank: int, bucket: List[ParamMove]):
+    """(offset of each parameter this rank publishes, total floats) in its segment for `bucket`."""
+    offsets, total = {}, 0
+    for move in bucket:
+        if rank in move.owners:
+            offsets[move.name] = total
+            total += move.shard_size
+    return offsets, total
 
 
 class WeightSync:
@@ -86,6 +102,9 @@ class WeightSync:
         self._dst = {p.name: p for p in rollout_model.get_parameters()}
         self.bucket_elems = max(1, bucket_bytes // 4)
         self.buckets = self._make_buckets()
+        # where each source rank's shards sit in its shared-memory segment, per bucket (fixed by the plan)
+        self.segment_layouts = [{r: _segment_layout(r, bucket) for r in range(pm.world_size)}
+                                for bucket in self.buckets]
         if transport == "auto":
             transport = "shm" if same_host(self.rank) and os.path.isdir("/dev/shm") else "collective"
         self.transport = transport
@@ -134,16 +153,9 @@ class WeightSync:
         job = os.environ.get("MS_SCHED_PORT", "local") + "_" + os.environ.get("MS_SCHED_HOST", "")
         return f"/dev/shm/mindrlhf_reshard_{os.getuid()}_{job}_b{index}_r{rank}"
 
-    def _layout_of_segment(self, rank: int, bucket: List[ParamMove]):
-        offsets, total = {}, 0
-        for move in bucket:
-            if rank in move.owners:
-                offsets[move.name] = total
-                total += int(np.prod(move.src.shard_shape))
-        return offsets, total
-
     def _sync_shm(self, index: int, bucket: List[ParamMove]):
-        offsets, total = self._layout_of_segment(self.rank, bucket)
+        layouts = self.segment_layouts[index]
+        offsets, total = layouts[self.rank]
         key = index
         if key not in self._segments and total:
             path = self._segment_path(self.rank, index)
@@ -151,21 +163,19 @@ class WeightSync:
         seg = self._segments.get(key)
         for move in bucket:                       # copy 1: own shards -> own segment
             if move.name in offsets:
-                n = int(np.prod(move.src.shard_shape))
-                seg[offsets[move.name]:offsets[move.name] + n] = param_as_f32(self._src[move.name]).reshape(-1)
+                off = offsets[move.name]
+                seg[off:off + move.shard_size] = param_as_f32(self._src[move.name]).reshape(-1)
         comm.barrier()
         peers = {}
         for move in bucket:                       # copy 2: peers' slices -> my destination shard
             shard = np.empty(move.dst.shard_shape, np.float32)
             for piece in move.pieces[self.rank]:
+                src_offsets, src_total = layouts[piece.src_rank]
                 if piece.src_rank not in peers:
-                    src_offsets, src_total = self._layout_of_segment(piece.src_rank, bucket)
-                    mm = np.memmap(self._segment_path(piece.src_rank, index), dtype=np.float32, mode="r",
-                                   shape=(src_total,))
-                    peers[piece.src_rank] = (mm, src_offsets)
-                mm, src_offsets = peers[piece.src_rank]
-                n = int(np.prod(move.src.shard_shape))
-                src_shard = mm[src_offsets[move.name]:src_offsets[move.name] + n].reshape(move.src.shard_shape)
+                    peers[piece.src_rank] = np.memmap(self._segment_path(piece.src_rank, index), dtype=np.float32,
+                                                      mode="r", shape=(src_total,))
+                off = src_offsets[move.name]
+                src_shard = peers[piece.src_rank][off:off + move.shard_size].reshape(move.src.shard_shape)
                 shard[piece.dst_slice] = src_shard[piece.src_slice]
             self._assign(move, shard)
         del peers
