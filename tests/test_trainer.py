@@ -158,7 +158,6 @@ def test_grpo_config_yaml_and_cli_precedence(tmp_path):
 def test_world_size_mismatch_under_msrun_exits_cleanly(assets, tmp_path):
     """Every rank fails the same validation before any collective: non-zero exit, message, no hang."""
     import subprocess
-    import sys
     from msrun_util import free_port
     dp4 = model_yaml(str(tmp_path / "dp4.yaml"), dp=4, vocab_size=416)
     script = os.path.join(os.path.dirname(__file__), "..", "examples", "grpo", "qwen_grpo_tutorial",
@@ -187,3 +186,15 @@ def test_reference_sync_every_n_steps(assets, tmp_path):
     ref, pol = model_state(trainer.ref_model), model_state(trainer.policy)
     assert all(np.array_equal(ref[k], pol[k]) for k in pol)
     assert any(not np.array_equal(ref[k], start[k]) for k in pol)
+
+
+def test_export_of_bf16_policy_matches_its_weights(assets, tmp_path):
+    """Exported HF weights are the policy's values (bf16 parameters are widened, not reinterpreted)."""
+    from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+    from mindrlhf.checkpoint.model_io import param_as_f32
+    bf16 = model_yaml(str(tmp_path / "bf16.yaml"), param_init_type="bfloat16")
+    trainer = _trainer(assets, tmp_path, sft_path_train=bf16, total_steps=1)
+    trainer.export_policy(str(tmp_path / "hf"))
+    exported = dict(iter_hf_as_ms(str(tmp_path / "hf")))
+    for p in trainer.policy.get_parameters():
+        assert np.array_equal(exported[p.name], param_as_f32(p)), p.name

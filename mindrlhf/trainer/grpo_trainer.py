@@ -15,7 +15,8 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindrlhf.checkpoint.hf_interop import export_hf
-from mindrlhf.checkpoint.model_io import load_weights, model_state, param_to_numpy, write_param
+from mindrlhf.checkpoint.model_io import (load_weights, model_layouts, param_as_f32, param_to_numpy,
+                                         write_param)
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.model_config import load_model_yaml
@@ -355,16 +356,14 @@ class GRPOTrainer:
 
     def export_policy(self, out_dir: str):
         """Gather the policy's shards into full tensors and write HF safetensors (rank 0 writes)."""
-        from mindrlhf.parallel.layouts import role_layouts
-        layouts = role_layouts(param_specs(self.model_cfg), self.train_mesh.dp, self.train_mesh.tp)
-        state = model_state(self.policy)
+        layouts = model_layouts(self.policy)
         full = {}
-        for name, shard in state.items():
-            layout = layouts[name]
+        for param in self.policy.get_parameters():
+            layout = layouts[param.name]
             buf = np.zeros(layout.full_shape, np.float32)
-            if self.train_mesh.dp_index == 0:
-                buf[layout.shard_slices(self.rank)] = shard
-            full[name] = comm.all_reduce_sum(buf, comm.world_ranks()) if self.world > 1 else buf
+            if self.train_mesh.dp_index == 0:        # one replica of each slice contributes
+                buf[layout.shard_slices(self.rank)] = param_as_f32(param)
+            full[param.name] = comm.all_reduce_sum(buf, comm.world_ranks()) if self.world > 1 else buf
         if self.rank == 0:
             export_hf(full, out_dir, self.model_cfg)
         comm.barrier()
