@@ -17,7 +17,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import One, initializer
 
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig
-from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, linear,
+from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, expand_as, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import copy_to_tp, gather_from_tp
 from mindrlhf.parallel.mesh import Mesh
@@ -37,8 +37,8 @@ class RMSNorm(nn.Cell):
         dtype = x.dtype
         x32 = ops.cast(x, self.compute_dtype)
         variance = ops.mean(ops.square(x32), -1, keep_dims=True)
-        normed = ops.cast(x32 * ops.rsqrt(variance + self.eps), dtype)
-        return ops.cast(self.weight, dtype) * normed
+        normed = ops.cast(x32 * expand_as(ops.rsqrt(variance + self.eps), x32), dtype)
+        return expand_as(ops.cast(self.weight, dtype), normed) * normed
 
 
 def rope_tables(head_dim: int, max_positions: int, theta: float) -> Tuple[np.ndarray, np.ndarray]:
@@ -56,7 +56,7 @@ def rotate_half(x):
 
 def apply_rope(x, cos, sin):
     """x (B, n, T, hd); cos/sin (B, 1, T, hd)."""
-    return x * cos + rotate_half(x) * sin
+    return x * expand_as(cos, x) + rotate_half(x) * expand_as(sin, x)
 
 
 class Attention(nn.Cell):
@@ -96,7 +96,8 @@ class Attention(nn.Cell):
         qg = ops.reshape(q, (b, self.nkv, self.rep * t, self.hd))
         scores = _BMM_NT(qg, k) * self.scale                                  # (B, nkv, rep*T, S)
         scores = ops.reshape(scores, (b, self.nh, t, s))
-        scores = ops.cast(scores, self.softmax_dtype) + bias
+        scores = ops.cast(scores, self.softmax_dtype)
+        scores = scores + expand_as(bias, scores)
         probs = ops.cast(ops.softmax(scores, -1), v.dtype)
         out = ops.matmul(ops.reshape(probs, (b, self.nkv, self.rep * t, s)), v)   # (B, nkv, rep*T, hd)
         out = ops.transpose(ops.reshape(out, (b, self.nh, t, self.hd)), (0, 2, 1, 3))
