@@ -17,9 +17,7 @@ from mindrlhf.trainer.optim import AdamW, clip_by_global_norm
 
 def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int):
     """(logprob, entropy) of the last `response_len` label positions, each (N, R)."""
-    logp, ent = model.token_logprobs(input_ids, position_ids, bias, labels)
-    start = logp.shape[1] - response_len
-    return logp[:, start:], ent[:, start:]
+    return model.token_logprobs(input_ids, position_ids, bias, labels, response_len)
 
 
 class ResponseLogProb(nn.Cell):
