@@ -87,43 +87,46 @@ def convert(args) -> ConvertSummary:
     if not args.no_progress:
         from tqdm import tqdm
         progress = tqdm(total=len(examples), desc="tokenize", unit="rows")
-    cols: Dict[str, list] = {c: [] for c in SCHEMA}
-    chunk = 2048
-    for start in range(0, len(examples), chunk):
+    n_in, p_len, s_len = len(examples), args.max_prompt_length, args.seq_length
+    cols = {"prompt_ids": np.full((n_in, p_len), pad, np.int64),
+            "pretrain_ids": np.full((n_in, s_len), pad, np.int64),
+            "loss_mask": np.zeros((n_in, s_len), np.int64), "prompt_length": np.zeros(n_in, np.int64),
+            "solution": []}
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    row, chunk = 0, 2048
+    for start in range(0, n_in, chunk):
         part = examples[start:start + chunk]
-        prompts = tok.encode_batch([template.format(question=e.question) for e in part])
-        answers = tok.encode_batch([" " + e.answer_text for e in part])
-        for ex, p_ids, a_ids in zip(part, prompts, answers):
-            if len(p_ids) > args.max_prompt_length:
+        # one tokenizer call per chunk (prompts then answers): the Rust side parallelises across both
+        ids = tok.encode_batch([template.format(question=e.question) for e in part] +
+                               [" " + e.answer_text for e in part])
+        for ex, p_ids, a_ids in zip(part, ids[:len(part)], ids[len(part):]):
+            if len(p_ids) > p_len:
                 if args.on_long_prompt == "skip":
                     summary.prompts_skipped += 1
                     continue
                 summary.prompts_truncated += 1
-                p_ids = p_ids[-args.max_prompt_length:]
-            full = p_ids + a_ids + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
-            if len(full) > args.seq_length:
+                p_ids = p_ids[-p_len:]
+            full = p_ids + a_ids + eos
+            if len(full) > s_len:
                 summary.answers_truncated += 1
-                full = full[:args.seq_length]
-            prompt = np.full(args.max_prompt_length, pad, np.int64)
-            prompt[:len(p_ids)] = p_ids
-            pretrain = np.full(args.seq_length, pad, np.int64)
-            pretrain[:len(full)] = full
-            mask = np.zeros(args.seq_length, np.int64)
-            mask[len(p_ids):len(full)] = 1
-            cols["prompt_ids"].append(prompt)
-            cols["pretrain_ids"].append(pretrain)
-            cols["loss_mask"].append(mask)
-            cols["prompt_length"].append(np.int64(len(p_ids)))
+                full = full[:s_len]
+            cols["prompt_ids"][row, :len(p_ids)] = p_ids
+            cols["pretrain_ids"][row, :len(full)] = full
+            cols["loss_mask"][row, len(p_ids):len(full)] = 1
+            cols["prompt_length"][row] = len(p_ids)
             cols["solution"].append(ex.solution)
+            row += 1
         if progress:
             progress.update(len(part))
     if progress:
         progress.close()
-    summary.rows_written = len(cols["prompt_ids"])
+    for name in ("prompt_ids", "pretrain_ids", "loss_mask", "prompt_length"):
+        cols[name] = cols[name][:row]
+    summary.rows_written = row
     if summary.rows_written == 0:
         raise ConfigError(f"{args.file_path}: every row was skipped (prompts longer than "
                           f"--max_prompt_length={args.max_prompt_length}); nothing written")
-    write_mindrecord(args.output_path, cols, SCHEMA)
+    write_mindrecord(args.output_path, cols, SCHEMA, index_fields=["prompt_length"])
     summary.output_bytes = sum(os.path.getsize(args.output_path + s) for s in ("", ".db"))
     summary.seconds = time.time() - t0
     return summary
