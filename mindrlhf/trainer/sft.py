@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindrlhf.models.qwen2 import CausalLM, causal_bias
-from mindrlhf.trainer.optim import AdamW, clip_by_global_norm, lr_at
+from mindrlhf.trainer.optim import AdamW, clip_scale, lr_at
 
 
 class _SFTLoss(nn.Cell):
@@ -33,8 +33,8 @@ class _SFTStep(nn.Cell):
     @ms.jit
     def construct(self, input_ids, position_ids, bias, labels, mask, lr):
         loss, grads = self.grad_fn(input_ids, position_ids, bias, labels, mask)
-        grads, _ = clip_by_global_norm(grads, self.max_grad_norm)
-        self.optimizer(grads, lr)
+        scale, _ = clip_scale(grads, self.max_grad_norm)
+        self.optimizer(grads, lr, scale)
         return loss
 
 

@@ -12,7 +12,7 @@ from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.models.tp_regions import reduce_from_tp
 from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.trainer.grpo_math import agg_token_mean, grpo_loss
-from mindrlhf.trainer.optim import AdamW, clip_by_global_norm
+from mindrlhf.trainer.optim import AdamW, clip_scale
 
 
 def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int):
@@ -86,7 +86,7 @@ class PolicyTrainStep(nn.Cell):
         (loss, aux), grads = self.grad_fn(input_ids, position_ids, bias, labels, mask, old_logp, ref_logp,
                                           advantages)
         grads = self.dp_mean(grads)
-        grads, grad_norm = clip_by_global_norm(grads, self.max_grad_norm, self.norm_sum)
-        self.optimizer(grads, lr)
+        scale, grad_norm = clip_scale(grads, self.max_grad_norm, self.norm_sum)
+        self.optimizer(grads, lr, scale)
         pg_loss, kl, clip_frac, entropy = aux
         return loss, pg_loss, kl, clip_frac, entropy, grad_norm
