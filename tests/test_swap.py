@@ -61,6 +61,12 @@ def test_offload_returns_pages_and_compiled_graphs_see_the_reload():
     assert float(net(x).asnumpy()) == 0.0
     group.reload()
     assert float(net(x).asnumpy()) == expected
+    scratch = SwapGroup("scratch", [net.w], keep_contents=False)     # e.g. the KV cache: no host copy
+    before = rss_mb()
+    scratch.offload()
+    assert scratch.host_bytes() == 0 and before - rss_mb() > 0.9 * host_mb
+    scratch.reload()
+    assert float(net(x).asnumpy()) == 0.0
 
 
 @pytest.mark.msrun

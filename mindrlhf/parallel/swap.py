@@ -72,12 +72,18 @@ def release_pages(buf: np.ndarray) -> int:
 
 
 class SwapGroup:
-    """A named set of Parameters that is either resident or on host."""
+    """A named set of Parameters that is either resident or on host.
 
-    def __init__(self, name: str, params: Iterable, enabled: bool = True):
+    `keep_contents=False` is for scratch state rewritten before it is read again (the KV cache, which
+    prefill overwrites): offload only releases the pages, with no host copy, so it saves memory even on a
+    CPU-only machine, and reload has nothing to copy.
+    """
+
+    def __init__(self, name: str, params: Iterable, enabled: bool = True, keep_contents: bool = True):
         self.name = name
         self.params: List = list(params)
         self.enabled = enabled and bool(self.params)
+        self.keep_contents = keep_contents
         self.resident = True
         self._host: Dict[str, np.ndarray] = {}
         self.seconds = 0.0
@@ -93,7 +99,8 @@ class SwapGroup:
                 p._offload()  # pylint: disable=protected-access
                 continue
             buf = param_bytes(p)
-            self._host[p.name] = buf.copy()
+            if self.keep_contents:
+                self._host[p.name] = buf.copy()
             self.released_bytes += release_pages(buf)
         self.resident = False
         self.seconds += time.time() - t0
@@ -106,7 +113,8 @@ class SwapGroup:
             if on_ascend():
                 p._load()  # pylint: disable=protected-access
                 continue
-            np.copyto(param_bytes(p), self._host.pop(p.name))
+            if self.keep_contents:
+                np.copyto(param_bytes(p), self._host.pop(p.name))
         self.resident = True
         self.seconds += time.time() - t0
 

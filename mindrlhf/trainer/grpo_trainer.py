@@ -167,11 +167,12 @@ class GRPOTrainer:
             "optimizer": SwapGroup("optimizer", self.optimizer.state_parameters(), sw.offload_train_optimizer),
             "rollout": SwapGroup("rollout", self.rollout_model.get_parameters(), sw.offload_infer_param and separate),
             "ref": SwapGroup("ref", self.ref_model.get_parameters() if self.ref_model else [], sw.offload_ref_param),
-            "kv_cache": SwapGroup("kv_cache", [], sw.offload_kv_cache),    # filled after the first rollout
+            # filled after the first rollout; prefill rewrites the whole cache, so no host copy is kept
+            "kv_cache": SwapGroup("kv_cache", [], sw.offload_kv_cache, keep_contents=False),
         }
         if any(g.enabled for g in self.swap.values()) and not on_ascend():
-            self.log("note: host swap on CPU keeps results exact but frees no memory (compiled graphs hold "
-                     "their parameter buffers); it saves memory only on Ascend. See mindrlhf/parallel/swap.py")
+            self.log("note: on CPU, swapped buffers' pages are released but their host copy lives in the same RAM: "
+                     "the device-side footprint drops, the process total does not (mindrlhf/parallel/swap.py)")
         self.total_updates = self.cfg.run.total_steps * self.updates_per_step
 
     def sampling_params(self, greedy=False) -> SamplingParams:
@@ -294,6 +295,7 @@ class GRPOTrainer:
         metrics.update({f"time_{k}": v for k, v in times.items()})
         metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
         metrics["time_swap"] = sum(g.seconds for g in self.swap.values()) - swap_before
+        metrics["swap_host_mb"] = sum(g.host_bytes() for g in self.swap.values()) / 2**20
         metrics["time_step"] = time.time() - t_step
         metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(times["rollout"], 1e-9)
         return metrics
