@@ -33,7 +33,7 @@ class _SFTStep(nn.Cell):
     @ms.jit
     def construct(self, input_ids, position_ids, bias, labels, mask, lr):
         loss, grads = self.grad_fn(input_ids, position_ids, bias, labels, mask)
-        scale, _ = clip_scale(grads, self.max_grad_norm)
+        scale = clip_scale(grads, self.max_grad_norm)[0]
         self.optimizer(grads, lr, scale)
         return loss
 
