@@ -140,6 +140,10 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
     8-byte big-endian byte count and the values (one field: the values alone), which is what FileWriter
     builds row by row. Falls back (returns False) on ragged arrays or if MindSpore's internals differ.
     """
+    try:
+        from mindspore import _c_mindrecord
+    except ImportError:
+        return False
     shard = getattr(writer, "_writer", None)
     c_writer = getattr(shard, "_writer", None)
     header = getattr(writer, "_header", None)
@@ -173,7 +177,7 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
                for f in scalar_fields}
     raw_rows = [{f: scalars[f][i] for f in scalar_fields} for i in range(stop - start)] if scalar_fields else []
     status = c_writer.write_raw_data({0: raw_rows} if raw_rows else {}, blob_rows, True, False)
-    if status != 0 and str(status) not in ("MSRStatus.SUCCESS", "SUCCESS"):
+    if status != _c_mindrecord.MSRStatus.SUCCESS:
         raise RuntimeError(f"MindRecord writer failed ({status}) writing rows {start}..{stop - 1}")
     return True
 
