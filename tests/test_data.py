@@ -194,3 +194,8 @@ def test_serialised_writer_matches_filewriter_rows(tmp_path, monkeypatch):
         got, want = _read_all(fast, schema), _read_all(slow, schema)
         assert len(got) == n and got == want
         assert got[3]["solution"] == table["solution"][3]
+    from mindspore.mindrecord import FileWriter
+    writer = FileWriter(str(tmp_path / "dtype.mindrecord"), shard_num=1, overwrite=True)
+    writer.add_schema(one_blob, "x")
+    floats = {"prompt_ids": np.ones((4, 3), np.float64), "solution": ["a"] * 4}
+    assert real(writer, floats, one_blob, 0, 4) is False      # left to FileWriter's own dtype check

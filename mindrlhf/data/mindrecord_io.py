@@ -138,7 +138,8 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
     FileWriter.write_raw_data checks and serialises every row in Python (~70% of a 20k-row conversion);
     here each array field is one contiguous block: a row's blob is, per blob field in header order, an
     8-byte big-endian byte count and the values (one field: the values alone), which is what FileWriter
-    builds row by row. Falls back (returns False) on ragged arrays or if MindSpore's internals differ.
+    builds row by row. Falls back (returns False) on ragged arrays, dtypes other than the schema's, or
+    if MindSpore's internals differ.
     """
     try:
         from mindspore import _c_mindrecord
@@ -153,11 +154,11 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
     blocks = []
     for field in blob_fields:
         try:
-            values = np.asarray(columns[field][start:stop], dtype=schema[field]["type"])
+            values = np.asarray(columns[field][start:stop])
         except ValueError:                                          # ragged rows
             return False
-        if values.ndim != 2:
-            return False
+        if values.ndim != 2 or values.dtype != np.dtype(schema[field]["type"]):
+            return False          # ragged, or a dtype FileWriter's own checks should report
         flat = np.ascontiguousarray(values).view(np.uint8).reshape(stop - start, -1)
         if len(blob_fields) > 1:
             size = np.frombuffer(flat.shape[1].to_bytes(8, "big"), np.uint8)
