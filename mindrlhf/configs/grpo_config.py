@@ -109,8 +109,8 @@ class RewardConfig:
 
 @dataclass
 class SwapConfig:
-    """Host-memory swap per phase. Saves device memory on Ascend (MindSpore offload; unverified here). On
-    CPU it is an exact emulation that frees nothing (compiled graphs hold their buffers)."""
+    """Host-memory swap per phase. Ascend: MindSpore's parameter offload (unverified here). CPU: a host copy
+    and the buffer's pages released to the OS, exact and without recompiling (see parallel/swap.py)."""
     offload_train_param: bool = _f(False, "policy weights to host during rollout (needs a separate rollout model)")
     offload_train_optimizer: bool = _f(False, "optimizer state to host outside the train phase")
     offload_infer_param: bool = _f(False, "rollout weights to host during training (separate rollout model)")
