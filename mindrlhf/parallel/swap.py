@@ -87,7 +87,7 @@ class SwapGroup:
         self.resident = True
         self._host: Dict[str, np.ndarray] = {}
         self.seconds = 0.0
-        self.released_bytes = 0
+        self.released_bytes = 0              # pages returned to the OS, summed over every offload
 
     def offload(self):
         if not self.enabled or not self.resident:
