@@ -5,9 +5,10 @@ executes): for each parameter and destination rank, which slice of which source 
 Execution goes bucket by bucket (flattened, cast to the rollout dtype while packing), over one of two
 transports:
 
-- `shm`: ranks on one host. Each rank copies its source shards of the bucket into its own shared-memory
-  segment (/dev/shm) once; after a barrier every rank copies exactly the slices its destination shards
-  need from its peers' segments. About two memory copies; collectives carry only barriers.
+- `shm`: ranks on one host. Each rank copies its source shards into its own shared-memory segments
+  (/dev/shm, one per bucket, mapped once and reused); after one barrier every rank copies exactly the
+  slices its destination shards need from the owners' segments straight into its rollout parameters'
+  buffers. Two memory copies and two barriers per sync.
 - `collective`: any topology (multi-node, Ascend). One all-reduce per bucket where each source slice is
   contributed once at its place in a zero buffer; every rank then cuts its destination shards.
 
@@ -23,8 +24,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import numpy as np
+import mindspore as ms
 
-from mindrlhf.checkpoint.model_io import param_as_f32, write_param
+from mindrlhf.checkpoint.model_io import param_as_f32, param_f32_view, write_param
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.qwen2 import param_specs
 from mindrlhf.parallel import comm
@@ -93,6 +95,7 @@ class WeightSync:
         self.last_seconds = 0.0
         self.transport = "none"
         self._segments: Dict[int, np.memmap] = {}
+        self._peer_maps: Dict[Tuple[int, int], np.memmap] = {}    # (peer rank, bucket) -> its segment, mapped once
         if self.shared:
             return
         pm, rm = policy.mesh, rollout_model.mesh
@@ -124,16 +127,27 @@ class WeightSync:
     def sync(self):
         t0 = time.time()
         if not self.shared:
-            run = self._sync_shm if self.transport == "shm" else self._sync_collective
-            for i, bucket in enumerate(self.buckets):
-                run(i, bucket)
+            ms.runtime.synchronize()             # destinations are written in place: no graph may be running
+            if self.transport == "shm":
+                self._sync_shm()
+            else:
+                for bucket in self.buckets:
+                    self._sync_collective(bucket)
         self.last_seconds = time.time() - t0
 
-    def _assign(self, move: ParamMove, shard: np.ndarray):
-        write_param(self._dst[move.name], shard)
+    def _destination(self, move: ParamMove) -> np.ndarray:
+        """Where `move`'s destination shard is written: the rollout parameter's own buffer when it is float32
+        (no temporary, no extra copy), else a scratch array that `_finish` casts into the parameter."""
+        view = param_f32_view(self._dst[move.name])
+        return view if view is not None else np.empty(move.dst.shard_shape, np.float32)
+
+    def _finish(self, move: ParamMove, shard: np.ndarray):
+        param = self._dst[move.name]
+        if param.dtype != ms.float32:
+            write_param(param, shard)
 
     # ---- collective transport ----------------------------------------------------------------------
-    def _sync_collective(self, _index: int, bucket: List[ParamMove]):
+    def _sync_collective(self, bucket: List[ParamMove]):
         offsets, total = [], 0
         for move in bucket:
             offsets.append(total)
@@ -146,42 +160,65 @@ class WeightSync:
         flat = comm.all_reduce_sum(flat, comm.world_ranks())
         for move, off in zip(bucket, offsets):
             full = flat[off:off + move.full_size].reshape(move.src.full_shape)
-            self._assign(move, np.ascontiguousarray(full[move.dst.shard_slices(self.rank)]))
+            shard = self._destination(move)
+            shard[...] = full[move.dst.shard_slices(self.rank)]
+            self._finish(move, shard)
 
     # ---- shared-memory transport -------------------------------------------------------------------
     def _segment_path(self, rank: int, index: int) -> str:
         job = os.environ.get("MS_SCHED_PORT", "local") + "_" + os.environ.get("MS_SCHED_HOST", "")
         return f"/dev/shm/mindrlhf_reshard_{os.getuid()}_{job}_b{index}_r{rank}"
 
-    def _sync_shm(self, index: int, bucket: List[ParamMove]):
-        layouts = self.segment_layouts[index]
-        offsets, total = layouts[self.rank]
-        key = index
-        if key not in self._segments and total:
-            path = self._segment_path(self.rank, index)
-            self._segments[key] = np.memmap(path, dtype=np.float32, mode="w+", shape=(total,))
-        seg = self._segments.get(key)
-        for move in bucket:                       # copy 1: own shards -> own segment
+    def _sync_shm(self):
+        """Every rank publishes all its buckets, one barrier, every rank reads what it needs, one barrier.
+
+        The segments stay mapped between syncs (one per bucket and rank), so bucketing here only bounds
+        segment sizes; with two barriers per sync instead of two per bucket, the CPU's slow collectives
+        are off the critical path."""
+        for index, bucket in enumerate(self.buckets):
+            self._publish(index, bucket)
+        comm.barrier()
+        for index, bucket in enumerate(self.buckets):
+            self._gather(index, bucket)
+        comm.barrier()                            # nobody rewrites a segment while a peer still reads it
+
+    def _publish(self, index: int, bucket: List[ParamMove]):
+        """Copy 1: this rank's source shards -> its own segment for `bucket`."""
+        offsets, total = self.segment_layouts[index][self.rank]
+        if not total:
+            return
+        if index not in self._segments:
+            self._segments[index] = np.memmap(self._segment_path(self.rank, index), dtype=np.float32, mode="w+",
+                                              shape=(total,))
+        seg = self._segments[index]
+        for move in bucket:
             if move.name in offsets:
                 off = offsets[move.name]
                 seg[off:off + move.shard_size] = param_as_f32(self._src[move.name]).reshape(-1)
-        comm.barrier()
-        peers = {}
-        for move in bucket:                       # copy 2: peers' slices -> my destination shard
-            shard = np.empty(move.dst.shard_shape, np.float32)
+
+    def _gather(self, index: int, bucket: List[ParamMove]):
+        """Copy 2: the slices this rank's destination shards need, from the owners' segments, in place."""
+        layouts = self.segment_layouts[index]
+        for move in bucket:
+            shard = self._destination(move)
             for piece in move.pieces[self.rank]:
                 src_offsets, src_total = layouts[piece.src_rank]
-                if piece.src_rank not in peers:
-                    peers[piece.src_rank] = np.memmap(self._segment_path(piece.src_rank, index), dtype=np.float32,
-                                                      mode="r", shape=(src_total,))
                 off = src_offsets[move.name]
-                src_shard = peers[piece.src_rank][off:off + move.shard_size].reshape(move.src.shard_shape)
-                shard[piece.dst_slice] = src_shard[piece.src_slice]
-            self._assign(move, shard)
-        del peers
-        comm.barrier()                            # nobody rewrites a segment while a peer still reads it
+                src_shard = self._peer_segment(piece.src_rank, index, src_total)[off:off + move.shard_size]
+                shard[piece.dst_slice] = src_shard.reshape(move.src.shard_shape)[piece.src_slice]
+            self._finish(move, shard)
+
+    def _peer_segment(self, rank: int, index: int, total: int) -> np.memmap:
+        """A peer's segment, mapped on first use and kept: segments are rewritten in place each sync, so the
+        mapping (and its page tables) stays valid, and later syncs take no page faults on it."""
+        key = (rank, index)
+        if key not in self._peer_maps:
+            self._peer_maps[key] = np.memmap(self._segment_path(rank, index), dtype=np.float32, mode="r",
+                                             shape=(total,))
+        return self._peer_maps[key]
 
     def close(self):
+        self._peer_maps.clear()
         for key in list(self._segments):
             path = self._segments[key].filename
             del self._segments[key]

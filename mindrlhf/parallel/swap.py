@@ -27,6 +27,8 @@ from typing import Dict, Iterable, List
 import numpy as np
 import mindspore as ms
 
+from mindrlhf.checkpoint.model_io import param_buffer
+
 
 def on_ascend() -> bool:
     return ms.get_context("device_target") == "Ascend"
@@ -47,14 +49,6 @@ def _madvise():
 _MADVISE = _madvise() if sys.platform.startswith("linux") else None
 _MADV_DONTNEED = 4
 _PAGE = mmap.PAGESIZE
-
-
-def param_bytes(param) -> np.ndarray:
-    """A uint8 numpy view of a CPU Parameter's own buffer (any dtype): writes go straight to the graphs."""
-    if param.has_init:
-        param.init_data()
-    nbytes = int(np.prod(param.shape, dtype=np.int64)) * param.itemsize
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(param.data_ptr()))
 
 
 def release_pages(buf: np.ndarray) -> int:
@@ -98,7 +92,7 @@ class SwapGroup:
             if on_ascend():
                 p._offload()  # pylint: disable=protected-access
                 continue
-            buf = param_bytes(p)
+            buf = param_buffer(p)
             if self.keep_contents:
                 self._host[p.name] = buf.copy()
             self.released_bytes += release_pages(buf)
@@ -114,7 +108,7 @@ class SwapGroup:
                 p._load()  # pylint: disable=protected-access
                 continue
             if self.keep_contents:
-                np.copyto(param_bytes(p), self._host.pop(p.name))
+                np.copyto(param_buffer(p), self._host.pop(p.name))
         self.resident = True
         self.seconds += time.time() - t0
 
