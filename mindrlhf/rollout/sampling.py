@@ -97,8 +97,8 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 def sample(scores: np.ndarray, params: SamplingParams, rng: np.random.Generator):
     """scores (N, V) from process_logits -> (tokens (N,), logprobs (N,)).
 
-    One exp and one cumulative sum over the vocabulary (inverse-CDF sampling on unnormalised weights);
-    the log-normaliser is accumulated in float64, so the sampled token's logprob is exact to float32.
+    One exp over the vocabulary, then inverse-CDF sampling on the unnormalised weights; the log-normaliser
+    is accumulated in float64, so the sampled token's logprob is exact to float32.
     """
     rows = np.arange(scores.shape[0])
     shifted = scores - scores.max(-1, keepdims=True)                  # -inf stays -inf
@@ -107,8 +107,28 @@ def sample(scores: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     if params.greedy:
         tokens = np.argmax(scores, -1)      # greedy: report the model's own (penalised) distribution
     else:
-        cdf = np.cumsum(weights, -1)
-        u = rng.random(scores.shape[0]) * cdf[:, -1]
-        tokens = np.minimum((cdf < u[:, None]).sum(-1), scores.shape[1] - 1)
+        tokens = np.minimum(inverse_cdf(weights, rng.random(scores.shape[0])), scores.shape[1] - 1)
         tokens = np.where(weights[rows, tokens] > 0, tokens, np.argmax(scores, -1))
     return tokens.astype(np.int64), (shifted[rows, tokens] - log_z).astype(np.float32)
+
+
+def inverse_cdf(weights: np.ndarray, u: np.ndarray, block: int = 256) -> np.ndarray:
+    """For each row, the first index whose cumulative weight exceeds u * total (u in [0, 1)).
+
+    Two levels: cumulative sums over blocks of `block` weights, then within the one chosen block. A full
+    cumulative sum plus a compare over the vocabulary was most of the host time of a decode step (~3.5 ms
+    of ~22 ms for 16 x 32000). Indices past the vocabulary (padding) can come back only by rounding; the
+    caller clamps them.
+    """
+    n, v = weights.shape
+    rows = np.arange(n)
+    pad = (-v) % block
+    padded = np.pad(weights, ((0, 0), (0, pad))) if pad else weights
+    blocks = padded.reshape(n, -1, block)
+    block_sums = blocks.sum(-1)
+    block_cdf = np.cumsum(block_sums, -1)
+    target = u * block_cdf[:, -1]
+    b = np.minimum((block_cdf <= target[:, None]).sum(-1), block_cdf.shape[1] - 1)
+    inner = np.cumsum(blocks[rows, b], -1) + (block_cdf[rows, b] - block_sums[rows, b])[:, None]
+    k = np.minimum((inner <= target[:, None]).sum(-1), block - 1)
+    return b * block + k
