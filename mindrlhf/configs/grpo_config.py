@@ -113,7 +113,7 @@ class SwapConfig:
     and the buffer's pages released to the OS, exact and without recompiling (see parallel/swap.py)."""
     offload_train_param: bool = _f(False, "policy weights to host during rollout (needs a separate rollout model)")
     offload_train_optimizer: bool = _f(False, "optimizer state to host outside the train phase")
-    offload_infer_param: bool = _f(False, "rollout weights to host during training (separate rollout model)")
+    offload_infer_param: bool = _f(False, "free rollout weights during training (the sync rewrites them; no host copy)")
     offload_kv_cache: bool = _f(False, "free the KV cache between rollouts (no host copy: prefill rewrites it)")
     offload_ref_param: bool = _f(False, "reference weights to host outside their phase")
 

@@ -165,7 +165,10 @@ class GRPOTrainer:
         self.swap = {
             "policy": SwapGroup("policy", self.policy.get_parameters(), sw.offload_train_param and separate),
             "optimizer": SwapGroup("optimizer", self.optimizer.state_parameters(), sw.offload_train_optimizer),
-            "rollout": SwapGroup("rollout", self.rollout_model.get_parameters(), sw.offload_infer_param and separate),
+            # the weight sync rewrites every rollout parameter after each update, before any rollout reads
+            # them again: offloading them needs no host copy, so this saves memory even on a CPU-only host
+            "rollout": SwapGroup("rollout", self.rollout_model.get_parameters(), sw.offload_infer_param and separate,
+                                 keep_contents=False),
             "ref": SwapGroup("ref", self.ref_model.get_parameters() if self.ref_model else [], sw.offload_ref_param),
             # filled after the first rollout; prefill rewrites the whole cache, so no host copy is kept
             "kv_cache": SwapGroup("kv_cache", [], sw.offload_kv_cache, keep_contents=False),
