@@ -33,8 +33,11 @@ def param_buffer(param) -> np.ndarray:
 
     On CPU a Parameter's data pointer is the buffer its compiled graphs read and write (measured on
     MindSpore 2.10), so writes through this view reach every graph, with no temporary Tensor. Callers
-    make sure no graph is running (`ms.runtime.synchronize()`).
+    make sure no graph is running (`ms.runtime.synchronize()`). Off CPU the pointer is device memory, which
+    numpy must never touch: this raises there.
     """
+    if ms.get_context("device_target") != "CPU":
+        raise RuntimeError(f"param_buffer({param.name}): host views of parameter buffers exist only on CPU")
     if param.has_init:
         param.init_data()
     nbytes = int(np.prod(param.shape, dtype=np.int64)) * param.itemsize
@@ -42,8 +45,8 @@ def param_buffer(param) -> np.ndarray:
 
 
 def param_f32_view(param):
-    """`param`'s buffer as a float32 array of its shape, or None if it is not a float32 parameter."""
-    if param.dtype != ms.float32:
+    """`param`'s buffer as a float32 array of its shape, or None if it is not a float32 CPU parameter."""
+    if param.dtype != ms.float32 or ms.get_context("device_target") != "CPU":
         return None
     return param_buffer(param).view(np.float32).reshape(tuple(param.shape))
 

@@ -143,7 +143,7 @@ class WeightSync:
 
     def _finish(self, move: ParamMove, shard: np.ndarray):
         param = self._dst[move.name]
-        if param.dtype != ms.float32:
+        if param_f32_view(param) is None:      # not written in place (another dtype, or not on CPU)
             write_param(param, shard)
 
     # ---- collective transport ----------------------------------------------------------------------
