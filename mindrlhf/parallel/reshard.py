@@ -135,16 +135,16 @@ class WeightSync:
                     self._sync_collective(bucket)
         self.last_seconds = time.time() - t0
 
-    def _destination(self, move: ParamMove) -> np.ndarray:
-        """Where `move`'s destination shard is written: the rollout parameter's own buffer when it is float32
-        (no temporary, no extra copy), else a scratch array that `_finish` casts into the parameter."""
+    def _destination(self, move: ParamMove) -> Tuple[np.ndarray, bool]:
+        """(where `move`'s destination shard is written, whether that is the parameter itself): the rollout
+        parameter's own buffer when it is a float32 CPU parameter (no temporary, no extra copy), else a
+        scratch array that `_finish` casts into the parameter."""
         view = param_f32_view(self._dst[move.name])
-        return view if view is not None else np.empty(move.dst.shard_shape, np.float32)
+        return (view, True) if view is not None else (np.empty(move.dst.shard_shape, np.float32), False)
 
-    def _finish(self, move: ParamMove, shard: np.ndarray):
-        param = self._dst[move.name]
-        if param_f32_view(param) is None:      # not written in place (another dtype, or not on CPU)
-            write_param(param, shard)
+    def _finish(self, move: ParamMove, shard: np.ndarray, in_place: bool):
+        if not in_place:
+            write_param(self._dst[move.name], shard)
 
     # ---- collective transport ----------------------------------------------------------------------
     def _sync_collective(self, bucket: List[ParamMove]):
@@ -160,9 +160,9 @@ class WeightSync:
         flat = comm.all_reduce_sum(flat, comm.world_ranks())
         for move, off in zip(bucket, offsets):
             full = flat[off:off + move.full_size].reshape(move.src.full_shape)
-            shard = self._destination(move)
+            shard, in_place = self._destination(move)
             shard[...] = full[move.dst.shard_slices(self.rank)]
-            self._finish(move, shard)
+            self._finish(move, shard, in_place)
 
     # ---- shared-memory transport -------------------------------------------------------------------
     def _segment_path(self, rank: int, index: int) -> str:
@@ -200,13 +200,13 @@ class WeightSync:
         """Copy 2: the slices this rank's destination shards need, from the owners' segments, in place."""
         layouts = self.segment_layouts[index]
         for move in bucket:
-            shard = self._destination(move)
+            shard, in_place = self._destination(move)
             for piece in move.pieces[self.rank]:
                 src_offsets, src_total = layouts[piece.src_rank]
                 off = src_offsets[move.name]
                 src_shard = self._peer_segment(piece.src_rank, index, src_total)[off:off + move.shard_size]
                 shard[piece.dst_slice] = src_shard.reshape(move.src.shard_shape)[piece.src_slice]
-            self._finish(move, shard)
+            self._finish(move, shard, in_place)
 
     def _peer_segment(self, rank: int, index: int, total: int) -> np.memmap:
         """A peer's segment, mapped on first use and kept: segments are rewritten in place each sync, so the
