@@ -74,3 +74,14 @@ def test_compiled_step_updates_every_parameter_and_moment():
     assert [p.name for p in params if np.array_equal(p.asnumpy(), before[p.name])] == []
     assert all(m.asnumpy().any() and v.asnumpy().any() for m, v in zip(opt.exp_avg, opt.exp_avg_sq))
     assert int(opt.step.asnumpy()[0]) == 1
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_zero_learning_rate_leaves_weights_unchanged(fused):
+    """lr = 0 (a schedule's last step with min_lr 0) with weight decay must be a no-op, not 0/0."""
+    init = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    param = Parameter(Tensor(init.copy()), name="layer.w.weight")
+    opt = AdamW([param], weight_decay=0.1)
+    opt.fused = (fused,)
+    _Apply(opt)((Tensor(np.ones((4, 8), np.float32)),), Tensor(np.float32(0.0)), Tensor(np.float32(1.0)))
+    np.testing.assert_array_equal(param.asnumpy(), init)

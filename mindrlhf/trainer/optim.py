@@ -22,7 +22,7 @@ def no_decay(name: str) -> bool:
 class AdamW(nn.Cell):
     """torch.optim.AdamW's update. float32 parameters go through MindSpore's fused, in-place
     AdamWeightDecay kernel with per-step arguments that add the bias correction it lacks:
-    lr' = lr * sqrt(bc2) / bc1, eps' = eps * sqrt(bc2), decay' = lr * decay / lr' (algebraically torch's
+    lr' = lr * sqrt(bc2) / bc1, eps' = eps * sqrt(bc2), decay' = decay * bc1 / sqrt(bc2) (algebraically torch's
     update; matches it to ~1e-6 in tests). That avoids ~10 parameter-sized temporaries per parameter in
     the memory pool, which on CPU never shrinks. Other dtypes take the composite path in float32.
     """
@@ -49,6 +49,7 @@ class AdamW(nn.Cell):
         sqrt_bc2 = ops.sqrt(1.0 - ops.pow(self.beta2, t))
         fused_lr = lr * sqrt_bc2 / bc1
         fused_eps = self.eps * sqrt_bc2
+        decay_per_unit = bc1 / sqrt_bc2          # decay' = lr * decay / lr', with lr cancelled: finite at lr = 0
         done = step
         for i in range(len(self.params)):
             # one parameter at a time (control dependency on the previous update): otherwise the graph may
@@ -56,7 +57,7 @@ class AdamW(nn.Cell):
             p, g = self.params[i], ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
             if self.fused[i]:
                 done = self.adam(p, self.exp_avg[i], self.exp_avg_sq[i], fused_lr, self.beta1, self.beta2,
-                                 fused_eps, lr * self.decay[i] / fused_lr, g)
+                                 fused_eps, self.decay[i] * decay_per_unit, g)
             else:
                 done = self._composite_update(i, p, g, lr, bc1, sqrt_bc2)
         return step
