@@ -148,7 +148,7 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
     shard = getattr(writer, "_writer", None)
     c_writer = getattr(shard, "_writer", None)
     header = getattr(writer, "_header", None)
-    if c_writer is None or header is None or not hasattr(shard, "is_open") or writer._parallel_writer:
+    if c_writer is None or header is None or not hasattr(shard, "is_open") or getattr(writer, "_parallel_writer", True):
         return False
     blob_fields = list(header.blob_fields)
     blocks = []
