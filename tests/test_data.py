@@ -199,3 +199,42 @@ def test_serialised_writer_matches_filewriter_rows(tmp_path, monkeypatch):
     writer.add_schema(one_blob, "x")
     floats = {"prompt_ids": np.ones((4, 3), np.float64), "solution": ["a"] * 4}
     assert real(writer, floats, one_blob, 0, 4) is False      # left to FileWriter's own dtype check
+
+
+def test_atomic_files_are_fsynced_before_the_rename(tmp_path, monkeypatch):
+    import os
+    from mindrlhf.utils.atomic import write_json
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a))), real_replace(a, b))[1])
+    write_json(str(tmp_path / "state.json"), {"step": 3})
+    kinds = [(k, os.path.basename(p)) for k, p in events]
+    tmp = next(p for k, p in kinds if k == "replace")
+    assert kinds.index(("fsync", tmp)) < kinds.index(("replace", tmp))        # data on disk before the name
+    assert kinds[-1] == ("fsync", os.path.basename(str(tmp_path)))              # and the rename itself
+
+
+def test_mindrecord_pair_is_never_mixed(tmp_path, monkeypatch):
+    """A crash between the two renames leaves no file rather than a new file beside an old .db."""
+    import os
+    from mindrlhf.data.mindrecord_io import read_columns, write_mindrecord
+    schema = {"step": {"type": "int64"}, "text": {"type": "string"}}
+    path = str(tmp_path / "log.mindrecord")
+    write_mindrecord(path, {"step": [1], "text": ["old"]}, schema)
+    real_replace, calls = os.replace, []
+
+    def dying_replace(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed between the renames")
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", dying_replace)
+    with pytest.raises(KeyboardInterrupt):
+        write_mindrecord(path, {"step": [1, 2], "text": ["new", "newer"]}, schema)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not os.path.exists(path)
+    write_mindrecord(path, {"step": [1, 2], "text": ["new", "newer"]}, schema)
+    assert read_columns(path, ["text"])["text"] == ["new", "newer"]

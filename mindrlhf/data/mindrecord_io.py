@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.utils.atomic import fsync_path
 
 SCHEMA = {
     "prompt_ids": {"type": "int64", "shape": [-1]},
@@ -101,7 +102,7 @@ def read_jsonl(path: str, dataset_type: str) -> List[Example]:
 
 def write_mindrecord(path: str, columns: Dict[str, Sequence], schema: Dict[str, dict],
                      index_fields: Optional[List[str]] = None, batch_rows: int = 8192):
-    """Write rows to `path` (+ `.db`), atomically: both files appear or none.
+    """Write rows to `path` (+ `.db`): both files appear or none (see _install_pair), fsynced.
 
     `columns` maps each schema field to its values in row order: a 2-D array (one row per line) or a list
     for array fields, a 1-D array or list for scalar fields. `index_fields`: the scalar fields MindRecord
@@ -126,10 +127,22 @@ def write_mindrecord(path: str, columns: Dict[str, Sequence], schema: Dict[str, 
             if not _write_serialised(writer, columns, schema, start, stop):
                 writer.write_raw_data([{k: columns[k][i] for k in columns} for i in range(start, stop)])
         writer.commit()
-        for suffix in ("", ".db"):
-            os.replace(tmp_file + suffix, path + suffix)
+        _install_pair(tmp_file, path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _install_pair(tmp_file: str, path: str):
+    """Move a finished (file, file.db) pair onto `path`: readers open `path` and find `path.db` beside it,
+    so `path` goes first and comes back last. At every instant `path` is absent or pairs with its own .db;
+    a crash in between leaves no `path` (the old pair is gone, the new one not yet in place), never a mix."""
+    for suffix in ("", ".db"):
+        fsync_path(tmp_file + suffix)
+    if os.path.exists(path):
+        os.remove(path)
+    os.replace(tmp_file + ".db", path + ".db")
+    os.replace(tmp_file, path)
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
@@ -185,7 +198,6 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
 
 def read_mindrecord(path: str) -> Dict[str, np.ndarray]:
     """All rows of a prompt MindRecord as column arrays, in file order (our schema or MindRLHF's)."""
-    import mindspore.dataset as ds
     if not os.path.isfile(path):
         raise ConfigError(f"--mind_dataset_dir: MindRecord file not found: {path}")
     from mindspore.mindrecord import FileReader
@@ -198,16 +210,22 @@ def read_mindrecord(path: str) -> Dict[str, np.ndarray]:
     missing = [c for c in MINDRLHF_COLUMNS if c not in cols]
     if missing:
         raise ConfigError(f"{path}: MindRecord lacks column(s) {missing}; expected at least {MINDRLHF_COLUMNS}")
-    data = ds.MindDataset(path, columns_list=cols, shuffle=False)
-    out: Dict[str, list] = {c: [] for c in cols}
-    for row in data.create_dict_iterator(num_epochs=1, output_numpy=True):
-        for c in cols:
-            out[c].append(row[c])
-    result = {c: np.stack(v) if c not in ("solution",) else np.array([_as_str(s) for s in v], dtype=object)
-              for c, v in out.items()}
+    raw = read_columns(path, cols)
+    result = {c: np.stack(v) if c not in ("solution",) else np.array(v, dtype=object) for c, v in raw.items()}
     if "prompt_length" in result:
         result["prompt_length"] = result["prompt_length"].reshape(-1)
     return result
+
+
+def read_columns(path: str, cols: List[str]) -> Dict[str, list]:
+    """Every row's values of `cols` as MindDataset gives them, in file order; strings decoded."""
+    import mindspore.dataset as ds
+    out: Dict[str, list] = {c: [] for c in cols}
+    for row in ds.MindDataset(path, columns_list=cols, shuffle=False).create_dict_iterator(num_epochs=1,
+                                                                                           output_numpy=True):
+        for c in cols:
+            out[c].append(_as_str(row[c]) if row[c].dtype.kind in "SUO" else row[c])
+    return out
 
 
 def _as_str(value) -> str:

@@ -5,6 +5,8 @@ import json
 import os
 from typing import Dict
 
+from mindrlhf.utils.atomic import atomic_path
+
 _SHOWN = [("reward", "reward_mean", "{:.3f}"), ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
           ("kl", "kl", "{:.4f}"), ("clip", "clip_frac", "{:.3f}"), ("ent", "entropy", "{:.3f}"),
           ("gnorm", "grad_norm", "{:.3f}"), ("lr", "lr", "{:.2e}"), ("gap", "rollout_train_logprob_gap", "{:.1e}"),
@@ -36,6 +38,8 @@ class MetricsLogger:
         row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
         if self._tb is not None:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, float(v), step)
@@ -45,11 +49,29 @@ class MetricsLogger:
         if echo:
             echo(" | ".join(parts))
 
+    def truncate_after(self, step: int):
+        """Resume: drop the rows of steps after `step` (they are trained again), so each step appears once."""
+        if not (self.enabled and os.path.isfile(self.path)):
+            return
+        keep = [r for r in read_metrics(self.path) if r["step"] <= step]
+        with atomic_path(self.path) as tmp:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in keep)
+
     def close(self):
         if self._tb is not None:
             self._tb.close()
 
 
 def read_metrics(path: str):
+    """Rows of a metrics.jsonl; a last line cut short by a crash is skipped."""
     with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        lines = [line for line in fh if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if i != len(lines) - 1:
+                raise ValueError(f"{path}:{i + 1}: not a JSON line") from None
+    return rows

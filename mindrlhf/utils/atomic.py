@@ -8,9 +8,27 @@ import shutil
 import tempfile
 
 
+def fsync_path(path: str):
+    """Flush a file's (or a directory's entries') data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str):
+    """fsync every file below `path`, then the directories bottom-up."""
+    for root, _, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str):
-    """Yield a temp path beside `path`; on success it is renamed onto `path`, on error removed."""
+    """Yield a temp path beside `path`; on success it is fsynced and renamed onto `path` (and the
+    directory fsynced, so the rename survives a power loss), on error removed."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{path}: the directory {directory} does not exist")
@@ -20,7 +38,9 @@ def atomic_path(path: str):
     os.close(fd)
     try:
         yield tmp
+        fsync_path(tmp)
         os.replace(tmp, path)
+        fsync_path(directory)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
@@ -35,6 +55,7 @@ def atomic_dir(path: str):
     tmp = tempfile.mkdtemp(prefix=".tmp_" + os.path.basename(os.path.abspath(path)) + ".", dir=parent)
     try:
         yield tmp
+        fsync_tree(tmp)
         if os.path.isdir(path):
             old = tmp + ".old"
             os.replace(path, old)
@@ -42,6 +63,7 @@ def atomic_dir(path: str):
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+        fsync_path(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
