@@ -46,3 +46,46 @@ def test_weighted_combination_and_user_verifier():
         RewardFn(["nope"], [1.0])
     with pytest.raises(ConfigError, match="1 weights for 2"):
         RewardFn(["accuracy_reward", "format_reward"], [1.0])
+
+
+def test_a_huge_exponent_is_not_parsed():
+    """Fraction('1e999999999') takes minutes; the verifier must answer at once (a subprocess with a
+    deadline, so the old behaviour fails instead of hanging the suite)."""
+    import subprocess
+    import sys
+    code = ("import time; from mindrlhf.reward.verifiers import accuracy_reward as a; t = time.time(); "
+            "v = a('#### 1e999999999', '3') + a('#### ' + '9' * 100000, '3') + a('#### 1e5', '100000'); "
+            "print(v, time.time() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    value, seconds = out.stdout.split()
+    assert float(value) == 1.0 and float(seconds) < 1.0
+
+
+def test_failing_or_slow_verifiers_score_zero_and_are_counted():
+    import time
+
+    @register_verifier("raises_test")
+    def raises(completion, solution):
+        if "boom" in completion:
+            raise ValueError("bad")
+        return 1.0
+
+    @register_verifier("slow_test")
+    def slow(completion, solution):
+        if "slow" in completion:
+            time.sleep(30)
+        return 1.0
+
+    fn = RewardFn(["raises_test", "slow_test"], [1.0, 1.0], time_limit=0.2)
+    t0 = time.time()
+    scores = fn.score(["boom", "slow", "fine"], ["1", "1", "1"])
+    assert time.time() - t0 < 5
+    assert scores.parts == {"raises_test": [0.0, 1.0, 1.0], "slow_test": [1.0, 0.0, 1.0]}
+    assert scores.stats["reward/errors"] == pytest.approx(2 / 6)
+
+
+def test_answer_statistics_separate_format_from_correctness():
+    fn = RewardFn(["accuracy_reward"], [1.0])
+    stats = fn.score(["#### 4", "the answer is 4", "no number", "#### 5 (or 4)"], ["4"] * 4).stats
+    assert stats["answer/missing"] == 0.5                   # 2nd and 3rd have no strict answer
+    assert stats["answer/strict_flexible_disagree"] == 0.5  # 2nd: only the flexible one is right; 4th: only it

@@ -6,8 +6,11 @@ and name it in `verifier_function` with a weight in `verifier_weight`.
 from __future__ import annotations
 
 import re
+import signal
+import threading
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from mindrlhf.configs.errors import ConfigError
 
@@ -52,24 +55,46 @@ def extract_answer(text: str) -> Optional[str]:
     return None
 
 
+# What a number may look like before Fraction() sees it: Fraction("1e999999999") builds a billion-digit
+# integer (minutes, while every other rank waits), so exponents and lengths are bounded first.
+_DECIMAL = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?"
+_NUMBER_RE = re.compile(rf"{_DECIMAL}(?:/{_DECIMAL})?")
+MAX_NUMBER_CHARS = 64
+
+
+def _fraction(s: str) -> Optional[Fraction]:
+    if len(s) > MAX_NUMBER_CHARS or not _NUMBER_RE.fullmatch(s):
+        return None
+    try:
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
 def to_number(text: str) -> Optional[Fraction]:
-    """Parse '1,234', '-3.50', '7/2', '$12', '\\frac{7}{2}', '50%' into an exact fraction; None if not numeric."""
-    if text is None:
+    """Parse '1,234', '-3.50', '7/2', '$12', '\\frac{7}{2}', '50%' into an exact fraction; None if not
+    numeric (or longer than MAX_NUMBER_CHARS, or with an exponent beyond 3 digits)."""
+    if text is None or len(text) > 4 * MAX_NUMBER_CHARS:
         return None
     s = text.strip().replace("$", "").replace("\\!", "").replace("\\,", "").rstrip(".").strip()
     s = re.sub(r"\\(?:text|mathrm)\{[^}]*\}", "", s).strip()
     frac = re.fullmatch(r"-?\\d?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s)
     if frac:
-        try:
-            sign = -1 if s.startswith("-") else 1
-            return sign * Fraction(frac.group(1)) / Fraction(frac.group(2))
-        except (ValueError, ZeroDivisionError):
+        num, den = _fraction(frac.group(1)), _fraction(frac.group(2))
+        if num is None or den is None or den == 0:
             return None
-    s = s.rstrip("%").replace(",", "")
-    try:
-        return Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        return None
+        sign = -1 if s.startswith("-") else 1
+        return sign * num / den
+    return _fraction(s.rstrip("%").replace(",", ""))
+
+
+_LAST_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> Optional[str]:
+    """The flexible extraction: the last number anywhere in the text (GSM8K's 'flexible-extract')."""
+    found = _LAST_NUMBER_RE.findall(text)
+    return found[-1] if found else None
 
 
 def answers_equal(predicted: Optional[str], reference: str) -> bool:
@@ -100,18 +125,75 @@ def answer_format_reward(completion: str, solution: str) -> float:
     return 1.0 if extract_answer(completion) is not None else 0.0
 
 
-class RewardFn:
-    """Weighted sum of named verifiers; also reports each part (for metrics)."""
+@dataclass
+class Scores:
+    total: List[float]                 # weighted reward per completion
+    parts: Dict[str, List[float]]      # each verifier's value per completion
+    stats: Dict[str, float]            # shares over the batch (see RewardFn.score)
 
-    def __init__(self, names: Sequence[str], weights: Sequence[float]):
+
+class RewardFn:
+    """Weighted sum of named verifiers; also reports each part (for metrics).
+
+    A verifier that raises, or runs longer than `time_limit` seconds on one completion (checked with a
+    timer signal where one is available: the main thread on Unix), scores 0 for that completion and is
+    counted in `reward/errors`: a bad completion never stops or stalls the run."""
+
+    def __init__(self, names: Sequence[str], weights: Sequence[float], time_limit: float = 5.0):
         if len(names) != len(weights):
             raise ConfigError(f"verifier_weight: {len(weights)} weights for {len(names)} verifier_function entries")
         for n in names:
             if n not in VERIFIERS:
                 raise ConfigError(f"verifier_function: unknown verifier {n!r}; known: {sorted(VERIFIERS)}")
         self.names, self.weights = list(names), [float(w) for w in weights]
+        self.time_limit = time_limit
 
     def __call__(self, completions: Sequence[str], solutions: Sequence[str]):
-        parts = {n: [VERIFIERS[n](c, s) for c, s in zip(completions, solutions)] for n in self.names}
+        scores = self.score(completions, solutions)
+        return scores.total, scores.parts
+
+    def score(self, completions: Sequence[str], solutions: Sequence[str]) -> Scores:
+        """Rewards plus the shares a reader needs to tell format learning from real learning:
+        `reward/errors` (verifier calls that raised or overran), `answer/missing` (no final answer in a
+        recognised form), `answer/strict_flexible_disagree` (the strict answer (boxed, <answer>, ####) and
+        the last number in the text differ in correctness)."""
+        errors = 0
+        parts: Dict[str, List[float]] = {}
+        for n in self.names:
+            values = []
+            for c, s in zip(completions, solutions):
+                value = _bounded_call(self.time_limit, VERIFIERS[n], c, s)
+                errors += value is None
+                values.append(0.0 if value is None else float(value))
+            parts[n] = values
         total = [sum(w * parts[n][i] for n, w in zip(self.names, self.weights)) for i in range(len(completions))]
-        return total, parts
+        count = max(len(completions), 1)
+        strict = [_bounded_call(self.time_limit, extract_answer, c) for c in completions]
+        disagree = sum(answers_equal(a, s) != answers_equal(_bounded_call(self.time_limit, last_number, c), s)
+                       for a, c, s in zip(strict, completions, solutions))
+        stats = {"reward/errors": errors / (count * max(len(self.names), 1)),
+                 "answer/missing": sum(a is None for a in strict) / count,
+                 "answer/strict_flexible_disagree": disagree / count}
+        return Scores(total, parts, stats)
+
+
+class _Overrun(Exception):
+    pass
+
+
+def _bounded_call(limit: float, fn, *args):
+    """fn(*args), or None if it raised or ran past `limit` seconds."""
+    timed = limit > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if timed:
+        def on_alarm(signum, frame):
+            raise _Overrun()
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - a verifier's failure is a score of 0, counted, never a crash
+        return None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
