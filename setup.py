@@ -16,7 +16,7 @@ setup(
     ],
     extras_require={
         # reference implementations used only by tests and benchmarks
-        "test": ["pytest", "torch==2.13.0", "transformers", "sentencepiece", "matplotlib"],
+        "test": ["pytest", "torch==2.13.0", "transformers", "sentencepiece", "matplotlib", "tensorboard"],
         "plot": ["matplotlib"],
     },
 )

@@ -120,7 +120,8 @@ def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, s
         "reward": {"verifier_function": ["accuracy_reward"], "verifier_weight": [1.0]},
         "run": {"total_steps": args.steps, "eval_steps": max(1, args.steps // 5), "eval_prompts": 200,
                 "save_steps": max(1, args.steps // 2), "seed": 1},
-        # host swap is off: on CPU it saves no memory (see mindrlhf/parallel/swap.py); tests cover it
+        # host swap is off: this model is tiny. On CPU, swapping rollout weights / KV cache lowers the process
+        # total; the policy, optimizer and reference keep a host copy in the same RAM (mindrlhf/parallel/swap.py)
     }
     paths["grpo"] = os.path.join(work, "grpo_config.yaml")
     with open(paths["grpo"], "w") as fh:

@@ -82,3 +82,19 @@ def test_first_update_has_ratio_one_no_clip_and_zero_kl():
     loss, pg, kl, clip = grpo_loss(T(LOGP), T(LOGP), T(LOGP), T(ADV), T(MASK), 0.2, 0.28, 0.04, "k3", "token-mean", 3)
     assert float(clip.asnumpy()) == 0 and float(kl.asnumpy()) == 0
     assert float(pg.asnumpy()) == pytest.approx(-(ADV[:, None] * MASK).sum() / MASK.sum(), rel=1e-6)
+
+
+def test_token_mean_is_global_under_data_parallelism():
+    """Two DP ranks with different token counts: the mean of their losses (what averaging gradients does)
+    equals the token mean over the whole mini-batch once each rank divides by global tokens / dp."""
+    from mindrlhf.trainer.grpo_math import agg_token_mean
+    rs = np.random.RandomState(0)
+    vals = rs.randn(4, 6).astype(np.float32)
+    mask = np.zeros((4, 6), np.float32)
+    mask[0, :6], mask[1, :1], mask[2, :2], mask[3, :2] = 1, 1, 1, 1     # 7 tokens vs 4
+    whole = float((vals * mask).sum() / mask.sum())
+    norm = T(np.float32(mask.sum() / 2))
+    ranks = [float(agg_token_mean(T(vals[r]), T(mask[r]), 6, norm).asnumpy()) for r in (slice(0, 2), slice(2, 4))]
+    assert np.mean(ranks) == pytest.approx(whole, rel=1e-6)
+    local = [float(agg_token_mean(T(vals[r]), T(mask[r]), 6).asnumpy()) for r in (slice(0, 2), slice(2, 4))]
+    assert abs(np.mean(local) - whole) > 1e-3          # the per-rank mean is a different loss

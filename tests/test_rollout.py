@@ -153,3 +153,67 @@ def test_inverse_cdf_sampling_follows_the_weights():
     freq = np.bincount(got, minlength=v) / len(u)
     p = weights / weights.sum()
     assert np.abs(freq - p).max() < 5 * np.sqrt(p.max() / len(u))
+
+
+def _numpy_logprobs(ours, prompts_ids, response_ids, temperature):
+    """Independent reference: log softmax(full logits / T) of each response token, from one forward pass."""
+    from model_helpers import model_inputs
+    seq = np.concatenate([prompts_ids, response_ids], 1)
+    logits = ours.full_logits(*model_inputs(seq[:, :-1])).asnumpy().astype(np.float64) / temperature
+    logits -= logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    r = response_ids.shape[1]
+    return np.take_along_axis(logp[:, -r:], response_ids[:, :, None], -1)[..., 0]
+
+
+def test_logprob_convention_at_temperature_with_filters(models):
+    """Rollout, train and an independent numpy pass agree on log softmax(logits / T), whatever top-k, top-p,
+    repetition penalty and min_tokens did to the sampled distribution."""
+    from mindrlhf.trainer.samples import training_tensors
+    _, ours = models
+    prompts = [[5, 9, 3, 17, 4, 8, 22, 6]] * 2 + [[11, 2, 40, 3, 3, 7, 9, 15]]     # equal lengths: no padding
+    params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.2, min_tokens=2,
+                            max_tokens=10, n=2, eos_token_ids=[7], seed=4)
+    out = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8).generate(prompts, params)
+    ids, mask = left_pad(out.prompt_ids, 8, 0)
+    batch = SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs, out.prompt_index,
+                        np.zeros(len(ids), np.int64))
+    t = training_tensors(batch)
+    train, _ = ResponseLogProb(ours, 10, temperature=0.7)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
+    m = out.response_mask.astype(bool)
+    reference = _numpy_logprobs(ours, ids, out.response_ids, 0.7)
+    assert np.abs(out.logprobs[m] - reference[m]).max() <= 1e-4
+    assert np.abs(train.asnumpy()[m] - reference[m]).max() <= 1e-4
+    untempered = _numpy_logprobs(ours, ids, out.response_ids, 1.0)
+    assert np.abs(out.logprobs[m] - untempered[m]).max() > 1e-2       # the temperature does matter here
+
+
+def test_top_k_and_top_p_keep_what_transformers_keeps():
+    import torch
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    rs = np.random.RandomState(1)
+    logits = (3 * rs.randn(6, 50)).astype(np.float32)
+    for top_k, top_p in ((5, 1.0), (0, 0.8), (12, 0.7)):
+        ours = np.isfinite(process_logits(logits, SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p),
+                                          None, False))
+        x = TemperatureLogitsWarper(0.8)(None, torch.tensor(logits))
+        if top_k:
+            x = TopKLogitsWarper(top_k)(None, x)
+        if top_p < 1:
+            x = TopPLogitsWarper(top_p)(None, x)
+        assert np.array_equal(ours, np.isfinite(x.numpy())), (top_k, top_p)
+        assert 1 <= ours.sum(1).min() and (ours.sum(1) < 50).all()
+
+
+def test_samples_depend_on_their_key_not_on_the_batch(models):
+    """Sample j of a prompt is drawn from (seed, key, j): alone or beside other prompts, on any rank."""
+    _, ours = models
+    eng = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8)
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8, n=3, seed=5)
+    a, b = _prompts(3, lengths=(5, 7))
+    both = eng.generate([a, b], params, keys=[(2, 0), (2, 1)])
+    alone = eng.generate([b], params, keys=[(2, 1)])
+    assert np.array_equal(both.response_ids[3:], alone.response_ids)
+    np.testing.assert_allclose(both.logprobs[3:], alone.logprobs, atol=1e-5)
+    other_step = eng.generate([b], params, keys=[(3, 1)])
+    assert not np.array_equal(other_step.response_ids, alone.response_ids)

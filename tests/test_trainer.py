@@ -198,3 +198,137 @@ def test_export_of_bf16_policy_matches_its_weights(assets, tmp_path):
     exported = dict(iter_hf_as_ms(str(tmp_path / "hf")))
     for p in trainer.policy.get_parameters():
         assert np.array_equal(exported[p.name], param_as_f32(p)), p.name
+
+
+def test_rollout_and_train_logprobs_agree_at_temperature(assets, tmp_path):
+    """Old, reference and current log-probs follow the rollout's temperature (log softmax(logits / T)):
+    on the first step the rollout-vs-train gap is float noise and the KL to the identical reference is 0."""
+    trainer = _trainer(assets, tmp_path, total_steps=1, temperature=0.5, top_p=0.9, top_k=30, beta=0.05)
+    metrics = trainer.fit()[0]
+    assert metrics["rollout_train_logprob_gap"] <= 1e-4
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_resume_with_a_moving_reference_is_exact(assets, tmp_path):
+    """beta > 0 with ref_sync_steps: the synced reference is checkpointed, so a resumed run equals an
+    uninterrupted one; metrics.jsonl holds each step once and the rollout log keeps the earlier rows."""
+    import mindspore.dataset as ds
+    common = dict(verifier_function="digit_fraction_test", total_steps=4, save_steps=2, beta=0.2, ref_sync_steps=3,
+                  num_iterations=2, mini_batch_size=4)
+    full = _trainer(assets, tmp_path / "full", save_data_file=str(tmp_path / "full.mindrecord"), **common)
+    full.fit()
+    split_dir = tmp_path / "split"
+    log = str(tmp_path / "split.mindrecord")
+    stopped = _trainer(assets, split_dir, save_data_file=log, **common)
+    for _ in range(3):                      # step 3 syncs the reference and is trained again after resume
+        stopped.metrics.log(stopped.step + 1, stopped.train_one_step(), echo=None)
+        if stopped.step == 2:
+            stopped.save()
+    resumed = _trainer(assets, split_dir, save_data_file=log, resume=True, **common)
+    assert resumed.step == 2
+    resumed.fit()
+    want, got = model_state(full.policy), model_state(resumed.policy)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-6, err_msg=k)
+    rows, ref_rows = read_metrics(str(split_dir / "metrics.jsonl")), read_metrics(str(tmp_path / "full" / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for a, b in zip(rows, ref_rows):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["kl"] == pytest.approx(b["kl"], abs=1e-6)
+
+    def read(path):
+        return [(int(r["step"]), str(r["response"])) for r in ds.MindDataset(path, shuffle=False)
+                .create_dict_iterator(output_numpy=True, num_epochs=1)]
+    assert read(log) == read(str(tmp_path / "full.mindrecord"))
+
+
+def test_resume_refuses_a_checkpoint_of_another_layout(assets, tmp_path):
+    import json
+    from mindrlhf.configs.errors import CheckpointError
+    _trainer(assets, tmp_path, total_steps=1).fit()
+    state_path = tmp_path / "step_000001" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    state["layout"] = {"world_size": 2, "train": [1, 2], "infer": [2, 1]}
+    state_path.write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=r"saved with layout world_size=2, train dp1 x tp2, infer dp2 x tp1, "
+                                              r"but this run has world_size=1, train dp1 x tp1"):
+        _trainer(assets, tmp_path, total_steps=2, resume=True)
+
+
+def test_empty_prompt_is_refused_at_set_up(tmp_path):
+    from mindrlhf.data.dataset import PromptDataset
+    table = {"prompt_ids": np.array([[5, 6, 0], [0, 0, 0], [7, 0, 0]]), "pretrain_ids": np.zeros((3, 4), np.int64),
+             "loss_mask": np.zeros((3, 4), np.int64)}
+    with pytest.raises(ConfigError, match=r"1 prompt\(s\) are empty .* first at row 1"):
+        PromptDataset("prompts.mindrecord", 1, columns=table, pad_token_id=0)
+
+
+def test_a_separate_rollout_model_receives_every_update(assets, tmp_path):
+    """With an fp16 rollout model (a separate object), after training its weights are the policy's,
+    rounded to fp16: the sync really moved them (the shared-model case cannot show that)."""
+    import mindspore as ms
+    from mindrlhf.checkpoint.model_io import param_as_f32
+    infer = model_yaml(str(tmp_path / "infer_fp16.yaml"), param_init_type="float16")
+    trainer = _trainer(assets, tmp_path, sft_path_infer=infer, total_steps=2, mini_batch_size=4,
+                       verifier_function="digit_fraction_test", weight_decay=0.0)
+    assert trainer.rollout_model is not trainer.policy
+    before = {p.name: param_as_f32(p).copy() for p in trainer.rollout_model.get_parameters()}
+    trainer.fit()
+    policy = {p.name: p for p in trainer.policy.get_parameters()}
+    moved = 0
+    for p in trainer.rollout_model.get_parameters():
+        want = policy[p.name].astype(ms.float16).float().asnumpy()
+        assert np.array_equal(param_as_f32(p), want), p.name
+        moved += not np.array_equal(param_as_f32(p), before[p.name])
+    assert moved > 0
+
+
+def test_tensorboard_events_are_written(tmp_path):
+    """TensorBoard scalars are written when a writer is installed (tensorboard is a test extra)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from mindrlhf.trainer.metrics import MetricsLogger
+    logger = MetricsLogger(str(tmp_path))
+    logger.log(1, {"reward_mean": 0.25}, echo=None)
+    logger.log(2, {"reward_mean": 0.5}, echo=None)
+    logger.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("reward_mean")] == [(1, 0.25), (2, 0.5)]
+
+
+def _msrun_grpo(assets, tmp_path, extra_flags, env_extra=None, timeout=400):
+    import subprocess
+    import time
+    from msrun_util import free_port
+    worker = os.path.join(os.path.dirname(__file__), "workers", "grpo_worker.py")
+    flags = dict(use_parallel=True, sft_path_train=model_yaml(str(tmp_path / "tp2.yaml"), tp=2),
+                 sft_path_infer=model_yaml(str(tmp_path / "dp2.yaml"), dp=2), vocab_path=assets["vocab_path"],
+                 merges_file_path=assets["merges_file_path"], mind_dataset_dir=assets["mind_dataset_dir"],
+                 save_ckpt_dir=str(tmp_path / "ckpt"), total_steps=3, max_tokens=6, num_generations=2, batch_size=2,
+                 progress=False, export_hf=False, verifier_function="digit_fraction_test")
+    flags.update(extra_flags)
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", "--join=True", f"--log_dir={tmp_path / 'log'}", worker]
+    cmd += [x for k, v in flags.items() for x in (f"--{k}", str(v))]
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."), **(env_extra or {}))
+    t0 = time.time()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    logs = [(tmp_path / "log" / f"worker_{r}.log").read_text(errors="replace") for r in range(2)]
+    return proc.returncode, logs, time.time() - t0
+
+
+@pytest.mark.msrun
+def test_an_exception_inside_a_step_ends_every_rank(assets, tmp_path):
+    """Rank 1 fails inside step 2's update while rank 0 goes on into a collective: the job still ends,
+    non-zero, well before any collective timeout, and the failing worker's log names the error."""
+    code, logs, seconds = _msrun_grpo(assets, tmp_path, {}, {"MINDRLHF_TEST_FAIL_AT": "1:2"})
+    assert code != 0 and seconds < 300
+    assert "injected failure on rank 1 in step 2" in logs[1]
+
+
+@pytest.mark.msrun
+def test_too_few_eval_prompts_for_the_infer_replicas_is_a_set_up_error(assets, tmp_path):
+    code, logs, _ = _msrun_grpo(assets, tmp_path, {"eval_dataset": assets["mind_dataset_dir"], "eval_steps": 1,
+                                                   "eval_prompts": 1})
+    assert code != 0
+    for log in logs:
+        assert "error: run.eval_prompts: 1 eval prompt(s)" in log and "infer data-parallel replicas" in log

@@ -34,7 +34,8 @@ class RunConfig:
     eval_dataset: str = _f("", "held-out prompt MindRecord for greedy-accuracy eval (optional)")
     save_ckpt_dir: str = _f("./ckpt", "where checkpoints, metrics and the exported policy go")
     save_data_file: str = _f("", "also write every rollout (step, prompt, response, reward, solution) to this "
-                             "MindRecord; rewritten at each checkpoint and at the end")
+                             "MindRecord; rewritten at each checkpoint (before it is marked complete) and at "
+                             "the end; resume keeps the rows of the steps it resumes from")
     load_sft_checkpoint_train: str = _f("", "policy weights: HF dir/safetensors or MindSpore .ckpt/.safetensors")
     load_sft_checkpoint_infer: str = _f("", "rollout weights (default: the policy's; they are synced each step)")
     load_ref_checkpoint: str = _f("", "reference weights (default: the initial policy's)")
@@ -63,8 +64,10 @@ class RLConfig:
     """GRPO algorithm."""
     num_generations: int = _f(8, "G: completions per prompt (one group)")
     batch_size: int = _f(4, "prompts per rollout-DP rank per step")
-    mini_batch_size: int = _f(0, "sequences per optimizer update on each train-DP rank; 0 = all at once")
-    num_iterations: int = _f(1, "passes over each rollout (>1 uses old-policy logprobs, PPO-style)")
+    mini_batch_size: int = _f(0, "sequences per optimizer update on each train-DP rank (a global mini-batch is "
+                              "this x train data_parallel); 0 = all at once")
+    num_iterations: int = _f(1, "passes over each rollout; the ratio's denominator is always the log-probs of the "
+                             "policy before the step's first update (PPO's old policy)")
     beta: float = _f(0.0, "KL coefficient to the reference model; 0 disables the reference model entirely")
     kl_estimator: str = _f("k3", "k1, k2 or k3", choices=["k1", "k2", "k3"])
     clip_low: float = _f(0.2, "ratio clip below 1 - clip_low")
@@ -78,7 +81,8 @@ class RLConfig:
 @dataclass
 class SamplingConfig:
     """Rollout sampling."""
-    temperature: float = _f(1.0, "0 = greedy")
+    temperature: float = _f(1.0, "0 = greedy. Rollout, old, current and reference log-probs are all "
+                            "log softmax(logits / temperature) (1 when greedy), before top-k/top-p/min-p")
     top_k: int = _f(0, "0 = off")
     top_p: float = _f(1.0, "nucleus sampling")
     min_p: float = _f(0.0, "drop tokens below min_p x the top probability")

@@ -1,9 +1,10 @@
 """Prompt reader for GRPO: global seeded shuffle per epoch, sharded by data-parallel rank, resumable.
 
-Every rank reads the (small) prompt table with MindDataset, permutes it with a seed that depends on
-(seed, epoch) only, and takes rows `dp_rank::dp_size` of that order: the DP shards are disjoint, their
-union is the epoch, and the position (epoch, index) fully determines what comes next, so a checkpoint
-stores just those two numbers.
+Every rank reads the (small) prompt table with MindDataset and permutes it with a seed that depends on
+(seed, epoch) only. Step s of an epoch takes the next `batch_size * dp_size` rows of that order (the global
+batch, the same for any DP size with the same global batch); DP rank d takes the d-th run of `batch_size`
+of them. So the DP shards are disjoint, their union is the epoch, the global batch does not depend on the
+layout, and the position (epoch, index) fully determines what comes next: a checkpoint stores just that.
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class PromptDataset:
             self.table["prompt_length"] = prompt_lengths(self.table["prompt_ids"], pad_token_id)
         if "solution" not in self.table:
             self.table["solution"] = np.array([""] * n, dtype=object)
+        empty = np.flatnonzero(np.asarray(self.table["prompt_length"]) <= 0)
+        if empty.size:
+            raise ConfigError(f"{path}: {empty.size} prompt(s) are empty (no token other than pad_token_id="
+                              f"{pad_token_id}), first at row {int(empty[0])}; remove them or re-run rlhf_data.py")
         if batch_size <= 0:
             raise ConfigError(f"batch_size: expected > 0, got {batch_size}")
         if n < batch_size * dp_size:
@@ -53,22 +58,34 @@ class PromptDataset:
         """Whole steps per epoch (every rank the same number; the remainder is dropped this epoch)."""
         return self.num_rows // (self.batch_size * self.dp_size)
 
-    def epoch_rows(self, epoch: int) -> np.ndarray:
-        """This rank's row indices for `epoch`, in order."""
+    def epoch_steps(self, epoch: int) -> np.ndarray:
+        """Row indices of `epoch` as (steps, dp_size, batch_size): [s, d] is DP rank d's part of step s."""
         order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_rows) if self.shuffle
                  else np.arange(self.num_rows))
         usable = self.batches_per_epoch * self.batch_size * self.dp_size
-        return order[:usable][self.dp_rank::self.dp_size]
+        return order[:usable].reshape(self.batches_per_epoch, self.dp_size, self.batch_size)
 
-    def next_batch(self) -> Dict[str, np.ndarray]:
+    def epoch_rows(self, epoch: int) -> np.ndarray:
+        """This rank's row indices for `epoch`, in order."""
+        return self.epoch_steps(epoch)[:, self.dp_rank].reshape(-1)
+
+    def next_global_batch(self) -> Dict[str, np.ndarray]:
+        """The next step's prompts of every DP rank, in DP order (rank d's are rows d*batch_size...)."""
         if self.position.index >= self.batches_per_epoch:
             self.position = DataPosition(self.position.epoch + 1, 0)
-        rows = self.epoch_rows(self.position.epoch)
-        take = rows[self.position.index * self.batch_size:(self.position.index + 1) * self.batch_size]
+        take = self.epoch_steps(self.position.epoch)[self.position.index].reshape(-1)
         self.position = DataPosition(self.position.epoch, self.position.index + 1)
         batch = {k: v[take] for k, v in self.table.items()}
         batch["row_index"] = take
         return batch
+
+    def local_part(self, global_batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """This DP rank's rows of a global batch."""
+        mine = slice(self.dp_rank * self.batch_size, (self.dp_rank + 1) * self.batch_size)
+        return {k: v[mine] for k, v in global_batch.items()}
+
+    def next_batch(self) -> Dict[str, np.ndarray]:
+        return self.local_part(self.next_global_batch())
 
     def __iter__(self) -> Iterator[Dict[str, np.ndarray]]:
         while True:

@@ -266,13 +266,17 @@ class CausalLM(nn.Cell):
         """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""
         return self.gather_vocab(self.head(self.model(input_ids, position_ids, bias)))
 
-    def token_logprobs(self, input_ids, position_ids, bias, labels, last_n: int = 0):
-        """Per-position log p(labels) and entropy (B, T), vocabulary-parallel; with last_n > 0 only for the
-        last `last_n` positions (B, last_n), and the LM head never runs on the positions nobody reads
-        (in GRPO, the prompt: the head is most of a small model's FLOPs and its largest activations)."""
+    def token_logprobs(self, input_ids, position_ids, bias, labels, last_n: int = 0, temperature: float = 1.0):
+        """Per-position log p(labels) and entropy (B, T) under softmax(logits / temperature),
+        vocabulary-parallel; with last_n > 0 only for the last `last_n` positions (B, last_n), and the LM
+        head never runs on the positions nobody reads (in GRPO, the prompt: the head is most of a small
+        model's FLOPs and its largest activations). The head is linear without bias, so the temperature
+        scales its input (hidden size) instead of the vocabulary-sized logits."""
         hidden = self.model(input_ids, position_ids, bias)
         if last_n:
             hidden, labels = hidden[:, -last_n:], labels[:, -last_n:]
+        if temperature != 1.0:
+            hidden = hidden * (1.0 / temperature)
         return self.logprob_fn(self.head(hidden), labels)
 
 

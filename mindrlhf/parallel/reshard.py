@@ -21,7 +21,7 @@ import socket
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -31,7 +31,7 @@ from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.qwen2 import param_specs
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.layouts import Layout, role_layouts
-from mindrlhf.parallel.plan import Piece, plan_tensor
+from mindrlhf.parallel.plan import Piece, full_layout, plan_tensor
 
 TRANSPORTS = ("auto", "shm", "collective")
 
@@ -62,6 +62,25 @@ def plan_reshard(cfg, src_dp: int, src_tp: int, dst_dp: int, dst_tp: int) -> Lis
         owners = tuple(sorted({p.src_rank for ps in pieces.values() for p in ps}))
         moves.append(ParamMove(n, src[n], dst[n], pieces, owners))
     return moves
+
+
+def gather_full(layouts: Dict[str, Layout], read_shard: Callable[[str], np.ndarray], rank: int
+                ) -> Iterator[Tuple[str, np.ndarray]]:
+    """(name, full tensor) for every parameter of a role, on every rank (collective, in `layouts` order).
+
+    The plan to the full layout, executed over an all-reduce: each slice is contributed once, by the owner
+    `plan_tensor` picks (one replica of replicated slices), which is what export needs. Contributing every
+    rank's shard instead multiplies replicated parameters by their replica count."""
+    world = comm.world_ranks()
+    for name, layout in layouts.items():
+        pieces = plan_tensor(layout, full_layout(layout.full_shape))[0]
+        full = np.zeros(layout.full_shape, np.float32)
+        mine = [p for p in pieces if p.src_rank == rank]
+        if mine:
+            shard = read_shard(name)
+            for piece in mine:
+                full[piece.dst_slice] = shard[piece.src_slice]
+        yield name, (comm.all_reduce_sum(full, world) if len(world) > 1 else full)
 
 
 def same_host(my_rank: int) -> bool:

@@ -20,7 +20,7 @@ from mindspore import Parameter, Tensor, nn
 
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.qwen2 import NEG_INF, CausalLM, causal_bias
-from mindrlhf.rollout.sampling import SamplingParams, process_logits, sample
+from mindrlhf.rollout.sampling import SamplingParams, process_logits, row_uniforms, sample, token_logprobs
 
 
 @dataclass
@@ -29,7 +29,7 @@ class RolloutOutput:
     prompt_ids: List[List[int]]        # per row (repeated per sample)
     response_ids: np.ndarray           # (N, max_tokens) int64
     response_mask: np.ndarray          # (N, max_tokens) 1 on generated tokens (EOS included)
-    logprobs: np.ndarray               # (N, max_tokens) float32 logprob of each sampled token
+    logprobs: np.ndarray               # (N, max_tokens) float32 log softmax(logits / T) of each sampled token
     finish_reason: List[str]           # "stop" (EOS) or "length"
     prompt_index: np.ndarray           # (N,) which input prompt each row came from
     seconds: float = 0.0
@@ -72,7 +72,6 @@ class GenerationEngine:
         self.pad_token_id = pad_token_id
         self.prompt_bucket = prompt_bucket
         self._compiled = {}     # (rows, P, L, n) -> (prefill, decode, caches)
-        self._rng = None
 
     def cache_parameters(self) -> List[Parameter]:
         """Every KV-cache Parameter allocated so far (for host swap between rollouts)."""
@@ -96,7 +95,9 @@ class GenerationEngine:
         return self._compiled[key][:2]
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 rng: Optional[np.random.Generator] = None) -> RolloutOutput:
+                 keys: Optional[Sequence[Sequence[int]]] = None) -> RolloutOutput:
+        """n samples per prompt. `keys[i]` (ints) names prompt i for the random streams (default: its
+        position): sample j of prompt i draws from (params.seed, *keys[i], j) on every rank and layout."""
         params.validate()
         if len(prompts) == 0:
             raise ConfigError("generate: the prompt batch is empty")
@@ -110,8 +111,10 @@ class GenerationEngine:
             raise ConfigError(f"generate: prompt bucket {p_len} + max_tokens {params.max_tokens} = {total} exceeds "
                               f"the model's max_position_embedding={cfg.max_position_embedding}; the longest "
                               f"prompt has {lengths.max()} tokens")
-        if rng is None:   # TP peers must draw identical samples: seed by the DP replica, not the rank
-            rng = np.random.default_rng([params.seed, self.model.mesh.dp_index])
+        keys = [(i,) for i in range(len(prompts))] if keys is None else keys
+        if len(keys) != len(prompts):
+            raise ConfigError(f"generate: {len(keys)} sampling keys for {len(prompts)} prompts")
+        uniforms = None if params.greedy else row_uniforms(params.seed, keys, params.n, params.max_tokens)
         t0 = time.time()
         b, n = len(prompts), params.n
         rows = b * n
@@ -145,8 +148,11 @@ class GenerationEngine:
         kv_index[:, 0] = np.repeat(np.arange(rows), nkv)
         kv_index[:, 1] = np.tile(np.arange(nkv), rows)
         for t in range(params.max_tokens):
-            scores = process_logits(logits, params, seen, suppress_eos=t < params.min_tokens)
-            tokens, logp = sample(scores, params, rng)
+            suppress_eos = t < params.min_tokens
+            scores = process_logits(logits, params, seen, suppress_eos=suppress_eos)
+            tokens, logp = sample(scores, params, None if uniforms is None else uniforms[:, t])
+            if params.reshapes_distribution(suppress_eos):     # report the log-prob convention's value
+                logp = token_logprobs(logits, tokens, params.logprob_temperature)
             active = ~done
             out_ids[active, t] = tokens[active]
             out_mask[active, t] = 1

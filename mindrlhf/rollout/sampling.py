@@ -1,12 +1,17 @@
 """Sampling parameters and the logits processors, on host numpy (float64 for stable log-softmax).
 
 Order follows vLLM/HF: repetition penalty -> min_tokens (EOS suppressed) -> temperature -> top-k -> top-p ->
-min-p. The returned logprob is that of the sampled token under the distribution actually sampled from.
+min-p.
+
+Log-prob convention (one for rollout, old, current and reference log-probs alike, as TRL and verl use it):
+the log-prob of a token is log softmax(logits / T) over the whole vocabulary (T = 1 when greedy). Top-k,
+top-p, min-p, the repetition penalty and min_tokens shape which token is drawn, not the log-prob the loss
+and the KL see, so the training passes need only the temperature (`SamplingParams.logprob_temperature`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -49,6 +54,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
 
+    @property
+    def logprob_temperature(self) -> float:
+        """The T of the log-prob convention above: the sampling temperature, 1 when it is 0 (greedy)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+    def reshapes_distribution(self, suppress_eos: bool) -> bool:
+        """True when the sampled distribution differs from softmax(logits / T) (filters, penalties)."""
+        return (self.greedy or 0 < self.top_k or self.top_p < 1.0 or self.min_p > 0
+                or self.repetition_penalty != 1.0 or (suppress_eos and bool(self.eos_token_ids)))
+
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
     """logits (N, V); seen (N, V) bool: tokens in the prompt or generated so far."""
@@ -88,14 +103,32 @@ def process_logits(logits: np.ndarray, params: SamplingParams, seen: Optional[np
     return x
 
 
+def token_logprobs(logits: np.ndarray, tokens: np.ndarray, temperature: float) -> np.ndarray:
+    """log softmax(logits / temperature)[token] per row (the log-prob convention), float64 normaliser."""
+    x = logits.astype(np.float32) / np.float32(temperature)
+    m = x.max(-1, keepdims=True)
+    log_z = np.log(np.exp(x - m).sum(-1, dtype=np.float64))
+    rows = np.arange(x.shape[0])
+    return ((x[rows, tokens] - m[:, 0]) - log_z).astype(np.float32)
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     m = np.max(x, -1, keepdims=True)
     e = np.exp(x - m)
     return e / e.sum(-1, keepdims=True)
 
 
-def sample(scores: np.ndarray, params: SamplingParams, rng: np.random.Generator):
-    """scores (N, V) from process_logits -> (tokens (N,), logprobs (N,)).
+def row_uniforms(seed: int, keys: Sequence[Sequence[int]], n: int, steps: int) -> np.ndarray:
+    """(len(keys) * n, steps) uniforms in [0, 1): row i*n + j draws from a stream keyed by (seed, *keys[i], j).
+
+    Keying by what a sample *is* (in GRPO: step, prompt, sample) rather than by which rank draws it makes
+    the completions independent of the parallel layout, and TP peers of a replica draw identically."""
+    return np.stack([np.random.default_rng([seed, *(int(k) for k in key), j]).random(steps)
+                     for key in keys for j in range(n)])
+
+
+def sample(scores: np.ndarray, params: SamplingParams, u: np.ndarray):
+    """scores (N, V) from process_logits, u (N,) uniforms -> (tokens (N,), logprobs (N,)).
 
     One exp over the vocabulary, then inverse-CDF sampling on the unnormalised weights; the log-normaliser
     is accumulated in float64, so the sampled token's logprob is exact to float32.
@@ -107,7 +140,7 @@ def sample(scores: np.ndarray, params: SamplingParams, rng: np.random.Generator)
     if params.greedy:
         tokens = np.argmax(scores, -1)      # greedy: report the model's own (penalised) distribution
     else:
-        tokens = np.minimum(inverse_cdf(weights, rng.random(scores.shape[0])), scores.shape[1] - 1)
+        tokens = np.minimum(inverse_cdf(weights, u), scores.shape[1] - 1)
         tokens = np.where(weights[rows, tokens] > 0, tokens, np.argmax(scores, -1))
     return tokens.astype(np.int64), (shifted[rows, tokens] - log_z).astype(np.float32)
 

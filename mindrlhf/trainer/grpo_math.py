@@ -48,18 +48,23 @@ KL_ESTIMATORS: Dict[str, Callable] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # ---- aggregation of per-token values into one scalar --------------------------------------------------
-def agg_token_mean(values, mask, max_len):
-    """Every token in the batch weighs the same (DAPO)."""
-    return ops.sum(values * mask) / ops.maximum(ops.sum(mask), 1.0)
+# Under data parallelism each rank aggregates its share and the gradients are averaged over the DP ranks.
+# The sequence means are exact that way (every rank holds as many sequences); the token mean is not, since
+# ranks hold different numbers of tokens: `token_norm` = (tokens of the whole mini-batch on all DP ranks) /
+# dp makes the DP average equal the global token mean, as DAPO defines it. None = this rank's own count.
+def agg_token_mean(values, mask, max_len, token_norm=None):
+    """Every token in the (global) mini-batch weighs the same (DAPO)."""
+    denom = ops.maximum(ops.sum(mask), 1.0) if token_norm is None else token_norm
+    return ops.sum(values * mask) / denom
 
 
-def agg_seq_mean_token_mean(values, mask, max_len):
+def agg_seq_mean_token_mean(values, mask, max_len, token_norm=None):
     """Mean over sequences of each sequence's token mean (original GRPO)."""
     per_seq = ops.sum(values * mask, -1) / ops.maximum(ops.sum(mask, -1), 1.0)
     return ops.mean(per_seq)
 
 
-def agg_seq_mean_token_sum_norm(values, mask, max_len):
+def agg_seq_mean_token_sum_norm(values, mask, max_len, token_norm=None):
     """Token sum divided by a fixed length, averaged over sequences (Dr.GRPO): no length bias."""
     return ops.mean(ops.sum(values * mask, -1) / max_len)
 
@@ -86,17 +91,18 @@ def clipped_policy_loss(logp, old_logp, advantages, clip_low: float, clip_high: 
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float, clip_high: float, beta: float,
-              kl_estimator: str, agg: str, max_len: int):
-    """Total loss and its parts: (loss, policy_loss, kl, clip_fraction), each a scalar."""
+              kl_estimator: str, agg: str, max_len: int, token_norm=None):
+    """Total loss and its parts: (loss, policy_loss, kl, clip_fraction), each a scalar (see agg_token_mean
+    for `token_norm`)."""
     mask = ops.cast(mask, ms.float32)
     pg, clipped, _ = clipped_policy_loss(logp, old_logp, advantages, clip_low, clip_high)
     aggregate = LOSS_AGGREGATIONS[agg]
-    pg_loss = aggregate(pg, mask, max_len)
+    pg_loss = aggregate(pg, mask, max_len, token_norm)
     if beta > 0:
-        kl = aggregate(KL_ESTIMATORS[kl_estimator](logp, ref_logp), mask, max_len)
+        kl = aggregate(KL_ESTIMATORS[kl_estimator](logp, ref_logp), mask, max_len, token_norm)
         loss = pg_loss + beta * kl
     else:
         kl = ops.zeros((), ms.float32)
         loss = pg_loss
-    clip_frac = agg_token_mean(clipped, mask, max_len)
+    clip_frac = agg_token_mean(clipped, mask, max_len, token_norm)
     return loss, pg_loss, kl, clip_frac

@@ -2,7 +2,13 @@
 layout; the policy object itself when the layouts match) and, when beta > 0, a frozen reference model.
 
 One step: rollout -> gather samples -> rewards -> group advantages -> old/ref logprobs -> updates ->
-weight sync -> metrics / checkpoint / eval. Each phase is one method below; the math lives in grpo_math.
+weight sync -> metrics / checkpoint / eval. Each phase is one method below; the math lives in grpo_math,
+every exchange between ranks in exchange, the swap policy in swap_schedule.
+
+Layout invariance: a step's prompts are the dataset's global batch, sample j of prompt i draws from a
+random stream keyed by (seed, step, i, j), every rank scores the whole batch, the train-DP ranks split each
+global mini-batch (not the step) and losses are normalised over the global mini-batch. So a seed gives the
+same trajectory on any train/infer layout, up to float reassociation in TP reductions.
 """
 from __future__ import annotations
 
@@ -15,8 +21,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindrlhf.checkpoint.hf_interop import export_hf
-from mindrlhf.checkpoint.model_io import (load_weights, model_layouts, param_as_f32, param_to_numpy,
-                                         write_param)
+from mindrlhf.checkpoint.model_io import load_weights, param_to_numpy, write_param
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.model_config import load_model_yaml
@@ -30,13 +35,17 @@ from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.reward.verifiers import RewardFn, accuracy_reward
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
-from mindrlhf.trainer import checkpointing
+from mindrlhf.trainer import checkpointing, exchange
 from mindrlhf.trainer.grpo_math import group_advantages
 from mindrlhf.trainer.metrics import MetricsLogger
 from mindrlhf.trainer.optim import AdamW, lr_at
-from mindrlhf.trainer.samples import SampleBatch, gather_samples, left_pad, training_tensors
+from mindrlhf.trainer.rollout_log import RolloutLog
+from mindrlhf.trainer.samples import SampleBatch, left_pad, training_tensors
+from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
 from mindrlhf.utils import memory
+
+TRAIN_STATS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
 
 
 class TrainingError(RuntimeError):
@@ -57,11 +66,9 @@ class GRPOTrainer:
         self._setup_models()      # only now the expensive part: build and load weights, first sync
         self._setup_training()
         self.step = 0
-        # TP peers of a rollout replica must sample identically: seed by the infer-DP index
-        self.rng = np.random.default_rng([cfg.run.seed, self.infer_mesh.dp_index])
         log_dir = cfg.run.log_dir or cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0)
-        self.rollout_log = RolloutLog(cfg.run.save_data_file)
+        self.rollout_log = RolloutLog(cfg.run.save_data_file if self.rank == 0 else "")
         if cfg.run.resume:
             self._resume()
 
@@ -89,6 +96,50 @@ class GRPOTrainer:
         self.infer_model_cfg = infer_yaml.model
         check_backend(run.rollout_backend)
 
+    def _setup_data(self):
+        run, rl, smp = self.cfg.run, self.cfg.rl, self.cfg.sampling
+        self.tokenizer = load_tokenizer(run.vocab_path, run.merges_file_path)
+        if self.tokenizer.vocab_size > self.model_cfg.vocab_size:
+            raise ConfigError(f"vocab_path: the tokenizer has {self.tokenizer.vocab_size} tokens but "
+                              f"model.model_config.vocab_size is {self.model_cfg.vocab_size}")
+        if not run.mind_dataset_dir:
+            raise ConfigError("mind_dataset_dir: required (prompt MindRecord from rlhf_data.py)")
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else \
+            self.model_cfg.pad_token_id
+        eos = {self.tokenizer.eos_token_id, *self.model_cfg.eos_token_ids} - {None}
+        self.eos_ids = sorted(eos)
+        self.sampling_params().validate()          # before any model is built or collective runs
+        self.dataset = PromptDataset(run.mind_dataset_dir, rl.batch_size, self.infer_mesh.dp,
+                                     self.infer_mesh.dp_index, run.seed, self.pad_id)
+        self.prompt_width = self.dataset.table["prompt_ids"].shape[1]
+        need = self.prompt_width + smp.max_tokens
+        for limit, name in ((self.model_cfg.seq_length, "seq_length"),
+                            (self.model_cfg.max_position_embedding, "max_position_embedding")):
+            if need > limit:
+                raise ConfigError(f"sampling.max_tokens: prompt length {self.prompt_width} (from "
+                                  f"{run.mind_dataset_dir}) + max_tokens {smp.max_tokens} = {need} exceeds "
+                                  f"model.model_config.{name}={limit}")
+        rows = rl.batch_size * self.infer_mesh.dp
+        if rows % self.train_mesh.dp:
+            raise ConfigError(f"rl.batch_size: {rl.batch_size} prompts x infer data_parallel "
+                              f"{self.infer_mesh.dp} = {rows} prompt groups do not split over train "
+                              f"data_parallel={self.train_mesh.dp}")
+        self.rows_per_train_rank = rows * rl.num_generations // self.train_mesh.dp
+        mb = rl.mini_batch_size or self.rows_per_train_rank
+        if self.rows_per_train_rank % mb:
+            raise ConfigError(f"rl.mini_batch_size: {mb} does not divide the {self.rows_per_train_rank} "
+                              f"sequences each train-DP rank gets per step")
+        self.mini_batch = mb
+        self.eval_dataset = None
+        if run.eval_steps and run.eval_dataset:
+            self.eval_dataset = PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, self.pad_id, shuffle=False)
+            n = min(run.eval_prompts, self.eval_dataset.num_rows)
+            if n < self.infer_mesh.dp:
+                raise ConfigError(f"run.eval_prompts: {n} eval prompt(s) (eval_prompts={run.eval_prompts}, "
+                                  f"{run.eval_dataset} has {self.eval_dataset.num_rows}) cannot give each of the "
+                                  f"{self.infer_mesh.dp} infer data-parallel replicas one")
+        self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight)
+
     def _setup_models(self):
         run = self.cfg.run
         self.policy = CausalLM(self.model_cfg, self.train_mesh)
@@ -113,42 +164,6 @@ class GRPOTrainer:
             else:
                 _copy_weights(self.policy, self.ref_model)
 
-    def _setup_data(self):
-        run, rl, smp = self.cfg.run, self.cfg.rl, self.cfg.sampling
-        self.tokenizer = load_tokenizer(run.vocab_path, run.merges_file_path)
-        if self.tokenizer.vocab_size > self.model_cfg.vocab_size:
-            raise ConfigError(f"vocab_path: the tokenizer has {self.tokenizer.vocab_size} tokens but "
-                              f"model.model_config.vocab_size is {self.model_cfg.vocab_size}")
-        if not run.mind_dataset_dir:
-            raise ConfigError("mind_dataset_dir: required (prompt MindRecord from rlhf_data.py)")
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else \
-            self.model_cfg.pad_token_id
-        eos = {self.tokenizer.eos_token_id, *self.model_cfg.eos_token_ids} - {None}
-        self.eos_ids = sorted(eos)
-        self.dataset = PromptDataset(run.mind_dataset_dir, rl.batch_size, self.infer_mesh.dp,
-                                     self.infer_mesh.dp_index, run.seed, self.pad_id)
-        self.prompt_width = self.dataset.table["prompt_ids"].shape[1]
-        need = self.prompt_width + smp.max_tokens
-        if need > self.model_cfg.max_position_embedding or need > self.model_cfg.seq_length:
-            raise ConfigError(f"sampling.max_tokens: prompt length {self.prompt_width} (from "
-                              f"{run.mind_dataset_dir}) + max_tokens {smp.max_tokens} = {need} exceeds "
-                              f"model.model_config.seq_length={self.model_cfg.seq_length}")
-        rows = rl.batch_size * self.infer_mesh.dp
-        if rows % self.train_mesh.dp:
-            raise ConfigError(f"rl.batch_size: {rl.batch_size} prompts x infer data_parallel "
-                              f"{self.infer_mesh.dp} = {rows} prompt groups do not split over train "
-                              f"data_parallel={self.train_mesh.dp}")
-        self.rows_per_train_rank = rows * rl.num_generations // self.train_mesh.dp
-        mb = rl.mini_batch_size or self.rows_per_train_rank
-        if self.rows_per_train_rank % mb:
-            raise ConfigError(f"rl.mini_batch_size: {mb} does not divide the {self.rows_per_train_rank} "
-                              f"sequences each train-DP rank gets per step")
-        self.mini_batch = mb
-        self.eval_dataset = None
-        if run.eval_steps and run.eval_dataset:
-            self.eval_dataset = PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, self.pad_id, shuffle=False)
-        self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight)
-
     def _setup_training(self):
         rl, opt, smp = self.cfg.rl, self.cfg.optim, self.cfg.sampling
         self.engine = make_engine(self.cfg.run.rollout_backend, self.rollout_model, self.pad_id, self.prompt_width)
@@ -156,13 +171,15 @@ class GRPOTrainer:
         self.optimizer = AdamW(params, opt.weight_decay, opt.beta1, opt.beta2, opt.eps)
         specs = param_specs(self.model_cfg)
         split = [self.train_mesh.tp > 1 and specs[p.name][1] is not None for p in params]
-        loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens)
+        temperature = self.sampling_params().logprob_temperature    # the log-prob convention (sampling.py)
+        loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature)
         self.train_step = PolicyTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm)
-        self.policy_logprob = ResponseLogProb(self.policy, smp.max_tokens)
-        self.ref_logprob = ResponseLogProb(self.ref_model, smp.max_tokens) if self.ref_model else None
-        self.updates_per_step = rl.num_iterations * (self.rows_per_train_rank // self.mini_batch)
+        self.policy_logprob = ResponseLogProb(self.policy, smp.max_tokens, temperature)
+        self.ref_logprob = ResponseLogProb(self.ref_model, smp.max_tokens, temperature) if self.ref_model else None
+        self.minibatches_per_step = self.rows_per_train_rank // self.mini_batch
+        self.updates_per_step = rl.num_iterations * self.minibatches_per_step
         sw, separate = self.cfg.swap, self.rollout_model is not self.policy
-        self.swap = {
+        self.swap = SwapSchedule({
             "policy": SwapGroup("policy", self.policy.get_parameters(), sw.offload_train_param and separate),
             "optimizer": SwapGroup("optimizer", self.optimizer.state_parameters(), sw.offload_train_optimizer),
             # the weight sync rewrites every rollout parameter after each update, before any rollout reads
@@ -172,10 +189,11 @@ class GRPOTrainer:
             "ref": SwapGroup("ref", self.ref_model.get_parameters() if self.ref_model else [], sw.offload_ref_param),
             # filled after the first rollout; prefill rewrites the whole cache, so no host copy is kept
             "kv_cache": SwapGroup("kv_cache", [], sw.offload_kv_cache, keep_contents=False),
-        }
-        if any(g.enabled for g in self.swap.values()) and not on_ascend():
-            self.log("note: on CPU, swapped buffers' pages are released but their host copy lives in the same RAM: "
-                     "the device-side footprint drops, the process total does not (mindrlhf/parallel/swap.py)")
+        })
+        if self.swap.any_enabled and not on_ascend():
+            self.log("note: on CPU, swapped buffers' pages are released; the policy, optimizer and reference keep a "
+                     "host copy in the same RAM (device-side footprint drops, process total does not), the rollout "
+                     "weights and KV cache keep none (both drop) (mindrlhf/parallel/swap.py)")
         self.total_updates = self.cfg.run.total_steps * self.updates_per_step
 
     def sampling_params(self, greedy=False) -> SamplingParams:
@@ -187,15 +205,17 @@ class GRPOTrainer:
 
     # ---- phases ---------------------------------------------------------------------------------------
     def rollout(self, batch) -> SampleBatch:
+        """This infer-DP replica's prompts; prompt i of the step's global batch is sampled with key (step, i)."""
         prompts = [row[:n].tolist() for row, n in zip(batch["prompt_ids"], batch["prompt_length"])]
-        swap = self.swap["kv_cache"]
-        swap.reload()
-        out = self.engine.generate(prompts, self.sampling_params(), self.rng)
-        swap.params = self.engine.cache_parameters()
-        swap.enabled = self.cfg.swap.offload_kv_cache and bool(swap.params)
-        swap.offload()
-        ids, mask = left_pad(out.prompt_ids, self.prompt_width, self.pad_id)
         offset = self.infer_mesh.dp_index * len(prompts)
+        keys = [(self.step, offset + i) for i in range(len(prompts))]
+        kv = self.swap.groups["kv_cache"]
+        kv.reload()
+        out = self.engine.generate(prompts, self.sampling_params(), keys)
+        kv.params = self.engine.cache_parameters()
+        kv.enabled = self.cfg.swap.offload_kv_cache and bool(kv.params)
+        kv.offload()
+        ids, mask = left_pad(out.prompt_ids, self.prompt_width, self.pad_id)
         return SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs,
                            (out.prompt_index + offset).astype(np.int64),
                            np.array([r == "stop" for r in out.finish_reason], np.int64))
@@ -204,8 +224,20 @@ class GRPOTrainer:
         texts = self.tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(samples.response_ids,
                                                                                samples.response_mask)])
         sols = [solutions[i] for i in samples.solution_index]
-        rewards, parts = self.reward_fn(texts, sols)
-        return np.array(rewards, np.float32), parts, texts
+        result = self.reward_fn.score(texts, sols)
+        return np.array(result.total, np.float32), result, texts
+
+    def train_rows(self) -> np.ndarray:
+        """This train-DP rank's rows of the step: its share of each global mini-batch, in order."""
+        mb, dp = self.mini_batch, self.train_mesh.dp
+        starts = np.arange(self.minibatches_per_step) * mb * dp + self.train_mesh.dp_index * mb
+        return (starts[:, None] + np.arange(mb)).reshape(-1)
+
+    def token_norms(self, samples: SampleBatch) -> np.ndarray:
+        """Per mini-batch: response tokens of the global mini-batch / dp (see grpo_math.agg_token_mean)."""
+        global_mb = self.mini_batch * self.train_mesh.dp
+        counts = samples.response_mask.reshape(self.minibatches_per_step, global_mb, -1).sum((1, 2))
+        return np.maximum(counts, 1).astype(np.float32) / self.train_mesh.dp
 
     def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
         out = []
@@ -215,45 +247,22 @@ class GRPOTrainer:
             out.append(logp.asnumpy())
         return np.concatenate(out)
 
-    def update(self, samples: SampleBatch, old_logp, ref_logp, advantages) -> Dict[str, float]:
+    def update(self, samples: SampleBatch, old_logp, ref_logp, advantages, token_norms) -> np.ndarray:
+        """num_iterations passes over this rank's mini-batches; returns the mean of TRAIN_STATS + lr."""
         stats = []
-        n = len(samples)
         for _ in range(self.cfg.rl.num_iterations):
-            for start in range(0, n, self.mini_batch):
-                sl = slice(start, start + self.mini_batch)
-                t = training_tensors(samples.rows(start, start + self.mini_batch))
+            for k in range(self.minibatches_per_step):
+                sl = slice(k * self.mini_batch, (k + 1) * self.mini_batch)
+                t = training_tensors(samples.rows(sl.start, sl.stop))
                 update_index = int(self.optimizer.step.asnumpy()[0])
                 lr = lr_at(update_index, self.cfg.optim.lr, self.cfg.optim.warmup_steps, self.total_updates,
                            self.cfg.optim.min_lr)
                 out = self.train_step(t["input_ids"], t["position_ids"], t["bias"], t["labels"],
                                       Tensor(samples.response_mask[sl].astype(np.float32)),
                                       Tensor(old_logp[sl]), Tensor(ref_logp[sl]), Tensor(advantages[sl]),
-                                      Tensor(np.float32(lr)))
-                vals = [float(x.asnumpy()) for x in out]
-                stats.append(vals + [lr])
-        mean = np.mean(np.array(stats), 0)
-        keys = ["loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr"]
-        result = dict(zip(keys, mean.tolist()))
-        bad = not (np.isfinite(result["loss"]) and np.isfinite(result["grad_norm"]))
-        if comm.any_rank(bad):
-            raise TrainingError(f"step {self.step + 1}: the loss or gradient norm is not finite (NaN/inf) on at least "
-                                f"one rank (loss={result['loss']}, grad_norm={result['grad_norm']}); the last "
-                                f"checkpoint is untouched. Lower optim.lr or check the data and weights")
-        return result
-
-    # which swap groups each phase needs on the device (the rest go to host when their switch is on)
-    PHASE_RESIDENT = {
-        "rollout": ("rollout",),
-        "logprob": ("rollout", "policy"),
-        "train": ("policy", "optimizer"),
-        "sync": ("policy", "rollout"),
-    }
-
-    def enter_phase(self, phase: str, keep=()):
-        resident = set(self.PHASE_RESIDENT[phase]) | set(keep)
-        for name, group in self.swap.items():
-            if name != "kv_cache":
-                (group.reload if name in resident else group.offload)()
+                                      Tensor(token_norms[k]), Tensor(np.float32(lr)))
+                stats.append([float(x.asnumpy()) for x in out] + [lr])
+        return np.mean(np.array(stats, np.float64), 0)
 
     def train_one_step(self) -> Dict[str, float]:
         times, peaks = {}, {}
@@ -267,59 +276,53 @@ class GRPOTrainer:
             return result
 
         t_step = time.time()
-        swap_before = sum(g.seconds for g in self.swap.values())
-        self.enter_phase("rollout")
-        batch = self.dataset.next_batch()
-        local = phase("rollout", self.rollout, batch)
-        solutions = comm_gather_solutions(batch["solution"], self.infer_mesh)
-        samples = phase("gather", gather_samples, local, self.infer_mesh)
-        rewards, parts, texts = phase("reward", self.score, samples, solutions)
-        if self.cfg.run.save_data_file and self.rank == 0:
-            self.rollout_log.add(self.step + 1, samples, texts, rewards, solutions, self.tokenizer)
+        swap_before = self.swap.seconds
+        self.swap.enter("rollout")
+        global_batch = self.dataset.next_global_batch()
+        local = phase("rollout", self.rollout, self.dataset.local_part(global_batch))
+        samples = phase("gather", exchange.gather_samples, local, self.infer_mesh)
+        solutions = [str(s) for s in global_batch["solution"]]
+        rewards, scored, texts = phase("reward", self.score, samples, solutions)
+        self.rollout_log.add(self.step + 1, samples, texts, rewards, solutions, self.tokenizer)
         advantages = group_advantages(rewards, self.cfg.rl.num_generations, self.cfg.rl.adv_norm_std)
-        per = self.rows_per_train_rank
-        mine = slice(self.train_mesh.dp_index * per, (self.train_mesh.dp_index + 1) * per)
-        my_samples = samples.rows(mine.start, mine.stop)
-        self.enter_phase("logprob")
+        mine = self.train_rows()
+        my_samples = samples.take(mine)
+        self.swap.enter("logprob")
         old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples)
         ref_logp = np.zeros_like(old_logp)
         if self.ref_logprob:
-            self.enter_phase("logprob", keep=("ref",))
+            self.swap.enter("ref_logprob")
             ref_logp = phase("ref_logprob", self.logprobs, self.ref_logprob, my_samples)
-        self.enter_phase("train")
-        stats = phase("train", self.update, my_samples, old_logp, ref_logp, advantages[mine])
-        self.enter_phase("sync")
+        self.swap.enter("train")
+        local_stats = phase("train", self.update, my_samples, old_logp, ref_logp, advantages[mine],
+                            self.token_norms(samples))
+        mask = my_samples.response_mask.astype(bool)
+        gap = np.abs(my_samples.rollout_logp - old_logp)[mask]
+        stats = exchange.mean_over_ranks(list(local_stats) + [gap.sum(), gap.size])
+        if not np.isfinite(stats[:len(TRAIN_STATS)]).all():
+            raise TrainingError(f"step {self.step + 1}: the loss or gradient norm is not finite (NaN/inf) on at least "
+                                f"one rank (loss={stats[0]}, grad_norm={stats[5]}); the last checkpoint is untouched. "
+                                f"Lower optim.lr or check the data and weights")
+        self.swap.enter("sync")
         phase("weight_sync", self.weight_sync.sync)
         self.step += 1
-        if self.ref_model is not None and self.cfg.rl.ref_sync_steps and self.step % self.cfg.rl.ref_sync_steps == 0:
-            self.swap["ref"].reload()
+        if self._reference_moves() and self.step % self.cfg.rl.ref_sync_steps == 0:
+            self.swap.groups["ref"].reload()
             _copy_weights(self.policy, self.ref_model)     # same (train) layout: a local copy
-        metrics = self._step_metrics(samples, my_samples, rewards, parts, old_logp, stats)
+        metrics = dict(zip(TRAIN_STATS + ("lr",), stats[:len(TRAIN_STATS) + 1].tolist()))
+        metrics["rollout_train_logprob_gap"] = float(stats[-2] / max(stats[-1], 1.0))
+        metrics.update(_sample_metrics(samples, rewards, scored))
         metrics.update({f"time_{k}": v for k, v in times.items()})
         metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
-        metrics["time_swap"] = sum(g.seconds for g in self.swap.values()) - swap_before
-        metrics["swap_host_mb"] = sum(g.host_bytes() for g in self.swap.values()) / 2**20
+        metrics["time_swap"] = self.swap.seconds - swap_before
+        metrics["swap_host_mb"] = self.swap.host_bytes / 2**20
         metrics["time_step"] = time.time() - t_step
         metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(times["rollout"], 1e-9)
         return metrics
 
-    @staticmethod
-    def _step_metrics(samples, my_samples, rewards, parts, old_logp, stats) -> Dict[str, float]:
-        mask = my_samples.response_mask.astype(bool)
-        lengths = samples.response_mask.sum(1)
-        metrics = {
-            "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-            "accuracy": float(np.mean(parts.get("accuracy_reward", [np.nan]))),
-            "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
-            "response_clipped_frac": float(1.0 - samples.finished.mean()),
-            "rollout_train_logprob_gap": float(np.abs(my_samples.rollout_logp - old_logp)[mask].mean())
-            if mask.any() else 0.0,
-            "tokens_generated": float(lengths.sum()),
-            **stats,
-        }
-        for name, values in parts.items():
-            metrics[f"reward/{name}"] = float(np.mean(values))
-        return metrics
+    def _reference_moves(self) -> bool:
+        """True when the reference model is re-synced from the policy, so checkpoints must hold it."""
+        return self.ref_model is not None and self.cfg.rl.ref_sync_steps > 0
 
     # ---- evaluation, checkpoints, the loop ----------------------------------------------------------
     def evaluate(self) -> float:
@@ -328,47 +331,46 @@ class GRPOTrainer:
         n = min(self.cfg.run.eval_prompts, len(table["prompt_ids"]))
         idx = np.arange(n)[self.infer_mesh.dp_index::self.infer_mesh.dp]
         prompts = [table["prompt_ids"][i][:table["prompt_length"][i]].tolist() for i in idx]
-        self.swap["kv_cache"].reload()
-        out = self.engine.generate(prompts, self.sampling_params(greedy=True), self.rng)
+        self.swap.groups["kv_cache"].reload()
+        out = self.engine.generate(prompts, self.sampling_params(greedy=True))
         texts = self.tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(out.response_ids, out.response_mask)])
         correct = sum(accuracy_reward(t, table["solution"][i]) for t, i in zip(texts, idx))
-        counts = np.array([correct, len(idx)], np.float64) if self.infer_mesh.tp_index == 0 else np.zeros(2)
-        total = comm.all_reduce_sum(counts.astype(np.float32), comm.world_ranks())
+        total = exchange.sum_over_replicas([correct, len(idx)], self.infer_mesh)
         return float(total[0] / max(total[1], 1))
+
+    def layout_state(self) -> Dict:
+        return {"world_size": self.world, "train": [self.train_mesh.dp, self.train_mesh.tp],
+                "infer": [self.infer_mesh.dp, self.infer_mesh.tp]}
 
     def save(self):
         run = self.cfg.run
-        self.swap["optimizer"].reload()
-        checkpointing.save_training_checkpoint(
-            run.save_ckpt_dir, self.step, self.rank, self.policy, self.optimizer,
-            rank_state={"rng": self.rng.bit_generator.state, "data": self.dataset.state_dict()},
-            trainer_state={"step": self.step, "world_size": self.world}, keep=run.keep_checkpoints)
-        self.swap["optimizer"].offload()
-        if self.rank == 0:
-            self.rollout_log.flush()
+        self.rollout_log.flush()             # before COMPLETE: a complete step always has its rollout rows
+        extra = {"ref": self.ref_model} if self._reference_moves() else {}
+        with self.swap.resident("optimizer", *(["ref"] if extra else [])):
+            checkpointing.save_training_checkpoint(
+                run.save_ckpt_dir, self.step, self.rank, self.policy, self.optimizer,
+                rank_state={"data": self.dataset.state_dict()},
+                trainer_state={"step": self.step, "layout": self.layout_state()}, keep=run.keep_checkpoints,
+                extra_models=extra)
 
     def _resume(self):
+        extra = {"ref": self.ref_model} if self._reference_moves() else {}
         state = checkpointing.load_training_checkpoint(self.cfg.run.save_ckpt_dir, self.rank, self.policy,
-                                                       self.optimizer)
+                                                       self.optimizer, extra_models=extra,
+                                                       expect_layout=self.layout_state())
         if state is None:
             self.log(f"resume: no complete checkpoint in {self.cfg.run.save_ckpt_dir}; starting fresh")
             return
         self.step = state["step"]
-        self.rng.bit_generator.state = state["rank_state"]["rng"]
         self.dataset.load_state_dict(state["rank_state"]["data"])
         self.weight_sync.sync()
+        self.metrics.truncate_after(self.step)
+        self.rollout_log.restore(self.step)
         self.log(f"resumed from {state['dir']} (step {self.step})")
 
     def export_policy(self, out_dir: str):
-        """Gather the policy's shards into full tensors and write HF safetensors (rank 0 writes)."""
-        layouts = model_layouts(self.policy)
-        full = {}
-        for param in self.policy.get_parameters():
-            layout = layouts[param.name]
-            buf = np.zeros(layout.full_shape, np.float32)
-            if self.train_mesh.dp_index == 0:        # one replica of each slice contributes
-                buf[layout.shard_slices(self.rank)] = param_as_f32(param)
-            full[param.name] = comm.all_reduce_sum(buf, comm.world_ranks()) if self.world > 1 else buf
+        """Write the policy as HF safetensors (rank 0), its full tensors assembled from one replica each."""
+        full = exchange.full_policy(self.policy)
         if self.rank == 0:
             export_hf(full, out_dir, self.model_cfg)
         comm.barrier()
@@ -399,58 +401,29 @@ class GRPOTrainer:
                 self.save()
         if progress:
             progress.close()
-        for group in self.swap.values():
-            group.reload()
+        self.swap.reload_all()
         self.weight_sync.close()
-        if self.rank == 0:
-            self.rollout_log.flush()
+        self.rollout_log.flush()
         if run.export_hf:
             self.export_policy(os.path.join(run.save_ckpt_dir, "hf_policy"))
         self.metrics.close()
         return history
 
 
-class RolloutLog:
-    """Every rollout sample of the run, written to `save_data_file` (MindRecord) at each flush."""
-
-    SCHEMA = {"step": {"type": "int64"}, "prompt": {"type": "string"}, "response": {"type": "string"},
-              "reward": {"type": "float32"}, "solution": {"type": "string"}}
-
-    def __init__(self, path: str):
-        self.path = path
-        self.rows = {k: [] for k in self.SCHEMA}
-
-    def add(self, step, samples: SampleBatch, texts, rewards, solutions, tokenizer):
-        prompts = tokenizer.decode_batch([p[m == 1].tolist() for p, m in zip(samples.prompt_ids, samples.prompt_mask)],
-                                         skip_special_tokens=False)
-        for i, text in enumerate(texts):
-            self.rows["step"].append(np.int64(step))
-            self.rows["prompt"].append(prompts[i])
-            self.rows["response"].append(text)
-            self.rows["reward"].append(np.float32(rewards[i]))
-            self.rows["solution"].append(solutions[samples.solution_index[i]])
-
-    def flush(self):
-        if self.path and self.rows["step"]:
-            from mindrlhf.data.mindrecord_io import write_mindrecord
-            write_mindrecord(self.path, self.rows, self.SCHEMA)
-
-
-def comm_gather_solutions(local: np.ndarray, infer_mesh) -> List[str]:
-    """Solutions of every infer-DP replica's prompts, in DP order (strings travel as UTF-8 bytes)."""
-    if comm.world_ranks() == (0,):
-        return [str(s) for s in local]
-    encoded = [str(s).encode("utf-8")[:255] for s in local]
-    buf = np.zeros((len(local), 256), np.int64)
-    for i, e in enumerate(encoded):
-        buf[i, 0] = len(e)
-        buf[i, 1:1 + len(e)] = list(e)
-    gathered = comm.all_gather(buf, comm.world_ranks(), infer_mesh.rank)
-    out = []
-    for d in range(infer_mesh.dp):
-        for row in gathered[d * infer_mesh.tp]:
-            out.append(bytes(row[1:1 + row[0]].astype(np.uint8).tolist()).decode("utf-8", errors="replace"))
-    return out
+def _sample_metrics(samples: SampleBatch, rewards: np.ndarray, scored) -> Dict[str, float]:
+    """Metrics of the whole step's samples (every rank holds all of them)."""
+    lengths = samples.response_mask.sum(1)
+    metrics = {
+        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+        "accuracy": float(np.mean(scored.parts.get("accuracy_reward", [np.nan]))),
+        "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
+        "response_clipped_frac": float(1.0 - samples.finished.mean()),
+        "tokens_generated": float(lengths.sum()),
+    }
+    for name, values in scored.parts.items():
+        metrics[f"reward/{name}"] = float(np.mean(values))
+    metrics.update(scored.stats)
+    return metrics
 
 
 def _shape_fields(cfg):

@@ -1,4 +1,4 @@
-"""Rollout samples as host arrays, their exchange between layouts, and packing into training tensors."""
+"""Rollout samples as host arrays, and their packing into training tensors (exchange.py moves them between ranks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,6 @@ import numpy as np
 from mindspore import Tensor
 
 from mindrlhf.models.qwen2 import causal_bias
-from mindrlhf.parallel import comm
 
 
 @dataclass
@@ -26,6 +25,9 @@ class SampleBatch:
     def rows(self, start: int, stop: int) -> "SampleBatch":
         return SampleBatch(**{k: v[start:stop] for k, v in self.__dict__.items()})
 
+    def take(self, index: np.ndarray) -> "SampleBatch":
+        return SampleBatch(**{k: v[index] for k, v in self.__dict__.items()})
+
     def __len__(self):
         return len(self.prompt_ids)
 
@@ -37,16 +39,6 @@ def left_pad(prompts, width: int, pad: int):
         ids[i, width - len(p):] = p
         mask[i, width - len(p):] = 1
     return ids, mask
-
-
-def gather_samples(local: SampleBatch, infer_mesh) -> SampleBatch:
-    """Every rank gets all infer-DP replicas' samples, in DP order (TP peers hold duplicates; take tp 0)."""
-    world = comm.world_ranks()
-    if len(world) == 1:
-        return local
-    gathered = {k: comm.all_gather(v, world, infer_mesh.rank) for k, v in local.__dict__.items()}
-    keep = [d * infer_mesh.tp for d in range(infer_mesh.dp)]   # rank of (dp=d, tp=0)
-    return SampleBatch(**{k: np.concatenate([v[r] for r in keep]) for k, v in gathered.items()})
 
 
 def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:

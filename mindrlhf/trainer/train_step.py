@@ -15,39 +15,45 @@ from mindrlhf.trainer.grpo_math import agg_token_mean, grpo_loss
 from mindrlhf.trainer.optim import AdamW, clip_scale
 
 
-def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int):
-    """(logprob, entropy) of the last `response_len` label positions, each (N, R)."""
-    return model.token_logprobs(input_ids, position_ids, bias, labels, response_len)
+def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int,
+                      temperature: float):
+    """(logprob, entropy) of the last `response_len` label positions under softmax(logits / temperature),
+    each (N, R): the log-prob convention of rollout/sampling.py."""
+    return model.token_logprobs(input_ids, position_ids, bias, labels, response_len, temperature)
 
 
 class ResponseLogProb(nn.Cell):
     """No-grad logprobs (old policy, reference, rollout-vs-train check)."""
 
-    def __init__(self, model: CausalLM, response_len: int):
+    def __init__(self, model: CausalLM, response_len: int, temperature: float = 1.0):
         super().__init__(auto_prefix=False)
         self.model = model
         self.response_len = response_len
+        self.temperature = temperature
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias, labels):
-        logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len)
+        logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
+                                      self.temperature)
         return ops.stop_gradient(logp), ops.stop_gradient(ent)
 
 
 class GRPOLossCell(nn.Cell):
-    def __init__(self, model: CausalLM, rl, response_len: int):
+    def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0):
         super().__init__(auto_prefix=False)
         self.model = model
         self.response_len = response_len
+        self.temperature = temperature
         self.clip_low, self.clip_high = rl.clip_low, rl.clip_high
         self.beta, self.kl_estimator, self.agg = rl.beta, rl.kl_estimator, rl.loss_agg
 
-    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages):
-        logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len)
+    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages, token_norm):
+        logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
+                                      self.temperature)
         loss, pg_loss, kl, clip_frac = grpo_loss(logp, old_logp, ref_logp, advantages, mask, self.clip_low,
                                                  self.clip_high, self.beta, self.kl_estimator, self.agg,
-                                                 self.response_len)
-        entropy = agg_token_mean(ops.stop_gradient(ent), ops.cast(mask, ms.float32), self.response_len)
+                                                 self.response_len, token_norm)
+        entropy = agg_token_mean(ops.stop_gradient(ent), ops.cast(mask, ms.float32), self.response_len, token_norm)
         return loss, (pg_loss, kl, clip_frac, entropy)
 
 
@@ -82,9 +88,10 @@ class PolicyTrainStep(nn.Cell):
         self.max_grad_norm = max_grad_norm
 
     @ms.jit
-    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages, lr):
+    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages, token_norm,
+                  lr):
         (loss, aux), grads = self.grad_fn(input_ids, position_ids, bias, labels, mask, old_logp, ref_logp,
-                                          advantages)
+                                          advantages, token_norm)
         grads = self.dp_mean(grads)
         scale, grad_norm = clip_scale(grads, self.max_grad_norm, self.norm_sum)
         self.optimizer(grads, lr, scale)

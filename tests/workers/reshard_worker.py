@@ -18,7 +18,8 @@ from mindrlhf.parallel.mesh import Mesh, init_distributed  # noqa: E402
 from mindrlhf.parallel.reshard import WeightSync  # noqa: E402
 from mindrlhf.rollout.engine import GenerationEngine  # noqa: E402
 from mindrlhf.rollout.sampling import SamplingParams  # noqa: E402
-from mindrlhf.trainer.samples import SampleBatch, gather_samples, left_pad, training_tensors  # noqa: E402
+from mindrlhf.trainer.exchange import gather_samples  # noqa: E402
+from mindrlhf.trainer.samples import SampleBatch, left_pad, training_tensors  # noqa: E402
 from mindrlhf.trainer.train_step import ResponseLogProb  # noqa: E402
 
 CFG = ModelConfig(**tiny_model_kwargs(True, False, 4))   # 4 kv heads: TP up to 4

@@ -51,7 +51,7 @@ def main():
                      if not np.array_equal(plain_o[k], swap_o[k])},
         "learned": any(not np.array_equal(plain_p[k], v) for k, v in model_state(t0.ref_model).items()),
         "swap_seconds": [h["time_swap"] for h in swap_h],
-        "swaps_enabled": {k: g.enabled for k, g in t1.swap.items()},
+        "swaps_enabled": {k: g.enabled for k, g in t1.swap.groups.items()},
         "peak_rollout_mb": [h["peak_mb_rollout"] for h in swap_h],
         "peak_rollout_mb_plain": [h["peak_mb_rollout"] for h in plain_h],
     }

@@ -1,0 +1,57 @@
+"""Every exchange between ranks that the GRPO loop makes, in one place (weights inside the train step and
+the weight sync excepted): rollout samples, training statistics, eval counts, the exported policy, and the
+"did anyone fail" vote. Solutions need none: every rank reads the prompt table and the step's global batch.
+"""
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import numpy as np
+
+from mindrlhf.checkpoint.model_io import model_layouts, param_as_f32
+from mindrlhf.parallel import comm
+from mindrlhf.parallel.reshard import gather_full
+from mindrlhf.trainer.samples import SampleBatch
+
+
+def gather_samples(local: SampleBatch, infer_mesh) -> SampleBatch:
+    """Every rank gets all infer-DP replicas' samples, in DP order (TP peers hold duplicates; take tp 0)."""
+    world = comm.world_ranks()
+    if len(world) == 1:
+        return local
+    gathered = {k: comm.all_gather(v, world, infer_mesh.rank) for k, v in local.__dict__.items()}
+    keep = [d * infer_mesh.tp for d in range(infer_mesh.dp)]   # rank of (dp=d, tp=0)
+    return SampleBatch(**{k: np.concatenate([v[r] for r in keep]) for k, v in gathered.items()})
+
+
+def mean_over_ranks(values: Sequence[float]) -> np.ndarray:
+    """Mean of per-rank values over all ranks. TP peers hold equal values, so over the world this is the
+    mean over DP ranks: with the loss normalised by global counts (grpo_math), the global value. A NaN on
+    any rank makes the result NaN on every rank, so one check stops all ranks together."""
+    arr = np.asarray(values, np.float64)
+    world = comm.world_ranks()
+    if len(world) == 1:
+        return arr
+    return comm.all_reduce_sum(arr.astype(np.float32), world).astype(np.float64) / len(world)
+
+
+def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:
+    """Sum of values counted once per DP replica of `mesh` (its TP-0 rank contributes)."""
+    arr = np.asarray(values, np.float32) if mesh.tp_index == 0 else np.zeros(len(values), np.float32)
+    world = comm.world_ranks()
+    return arr if len(world) == 1 else comm.all_reduce_sum(arr, world)
+
+
+def full_policy(model) -> Dict[str, np.ndarray]:
+    """The model's full (unsharded) float32 tensors on rank 0, {} elsewhere: the re-layout plan to the
+    full layout, so each slice comes from one replica."""
+    params = {p.name: p for p in model.get_parameters()}
+    out = {}
+    for name, full in gather_full(model_layouts(model), lambda n: param_as_f32(params[n]), model.mesh.rank):
+        if model.mesh.rank == 0:
+            out[name] = full
+    return out
+
+
+def any_rank(flag: bool) -> bool:
+    return comm.any_rank(flag)

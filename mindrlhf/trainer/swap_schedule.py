@@ -1,0 +1,57 @@
+"""Which swap groups each phase of a GRPO step keeps on the device; the rest go to host when their switch
+is on (docs/ARCHITECTURE.md, "Memory phases", is this table in prose)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict
+
+from mindrlhf.parallel.swap import SwapGroup
+
+# phase -> groups that must be resident. The KV cache is managed by the rollout itself (filled by the
+# first rollout, freed right after each one), so no phase lists it.
+PHASE_RESIDENT = {
+    "rollout": ("rollout",),
+    "logprob": ("policy",),
+    "ref_logprob": ("policy", "ref"),
+    "train": ("policy", "optimizer"),
+    "sync": ("policy", "rollout"),
+}
+
+
+class SwapSchedule:
+    def __init__(self, groups: Dict[str, SwapGroup]):
+        self.groups = groups
+
+    def enter(self, phase: str):
+        resident = PHASE_RESIDENT[phase]
+        for name, group in self.groups.items():
+            if name != "kv_cache":
+                (group.reload if name in resident else group.offload)()
+
+    @contextlib.contextmanager
+    def resident(self, *names: str):
+        """Bring `names` to the device for a moment (a checkpoint save), then restore their state."""
+        was_offloaded = [n for n in names if not self.groups[n].resident]
+        for n in names:
+            self.groups[n].reload()
+        try:
+            yield
+        finally:
+            for n in was_offloaded:
+                self.groups[n].offload()
+
+    def reload_all(self):
+        for group in self.groups.values():
+            group.reload()
+
+    @property
+    def seconds(self) -> float:
+        return sum(g.seconds for g in self.groups.values())
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(g.host_bytes() for g in self.groups.values())
+
+    @property
+    def any_enabled(self) -> bool:
+        return any(g.enabled for g in self.groups.values())

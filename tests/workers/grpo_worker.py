@@ -1,0 +1,67 @@
+"""grpo_one_stage.py with the test verifiers registered; runs under msrun or as a single process.
+
+    python tests/workers/grpo_worker.py <grpo_one_stage.py flags>
+
+`MINDRLHF_TEST_FAIL_AT="rank:step"` makes that rank raise inside that step's update (the failure test);
+`MINDRLHF_TEST_PAUSE_IN_SAVE="step:marker"` makes rank 0 stop inside that step's checkpoint save, after its
+policy shard is written, touch `marker` and wait to be killed (the crash-resume test).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from mindrlhf.cli import grpo_main  # noqa: E402
+from mindrlhf.reward.verifiers import register_verifier  # noqa: E402
+
+
+@register_verifier("digit_fraction_test")
+def digit_fraction(completion, solution):
+    """Dense: a random model's completions move it, so advantages are not all zero."""
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
+@register_verifier("solution_length_test")
+def solution_length(completion, solution):
+    """Depends on every byte of the reference solution (a cut solution changes the reward)."""
+    return len(solution.encode("utf-8")) / 1000.0 + (0.5 if solution.endswith("7") else 0.0)
+
+
+def _inject_failure():
+    spec = os.environ.get("MINDRLHF_TEST_FAIL_AT")
+    if not spec:
+        return
+    rank, step = (int(x) for x in spec.split(":"))
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    original = GRPOTrainer.update
+
+    def update(self, *args):
+        if self.rank == rank and self.step + 1 == step:
+            raise RuntimeError(f"injected failure on rank {rank} in step {step}")
+        return original(self, *args)
+
+    GRPOTrainer.update = update
+
+
+def _inject_pause():
+    spec = os.environ.get("MINDRLHF_TEST_PAUSE_IN_SAVE")
+    if not spec:
+        return
+    step, marker = spec.split(":", 1)
+    import time
+    from mindrlhf.trainer import checkpointing
+    original = checkpointing.save_checkpoint
+
+    def save_checkpoint(tensors, path):
+        original(tensors, path)
+        if f"step_{int(step):06d}" in path and "rank_0" in path and path.endswith("policy.safetensors"):
+            open(marker, "w").close()
+            time.sleep(600)
+
+    checkpointing.save_checkpoint = save_checkpoint
+
+
+if __name__ == "__main__":
+    _inject_failure()
+    _inject_pause()
+    sys.exit(grpo_main(sys.argv[1:]))
