@@ -41,7 +41,7 @@ def worker(work: str):
     del full
     res = {"model_mb": nbytes / 1e6}
     for transport in ("shm", "collective"):
-        sync = WeightSync(policy, rollout, transport)
+        sync = WeightSync(policy.weights(), rollout.weights(), transport)
         runs = 3 if transport == "shm" else 1
         sync.sync()                                  # first run allocates segments
         times = []

@@ -1,9 +1,29 @@
 """Command-line entry points; errors the user can fix print one line and exit 2 (no traceback)."""
 from __future__ import annotations
 
+import os
 import sys
+from typing import List
 
 from mindrlhf.configs.errors import CheckpointError, ConfigError
+
+
+def save_role_strategies(cfg) -> List[str]:
+    """`grpo_one_stage.py --only_save_strategy True`: train and infer strategy files from the model YAMLs."""
+    from mindrlhf.configs.model_config import load_model_yaml
+    from mindrlhf.models.qwen2 import layouts_for
+    from mindrlhf.parallel.strategy import save_role_strategy
+    run = cfg.run
+    if not run.sft_path_train:
+        raise ConfigError("sft_path_train: required to write strategy files")
+    out_dir = os.path.join(run.save_ckpt_dir, "strategy")
+    written = []
+    for role, path in (("train", run.sft_path_train), ("infer", run.sft_path_infer or run.sft_path_train)):
+        yaml_cfg = load_model_yaml(path)
+        par = yaml_cfg.parallel
+        layouts = layouts_for(yaml_cfg.model, par.data_parallel, par.model_parallel)
+        written += save_role_strategy(out_dir, role, layouts, par.world_size)
+    return written
 
 
 def grpo_main(argv=None) -> int:
@@ -11,7 +31,6 @@ def grpo_main(argv=None) -> int:
     try:
         cfg = config_from_argv(argv)
         if cfg.run.only_save_strategy:
-            from mindrlhf.parallel.strategy import save_role_strategies
             for path in save_role_strategies(cfg):
                 print(f"wrote {path}")
             return 0

@@ -219,7 +219,7 @@ def test_atomic_files_are_fsynced_before_the_rename(tmp_path, monkeypatch):
 def test_mindrecord_pair_is_never_mixed(tmp_path, monkeypatch):
     """A crash between the two renames leaves no file rather than a new file beside an old .db."""
     import os
-    from mindrlhf.data.mindrecord_io import read_columns, write_mindrecord
+    from mindrlhf.data.mindrecord_io import write_mindrecord
     schema = {"step": {"type": "int64"}, "text": {"type": "string"}}
     path = str(tmp_path / "log.mindrecord")
     write_mindrecord(path, {"step": [1], "text": ["old"]}, schema)
@@ -236,5 +236,6 @@ def test_mindrecord_pair_is_never_mixed(tmp_path, monkeypatch):
         write_mindrecord(path, {"step": [1, 2], "text": ["new", "newer"]}, schema)
     monkeypatch.setattr(os, "replace", real_replace)
     assert not os.path.exists(path)
+    from mindrlhf.data.mindrecord_io import read_columns
     write_mindrecord(path, {"step": [1, 2], "text": ["new", "newer"]}, schema)
     assert read_columns(path, ["text"])["text"] == ["new", "newer"]

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 from mindspore import Tensor
+from mindrlhf.configs import ConfigError
 
 from mindrlhf.trainer.grpo_math import (LOSS_AGGREGATIONS, clipped_policy_loss, group_advantages, grpo_loss, kl_k1,
                                         kl_k2, kl_k3)
@@ -98,3 +99,21 @@ def test_token_mean_is_global_under_data_parallelism():
     assert np.mean(ranks) == pytest.approx(whole, rel=1e-6)
     local = [float(agg_token_mean(T(vals[r]), T(mask[r]), 6).asnumpy()) for r in (slice(0, 2), slice(2, 4))]
     assert abs(np.mean(local) - whole) > 1e-3          # the per-rank mean is a different loss
+
+
+def test_global_mini_batches_are_the_same_rows_on_any_train_layout():
+    """dp1 with mini-batch 8 and dp2 with mini-batch 4 update on the same 8 rows each time, and the
+    token-mean's per-rank denominator is the global mini-batch's tokens / dp."""
+    from types import SimpleNamespace
+    from mindrlhf.trainer.step_geometry import StepGeometry
+    one = StepGeometry.from_config(SimpleNamespace(batch_size=4, num_generations=4, mini_batch_size=8), 1, 1)
+    two = StepGeometry.from_config(SimpleNamespace(batch_size=2, num_generations=4, mini_batch_size=4), 2, 2)
+    assert one.minibatches == two.minibatches == 2
+    rows_two = [two.rows_of(d).reshape(2, 4) for d in range(2)]
+    for k in range(2):
+        assert sorted(np.concatenate([r[k] for r in rows_two]).tolist()) == one.rows_of(0).reshape(2, 8)[k].tolist()
+    mask = (np.arange(8)[None, :] < np.random.RandomState(0).randint(1, 9, (16, 1))).astype(np.int64)
+    assert one.token_norms(mask).tolist() == [mask[:8].sum(), mask[8:].sum()]
+    assert (two.token_norms(mask) * 2).tolist() == one.token_norms(mask).tolist()
+    with pytest.raises(ConfigError, match="rl.mini_batch_size: 3 does not divide the 16"):
+        StepGeometry.from_config(SimpleNamespace(batch_size=4, num_generations=4, mini_batch_size=3), 1, 1)

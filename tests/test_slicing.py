@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mindrlhf.checkpoint.model_io import read_checkpoint, save_checkpoint
-from mindrlhf.checkpoint.safetensors_io import f32_to_bf16
+from mindrlhf.utils.bf16 import f32_to_bf16
 from mindrlhf.checkpoint.slicing import transform
 from mindrlhf.configs import CheckpointError
 from mindrlhf.parallel.layouts import Layout

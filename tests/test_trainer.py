@@ -191,7 +191,7 @@ def test_reference_sync_every_n_steps(assets, tmp_path):
 def test_export_of_bf16_policy_matches_its_weights(assets, tmp_path):
     """Exported HF weights are the policy's values (bf16 parameters are widened, not reinterpreted)."""
     from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
-    from mindrlhf.checkpoint.model_io import param_as_f32
+    from mindrlhf.utils.params import param_as_f32
     bf16 = model_yaml(str(tmp_path / "bf16.yaml"), param_init_type="bfloat16")
     trainer = _trainer(assets, tmp_path, sft_path_train=bf16, total_steps=1)
     trainer.export_policy(str(tmp_path / "hf"))
@@ -213,14 +213,14 @@ def test_resume_with_a_moving_reference_is_exact(assets, tmp_path):
     """beta > 0 with ref_sync_steps: the synced reference is checkpointed, so a resumed run equals an
     uninterrupted one; metrics.jsonl holds each step once and the rollout log keeps the earlier rows."""
     import mindspore.dataset as ds
-    common = dict(verifier_function="digit_fraction_test", total_steps=4, save_steps=2, beta=0.2, ref_sync_steps=3,
+    common = dict(verifier_function="digit_fraction_test", total_steps=4, save_steps=2, beta=0.2, ref_sync_steps=2,
                   num_iterations=2, mini_batch_size=4)
     full = _trainer(assets, tmp_path / "full", save_data_file=str(tmp_path / "full.mindrecord"), **common)
     full.fit()
     split_dir = tmp_path / "split"
     log = str(tmp_path / "split.mindrecord")
     stopped = _trainer(assets, split_dir, save_data_file=log, **common)
-    for _ in range(3):                      # step 3 syncs the reference and is trained again after resume
+    for _ in range(3):                      # step 2 syncs the reference; step 3 is logged, then trained again
         stopped.metrics.log(stopped.step + 1, stopped.train_one_step(), echo=None)
         if stopped.step == 2:
             stopped.save()
@@ -266,7 +266,7 @@ def test_a_separate_rollout_model_receives_every_update(assets, tmp_path):
     """With an fp16 rollout model (a separate object), after training its weights are the policy's,
     rounded to fp16: the sync really moved them (the shared-model case cannot show that)."""
     import mindspore as ms
-    from mindrlhf.checkpoint.model_io import param_as_f32
+    from mindrlhf.utils.params import param_as_f32
     infer = model_yaml(str(tmp_path / "infer_fp16.yaml"), param_init_type="float16")
     trainer = _trainer(assets, tmp_path, sft_path_infer=infer, total_steps=2, mini_batch_size=4,
                        verifier_function="digit_fraction_test", weight_decay=0.0)

@@ -8,9 +8,9 @@ from hf_reference import make_hf_model, tiny_model_kwargs
 from model_helpers import load_ours
 from mindrlhf.checkpoint.hf_interop import export_hf, hf_weight_files, iter_hf_as_ms
 from mindrlhf.checkpoint.model_io import (load_full_weights, model_state, read_checkpoint, save_checkpoint)
-from mindrlhf.checkpoint.safetensors_io import (SafeTensorsFile, bf16_to_f32, f32_to_bf16,
-                                                write_safetensors)
+from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, write_safetensors
 from mindrlhf.configs import CheckpointError, ConfigError, ModelConfig, load_model_yaml
+from mindrlhf.utils.bf16 import bf16_to_f32, f32_to_bf16
 from mindrlhf.models.qwen2 import CausalLM, param_specs
 
 

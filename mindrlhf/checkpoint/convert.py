@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from mindrlhf.checkpoint.hf_interop import export_hf, iter_hf_as_ms
     from mindrlhf.checkpoint.model_io import iter_checkpoint, save_checkpoint
-    from mindrlhf.checkpoint.safetensors_io import BF16, bf16_to_f32, f32_to_bf16
+    from mindrlhf.utils.bf16 import BF16, bf16_to_f32, f32_to_bf16
 
     def cast(a):
         if args.dtype == "bfloat16" and not isinstance(a, BF16):

@@ -15,37 +15,13 @@ import numpy as np
 
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.utils.atomic import atomic_path
+from mindrlhf.utils.bf16 import BF16, as_bf16
 
 _NP_OF = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 _CODE_OF = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
             np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16",
             np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
-
-
-class BF16(np.ndarray):
-    """Marker view: a uint16 array that holds bfloat16 bits."""
-
-
-def as_bf16(bits: np.ndarray) -> np.ndarray:
-    return bits.view(np.uint16).view(BF16)
-
-
-def contiguous(arr: np.ndarray) -> np.ndarray:
-    """np.ascontiguousarray that keeps the BF16 marker."""
-    out = np.ascontiguousarray(arr)
-    return as_bf16(out) if isinstance(arr, BF16) else out
-
-
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even float32 -> bfloat16 bits (exact for values that came from bf16)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = u + 0x7FFF + ((u >> 16) & 1)
-    return as_bf16((rounded >> 16).astype(np.uint16))
 
 
 class SafeTensorsFile:
@@ -98,7 +74,7 @@ class SafeTensorsFile:
         return as_bf16(arr) if info["dtype"] == "BF16" else arr
 
 
-def _dtype_code(arr: np.ndarray) -> str:
+def dtype_code(arr: np.ndarray) -> str:
     if isinstance(arr, BF16):
         return "BF16"
     try:
@@ -113,7 +89,7 @@ def write_safetensors(path: str, tensors: Iterable[Tuple[str, np.ndarray]], meta
     header, offset = {}, 0
     for name, arr in items:
         nbytes = int(np.asarray(arr).nbytes)
-        header[name] = {"dtype": _dtype_code(arr), "shape": list(arr.shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {"dtype": dtype_code(arr), "shape": list(arr.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -142,7 +118,6 @@ class SafeTensorsStreamWriter:
     """
 
     def __init__(self, path: str, specs: List[Tuple[str, str, Tuple[int, ...]]]):
-        from mindrlhf.utils.atomic import atomic_path
         self._ctx = atomic_path(path)
         self._tmp = self._ctx.__enter__()
         header, offset = {}, 0
@@ -162,9 +137,9 @@ class SafeTensorsStreamWriter:
 
     def write(self, name: str, arr: np.ndarray):
         exp_name, code, shape = self._order[self._next]
-        if name != exp_name or tuple(arr.shape) != shape or _dtype_code(arr) != code:
+        if name != exp_name or tuple(arr.shape) != shape or dtype_code(arr) != code:
             raise CheckpointError(f"stream writer: expected {exp_name} {code}{list(shape)}, got {name} "
-                                  f"{_dtype_code(arr)}{list(arr.shape)}")
+                                  f"{dtype_code(arr)}{list(arr.shape)}")
         self._fh.write(np.ascontiguousarray(arr).tobytes())
         self._next += 1
 

@@ -15,14 +15,15 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import CKPT_EXTS, read_checkpoint, save_checkpoint
-from mindrlhf.checkpoint.safetensors_io import (BF16, SafeTensorsFile, SafeTensorsStreamWriter, _dtype_code,
-                                                contiguous)
+from mindrlhf.checkpoint.model_io import (holds_rank_dirs, rank_checkpoint_file, rank_dir, read_checkpoint,
+                                         save_checkpoint)
+from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, SafeTensorsStreamWriter, dtype_code
 from mindrlhf.configs.errors import CheckpointError
-from mindrlhf.parallel.layouts import Layout
+from mindrlhf.parallel.layouts import Layout, split_counts
 from mindrlhf.parallel.plan import full_layout, plan_tensor
 from mindrlhf.parallel.strategy import StrategyEntry, find_strategy_file, read_strategy
 from mindrlhf.utils.atomic import atomic_dir
+from mindrlhf.utils.bf16 import BF16, contiguous
 
 
 # ---- sources ------------------------------------------------------------------------------------------
@@ -31,7 +32,7 @@ class FullSource:
 
     def __init__(self, path: str):
         from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
-        from mindrlhf.checkpoint.model_io import _is_hf_naming
+        from mindrlhf.checkpoint.model_io import is_hf_naming
         self.path = path
         if os.path.isdir(path):
             self._iter = lambda: iter_hf_as_ms(path)
@@ -41,7 +42,7 @@ class FullSource:
             raise CheckpointError(f"--src_checkpoint: not found: {path}")
         if path.endswith(".safetensors"):
             f = SafeTensorsFile(path)
-            if _is_hf_naming(f.keys()):
+            if is_hf_naming(f.keys()):
                 self._iter = lambda: iter_hf_as_ms(path)
                 self._shapes = {n: a.shape for n, a in iter_hf_as_ms(path)}
             else:
@@ -71,12 +72,7 @@ class ShardedSource:
         self.num_ranks = int(np.prod(any_entry.dev_matrix))
         self.files = {}
         for r in range(self.num_ranks):
-            rank_dir = os.path.join(path, f"rank_{r}")
-            files = sorted(f for f in os.listdir(rank_dir) if f.endswith(CKPT_EXTS)) if os.path.isdir(rank_dir) else []
-            if len(files) != 1:
-                raise CheckpointError(f"{rank_dir}: expected one checkpoint file for rank {r} of the source "
-                                      f"strategy ({self.num_ranks} ranks), found {files or 'none'}")
-            self.files[r] = os.path.join(rank_dir, files[0])
+            self.files[r] = rank_checkpoint_file(path, r, f"rank {r} of the source strategy ({self.num_ranks} ranks)")
         self._open: Dict[int, object] = {}
 
     def _reader(self, rank: int):
@@ -93,7 +89,7 @@ class ShardedSource:
                 raise CheckpointError(f"{self.files[0]}: parameter {name} is not in the source strategy")
             entry = self.strategy[name]
             shard = r0.shape(name)
-            counts = [1 if m == -1 else entry.dev_matrix[len(entry.dev_matrix) - 1 - m] for m in entry.tensor_map]
+            counts = split_counts(entry.dev_matrix, entry.tensor_map)
             if len(counts) != len(shard):
                 raise CheckpointError(f"parameter {name}: source strategy tensor_map {list(entry.tensor_map)} does "
                                       f"not match the shard shape {tuple(shard)}")
@@ -153,7 +149,7 @@ def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[s
         source = ShardedSource(src_checkpoint, read_strategy(find_strategy_file(src_strategy)))
         src_layout_of = lambda n, shape: source.strategy[n].layout(shape, n)  # noqa: E731
     else:
-        if os.path.isdir(src_checkpoint) and any(d.startswith("rank_") for d in os.listdir(src_checkpoint)):
+        if holds_rank_dirs(src_checkpoint):
             raise CheckpointError(f"--src_checkpoint {src_checkpoint} holds per-rank files: give --src_strategy")
         source = FullSource(src_checkpoint)
         src_layout_of = lambda n, shape: full_layout(shape)  # noqa: E731
@@ -215,8 +211,8 @@ class _Outputs:
 def _open_outputs(tmp, num_dst, prefix, ext, shapes, dst_layouts, source) -> _Outputs:
     paths = []
     for r in range(num_dst):
-        os.makedirs(os.path.join(tmp, f"rank_{r}"))
-        paths.append(os.path.join(tmp, f"rank_{r}", f"{prefix}{r}{ext}"))
+        os.makedirs(rank_dir(tmp, r))
+        paths.append(os.path.join(rank_dir(tmp, r), f"{prefix}{r}{ext}"))
     if ext == ".safetensors":
         codes = _source_dtype_codes(source, shapes)
         writers = [SafeTensorsStreamWriter(paths[r], [(n, codes[n], dst_layouts[n].shard_shape) for n in shapes])
@@ -228,5 +224,5 @@ def _open_outputs(tmp, num_dst, prefix, ext, shapes, dst_layouts, source) -> _Ou
 def _source_dtype_codes(source, shapes) -> Dict[str, str]:
     if isinstance(source, ShardedSource):
         r0 = source._reader(0)
-        return {n: (r0.dtype_code(n) if hasattr(r0, "dtype_code") else _dtype_code(r0.get(n))) for n in shapes}
-    return {n: _dtype_code(a) for n, a in source.full_tensors()}
+        return {n: (r0.dtype_code(n) if hasattr(r0, "dtype_code") else dtype_code(r0.get(n))) for n in shapes}
+    return {n: dtype_code(a) for n, a in source.full_tensors()}

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from mindrlhf.configs import choices
+from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 
 
@@ -54,9 +56,9 @@ class RunConfig:
     export_hf: bool = _f(True, "export the final policy as HF safetensors to save_ckpt_dir/hf_policy")
     progress: bool = _f(True, "show a progress bar over steps (rank 0)")
     rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device) or vllm_mindspore "
-                              "(Ascend only; refused elsewhere)", choices=["mindspore", "vllm_mindspore"])
+                              "(Ascend only; refused elsewhere)", choices=choices.ROLLOUT_BACKENDS)
     reshard_transport: str = _f("auto", "train->infer weight transport: shm (same host), collective, or auto",
-                                choices=["auto", "shm", "collective"])
+                                choices=choices.RESHARD_TRANSPORTS)
 
 
 @dataclass
@@ -69,18 +71,18 @@ class RLConfig:
     num_iterations: int = _f(1, "passes over each rollout; the ratio's denominator is always the log-probs of the "
                              "policy before the step's first update (PPO's old policy)")
     beta: float = _f(0.0, "KL coefficient to the reference model; 0 disables the reference model entirely")
-    kl_estimator: str = _f("k3", "k1, k2 or k3", choices=["k1", "k2", "k3"])
+    kl_estimator: str = _f("k3", "k1, k2 or k3", choices=choices.KL_ESTIMATORS)
     clip_low: float = _f(0.2, "ratio clip below 1 - clip_low")
     clip_high: float = _f(0.2, "ratio clip above 1 + clip_high (clip-higher: > clip_low)")
     loss_agg: str = _f("token-mean", "token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm "
-                       "(Dr.GRPO)", choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+                       "(Dr.GRPO)", choices=choices.LOSS_AGGREGATIONS)
     adv_norm_std: bool = _f(True, "divide advantages by the group std (False: Dr.GRPO)")
     ref_sync_steps: int = _f(0, "copy the policy into the reference model every N steps; 0 = never")
 
 
 @dataclass
 class SamplingConfig:
-    """Rollout sampling."""
+    """Rollout sampling (the rollout's SamplingParams extends this: one definition, one validation)."""
     temperature: float = _f(1.0, "0 = greedy. Rollout, old, current and reference log-probs are all "
                             "log softmax(logits / temperature) (1 when greedy), before top-k/top-p/min-p")
     top_k: int = _f(0, "0 = off")
@@ -89,6 +91,23 @@ class SamplingConfig:
     repetition_penalty: float = _f(1.0, "HF definition; 1 = off")
     max_tokens: int = _f(64, "max new tokens per completion")
     min_tokens: int = _f(0, "EOS suppressed before this many tokens")
+
+    def validate(self, where: str = "sampling."):
+        if self.max_tokens <= 0:
+            raise ConfigError(f"{where}max_tokens: expected > 0, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ConfigError(f"{where}min_tokens: expected 0 <= min_tokens <= max_tokens={self.max_tokens}, "
+                              f"got {self.min_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"{where}temperature: expected >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"{where}top_p: expected in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(f"{where}min_p: expected in [0, 1), got {self.min_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"{where}top_k: expected >= 0, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ConfigError(f"{where}repetition_penalty: expected > 0, got {self.repetition_penalty}")
 
 
 @dataclass
@@ -134,8 +153,7 @@ class GRPOConfig:
     def validate(self):
         positive = [("rl.num_generations", self.rl.num_generations), ("rl.batch_size", self.rl.batch_size),
                     ("rl.num_iterations", self.rl.num_iterations), ("run.total_steps", self.run.total_steps),
-                    ("sampling.max_tokens", self.sampling.max_tokens), ("run.keep_checkpoints",
-                                                                        self.run.keep_checkpoints)]
+                    ("run.keep_checkpoints", self.run.keep_checkpoints)]
         for name, value in positive:
             if value <= 0:
                 raise ConfigError(f"{name}: expected > 0, got {value}")
@@ -146,6 +164,7 @@ class GRPOConfig:
                               f"{self.rl.clip_low}/{self.rl.clip_high}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr: expected > 0, got {self.optim.lr}")
+        self.sampling.validate()
         if len(self.reward.verifier_function) != len(self.reward.verifier_weight):
             raise ConfigError(f"reward.verifier_weight: {len(self.reward.verifier_weight)} weights for "
                               f"{len(self.reward.verifier_function)} verifier_function entries")
@@ -159,40 +178,6 @@ def _section_fields():
     for sec in dataclasses.fields(GRPOConfig):
         for f in dataclasses.fields(sec.default_factory()):
             yield sec.name, f
-
-
-def _coerce(value, f: dataclasses.Field, where: str):
-    typ = str(f.type)
-    choices = f.metadata.get("choices")
-    try:
-        if typ == "bool":
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError
-                value = value.lower() in ("true", "1")
-            elif not isinstance(value, bool):
-                raise ValueError
-        elif typ == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            value = int(value)
-        elif typ == "float":
-            if isinstance(value, bool):
-                raise ValueError
-            value = float(value)
-        elif typ.startswith("List"):
-            if isinstance(value, str):
-                value = [v for v in value.split(",") if v]
-            if not isinstance(value, list):
-                raise ValueError
-            value = [float(v) for v in value] if "float" in typ else [str(v) for v in value]
-        elif typ == "str":
-            value = "" if value is None else str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected {typ}, got {value!r}") from None
-    if choices and value not in choices:
-        raise ConfigError(f"{where}: expected one of {choices}, got {value!r}")
-    return value
 
 
 def load_grpo_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None) -> GRPOConfig:
@@ -216,11 +201,11 @@ def load_grpo_config(path: Optional[str] = None, overrides: Optional[Dict[str, A
             for key, value in (values or {}).items():
                 if key not in known:
                     raise ConfigError(f"{path}: {sec_name}.{key}: unknown field (known: {', '.join(known)})")
-                setattr(section, key, _coerce(value, known[key], f"{path}: {sec_name}.{key}"))
+                setattr(section, key, coerce(value, known[key], f"{path}: {sec_name}.{key}"))
     where = {f.name: (sec, f) for sec, f in _section_fields()}
     for key, value in (overrides or {}).items():
         sec, f = where[key]
-        setattr(getattr(cfg, sec), key, _coerce(value, f, f"--{key}"))
+        setattr(getattr(cfg, sec), key, coerce(value, f, f"--{key}"))
     return cfg.validate()
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
+from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -84,6 +85,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def weight_shapes(self) -> tuple:
+        """What fixes the weights' shapes (two configs that agree here can hold the same weights)."""
+        return (self.hidden_size, self.num_layers, self.num_heads, self.n_kv_heads, self.intermediate_size,
+                self.vocab_size, self.qkv_has_bias, self.tie_word_embeddings)
+
     @property
     def eos_token_ids(self) -> List[int]:
         return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
@@ -148,9 +154,7 @@ class ModelYaml:
     """What a model YAML file holds for us."""
     model: ModelConfig
     parallel: ParallelConfig
-    arch: str = "Qwen2ForCausalLM"
     path: Optional[str] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 def _build(cls, raw: Dict[str, Any], inert: frozenset, where: str):
@@ -160,35 +164,13 @@ def _build(cls, raw: Dict[str, Any], inert: frozenset, where: str):
     kwargs = {}
     for key, value in raw.items():
         if key in known:
-            kwargs[key] = _coerce(value, known[key], f"{where}.{key}")
+            kwargs[key] = coerce(value, known[key], f"{where}.{key}")
         elif key not in inert:
             raise ConfigError(f"{where}.{key}: unknown field (known fields: {', '.join(sorted(known))})")
     try:
         return cls(**kwargs)
     except ConfigError as err:
         raise ConfigError(f"{err}") from None
-
-
-def _coerce(value, f: dataclasses.Field, where: str):
-    """YAML gives `1e-6` as a string and ints for floats; accept what is unambiguous, reject the rest."""
-    typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    if typ == "float":
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-    if typ == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if typ == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    return value
 
 
 def model_config_from_dict(raw: Dict[str, Any], where: str = "model.model_config") -> ModelConfig:
@@ -220,8 +202,6 @@ def load_model_yaml(path: str) -> ModelYaml:
         model = model_config_from_dict(model_section["model_config"])
         parallel = parallel_config_from_dict(raw.get("parallel_config") or {})
         parallel.check_model(model)
-        arch = (model_section.get("arch") or {}).get("type", "Qwen2ForCausalLM")
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    return ModelYaml(model=model, parallel=parallel, arch=arch, path=path,
-                     extra={k: v for k, v in raw.items() if k not in ("model", "parallel_config")})
+    return ModelYaml(model=model, parallel=parallel, path=path)

@@ -20,6 +20,7 @@ from mindrlhf.configs.model_config import ModelConfig, ParallelConfig
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, expand_as, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import copy_to_tp, gather_from_tp
+from mindrlhf.parallel.layouts import Layout, RoleWeights, role_layouts
 from mindrlhf.parallel.mesh import Mesh
 
 NEG_INF = -1e30  # additive mask value; finite so fully-masked rows stay NaN-free
@@ -222,6 +223,21 @@ class DecoderModel(nn.Cell):
         return self.norm_out(x)
 
 
+def left_pad(prompts, width: int, pad: int):
+    """Token lists -> (ids, mask), each (N, width) int64, right-aligned: the layout prefill and training share."""
+    ids = np.full((len(prompts), width), pad, np.int64)
+    mask = np.zeros((len(prompts), width), np.int64)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = p
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def position_ids(mask: np.ndarray) -> np.ndarray:
+    """RoPE positions of a left-padded batch: 0 at each row's first real token (pads get 0 too), int32."""
+    return np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
+
+
 def causal_bias(attention_mask):
     """attention_mask (B, S) of 1/0 -> additive bias (B, 1, S, S): causal and key padding."""
     s = attention_mask.shape[1]
@@ -261,6 +277,14 @@ class CausalLM(nn.Cell):
 
     def construct(self, input_ids, position_ids, bias):
         return self.head(self.model(input_ids, position_ids, bias))
+
+    def layouts(self) -> Dict[str, Layout]:
+        """Every parameter's layout in this model's mesh."""
+        return layouts_for(self.config, self.mesh.dp, self.mesh.tp)
+
+    def weights(self) -> RoleWeights:
+        """This rank's parameters with their layouts: what a weight transfer (sync, export) needs."""
+        return RoleWeights({p.name: p for p in self.get_parameters()}, self.layouts(), self.mesh.rank)
 
     def full_logits(self, input_ids, position_ids, bias):
         """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""
@@ -308,3 +332,8 @@ def param_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], Optional[i
     if not cfg.tie_word_embeddings:
         specs["lm_head.weight"] = ((cfg.vocab_size, h), 0)
     return specs
+
+
+def layouts_for(cfg: ModelConfig, dp: int, tp: int) -> Dict[str, Layout]:
+    """Every parameter's layout for a role arranged [dp, tp] (strategy files, slicing, re-layout)."""
+    return role_layouts(param_specs(cfg), dp, tp)

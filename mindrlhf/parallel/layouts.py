@@ -8,11 +8,21 @@ dimension replicate the tensor across them (here: dp).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from mindrlhf.configs.errors import CheckpointError
+
+
+def mesh_axis(dev_matrix: Tuple[int, ...], tensor_map_entry: int) -> int:
+    """The device-matrix axis a tensor_map entry names (MindSpore counts them from the right)."""
+    return len(dev_matrix) - 1 - tensor_map_entry
+
+
+def split_counts(dev_matrix: Tuple[int, ...], tensor_map: Tuple[int, ...]) -> Tuple[int, ...]:
+    """How many ways each tensor dimension is split."""
+    return tuple(1 if m == -1 else dev_matrix[mesh_axis(dev_matrix, m)] for m in tensor_map)
 
 
 @dataclass(frozen=True)
@@ -39,7 +49,7 @@ class Layout:
 
     def split_count(self, dim: int) -> int:
         m = self.tensor_map[dim]
-        return 1 if m == -1 else self.dev_matrix[len(self.dev_matrix) - 1 - m]
+        return split_counts(self.dev_matrix, (m,))[0]
 
     @property
     def shard_shape(self) -> Tuple[int, ...]:
@@ -57,13 +67,21 @@ class Layout:
             if m == -1:
                 out.append(slice(0, size))
             else:
-                axis = len(self.dev_matrix) - 1 - m
+                axis = mesh_axis(self.dev_matrix, m)
                 step = size // self.dev_matrix[axis]
                 out.append(slice(coords[axis] * step, (coords[axis] + 1) * step))
         return tuple(out)
 
     def shard(self, full: np.ndarray, rank: int) -> np.ndarray:
         return full[self.shard_slices(rank)]
+
+
+@dataclass
+class RoleWeights:
+    """One role's parameters on this rank and every parameter's layout: all a weight transfer needs."""
+    params: Dict[str, Any]          # name -> this rank's Parameter (its shard)
+    layouts: Dict[str, "Layout"]    # name -> layout in the role's mesh
+    rank: int
 
 
 def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Optional[int]]], dp: int, tp: int

@@ -21,19 +21,19 @@ import socket
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import mindspore as ms
 
-from mindrlhf.checkpoint.model_io import param_as_f32, param_f32_view, write_param
+from mindrlhf.configs import choices
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.models.qwen2 import param_specs
 from mindrlhf.parallel import comm
-from mindrlhf.parallel.layouts import Layout, role_layouts
+from mindrlhf.parallel.layouts import Layout, RoleWeights
 from mindrlhf.parallel.plan import Piece, full_layout, plan_tensor
+from mindrlhf.utils.params import param_as_f32, param_f32_view, write_param
 
-TRANSPORTS = ("auto", "shm", "collective")
+TRANSPORTS = choices.RESHARD_TRANSPORTS
 
 
 @dataclass
@@ -53,31 +53,31 @@ class ParamMove:
         return int(np.prod(self.src.shard_shape))
 
 
-def plan_reshard(cfg, src_dp: int, src_tp: int, dst_dp: int, dst_tp: int) -> List[ParamMove]:
-    specs = param_specs(cfg)
-    src, dst = role_layouts(specs, src_dp, src_tp), role_layouts(specs, dst_dp, dst_tp)
+def plan_reshard(src: Dict[str, Layout], dst: Dict[str, Layout]) -> List[ParamMove]:
+    if set(src) != set(dst):
+        raise ConfigError(f"re-layout: the two roles have different parameters "
+                          f"({sorted(set(src) ^ set(dst))[:3]}...)")
     moves = []
-    for n in specs:
+    for n in src:
         pieces = plan_tensor(src[n], dst[n])
         owners = tuple(sorted({p.src_rank for ps in pieces.values() for p in ps}))
         moves.append(ParamMove(n, src[n], dst[n], pieces, owners))
     return moves
 
 
-def gather_full(layouts: Dict[str, Layout], read_shard: Callable[[str], np.ndarray], rank: int
-                ) -> Iterator[Tuple[str, np.ndarray]]:
-    """(name, full tensor) for every parameter of a role, on every rank (collective, in `layouts` order).
+def gather_full(weights: RoleWeights) -> Iterator[Tuple[str, np.ndarray]]:
+    """(name, full float32 tensor) for every parameter of a role, on every rank (collective, in layout order).
 
     The plan to the full layout, executed over an all-reduce: each slice is contributed once, by the owner
     `plan_tensor` picks (one replica of replicated slices), which is what export needs. Contributing every
     rank's shard instead multiplies replicated parameters by their replica count."""
     world = comm.world_ranks()
-    for name, layout in layouts.items():
+    for name, layout in weights.layouts.items():
         pieces = plan_tensor(layout, full_layout(layout.full_shape))[0]
         full = np.zeros(layout.full_shape, np.float32)
-        mine = [p for p in pieces if p.src_rank == rank]
+        mine = [p for p in pieces if p.src_rank == weights.rank]
         if mine:
-            shard = read_shard(name)
+            shard = param_as_f32(weights.params[name])
             for piece in mine:
                 full[piece.dst_slice] = shard[piece.src_slice]
         yield name, (comm.all_reduce_sum(full, world) if len(world) > 1 else full)
@@ -104,28 +104,28 @@ def _segment_layout(rank: int, bucket: List[ParamMove]):
 
 
 class WeightSync:
-    """Copies the policy's current weights into the rollout model (call after each update)."""
+    """Copies the source role's current weights into the destination role's (call after each update).
+    `dst=None`: one set of parameters serves both roles, so there is nothing to copy."""
 
-    def __init__(self, policy, rollout_model, transport: str = "auto", bucket_bytes: int = 256 << 20):
+    def __init__(self, src: RoleWeights, dst: Optional[RoleWeights], transport: str = "auto",
+                 bucket_bytes: int = 256 << 20):
         if transport not in TRANSPORTS:
             raise ConfigError(f"reshard_transport: expected one of {TRANSPORTS}, got {transport!r}")
-        self.policy, self.rollout = policy, rollout_model
-        self.shared = policy is rollout_model
+        self.shared = dst is None
         self.last_seconds = 0.0
         self.transport = "none"
         self._segments: Dict[int, np.memmap] = {}
         self._peer_maps: Dict[Tuple[int, int], np.memmap] = {}    # (peer rank, bucket) -> its segment, mapped once
         if self.shared:
             return
-        pm, rm = policy.mesh, rollout_model.mesh
-        self.rank = pm.rank
-        self.plan = plan_reshard(policy.config, pm.dp, pm.tp, rm.dp, rm.tp)
-        self._src = {p.name: p for p in policy.get_parameters()}
-        self._dst = {p.name: p for p in rollout_model.get_parameters()}
+        self.rank = src.rank
+        self.plan = plan_reshard(src.layouts, dst.layouts)
+        self._src, self._dst = src.params, dst.params
         self.bucket_elems = max(1, bucket_bytes // 4)
         self.buckets = self._make_buckets()
+        world = next(iter(src.layouts.values())).num_ranks
         # where each source rank's shards sit in its shared-memory segment, per bucket (fixed by the plan)
-        self.segment_layouts = [{r: _segment_layout(r, bucket) for r in range(pm.world_size)}
+        self.segment_layouts = [{r: _segment_layout(r, bucket) for r in range(world)}
                                 for bucket in self.buckets]
         if transport == "auto":
             transport = "shm" if same_host(self.rank) and os.path.isdir("/dev/shm") else "collective"

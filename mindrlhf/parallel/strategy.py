@@ -115,22 +115,3 @@ def save_role_strategy(out_dir: str, role: str, layouts: Dict[str, Layout], worl
     merged = os.path.join(out_dir, f"{role}_merged_strategy.ckpt")
     write_strategy(merged, layouts)
     return paths + [merged]
-
-
-def save_role_strategies(cfg) -> List[str]:
-    """`grpo_one_stage.py --only_save_strategy True`: train and infer strategy files from the model YAMLs."""
-    from mindrlhf.configs.model_config import load_model_yaml
-    from mindrlhf.models.qwen2 import param_specs
-    from mindrlhf.parallel.layouts import role_layouts
-    from mindrlhf.configs.errors import ConfigError
-    run = cfg.run
-    if not run.sft_path_train:
-        raise ConfigError("sft_path_train: required to write strategy files")
-    out_dir = os.path.join(run.save_ckpt_dir, "strategy")
-    written = []
-    for role, path in (("train", run.sft_path_train), ("infer", run.sft_path_infer or run.sft_path_train)):
-        yaml_cfg = load_model_yaml(path)
-        par = yaml_cfg.parallel
-        layouts = role_layouts(param_specs(yaml_cfg.model), par.data_parallel, par.model_parallel)
-        written += save_role_strategy(out_dir, role, layouts, par.world_size)
-    return written

@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List
 import numpy as np
 import mindspore as ms
 
-from mindrlhf.checkpoint.model_io import param_buffer
+from mindrlhf.utils.params import param_buffer
 
 
 def on_ascend() -> bool:

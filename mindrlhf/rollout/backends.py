@@ -6,10 +6,11 @@ from __future__ import annotations
 import importlib.util
 import platform
 
+from mindrlhf.configs import choices
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.rollout.engine import GenerationEngine
 
-BACKENDS = ("mindspore", "vllm_mindspore")
+BACKENDS = choices.ROLLOUT_BACKENDS
 
 
 def check_backend(backend: str):

@@ -19,7 +19,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.models.qwen2 import NEG_INF, CausalLM, causal_bias
+from mindrlhf.models.qwen2 import NEG_INF, CausalLM, causal_bias, left_pad, position_ids
 from mindrlhf.rollout.sampling import SamplingParams, process_logits, row_uniforms, sample, token_logprobs
 
 
@@ -120,13 +120,9 @@ class GenerationEngine:
         rows = b * n
         prefill, decode = self._runners(b, p_len, total, n)
 
-        ids = np.full((b, p_len), self.pad_token_id, np.int64)
-        mask = np.zeros((b, p_len), np.int32)
-        for i, p in enumerate(prompts):
-            ids[i, p_len - len(p):] = p
-            mask[i, p_len - len(p):] = 1
-        pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-        logits = prefill(Tensor(ids.astype(np.int32)), Tensor(pos), causal_bias(Tensor(mask))).asnumpy()
+        ids, mask = left_pad(prompts, p_len, self.pad_token_id)
+        logits = prefill(Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)),
+                         causal_bias(Tensor(mask.astype(np.int32)))).asnumpy()
         logits = np.repeat(logits, n, axis=0)                                      # (rows, V)
 
         # key validity over the cache for each row: real prompt tokens, then generated slots as they fill

@@ -16,39 +16,21 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.grpo_config import SamplingConfig
 
 
 @dataclass
-class SamplingParams:
-    temperature: float = 1.0          # 0 = greedy
-    top_k: int = 0                    # 0 = off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0   # HF definition: divide positive logits, multiply negative ones
-    max_tokens: int = 64
-    min_tokens: int = 0
+class SamplingParams(SamplingConfig):
+    """The GRPO config's sampling section (fields, defaults and checks defined once, in SamplingConfig)
+    plus what a generate call adds."""
     n: int = 1                        # samples per prompt (GRPO num_generations)
     eos_token_ids: List[int] = field(default_factory=list)
     seed: int = 0
 
-    def validate(self):
-        if self.max_tokens <= 0:
-            raise ConfigError(f"max_tokens: expected > 0, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ConfigError(f"min_tokens: expected 0 <= min_tokens <= max_tokens={self.max_tokens}, "
-                              f"got {self.min_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature: expected >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p: expected in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise ConfigError(f"min_p: expected in [0, 1), got {self.min_p}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k: expected >= 0, got {self.top_k}")
-        if self.repetition_penalty <= 0:
-            raise ConfigError(f"repetition_penalty: expected > 0, got {self.repetition_penalty}")
+    def validate(self, where: str = ""):
+        super().validate(where)
         if self.n <= 0:
-            raise ConfigError(f"n: expected > 0, got {self.n}")
+            raise ConfigError(f"{where}n: expected > 0, got {self.n}")
 
     @property
     def greedy(self) -> bool:

@@ -16,7 +16,7 @@ import shutil
 from typing import Dict, List, Optional
 
 
-from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, read_checkpoint, save_checkpoint,
+from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, rank_dir, read_checkpoint, save_checkpoint,
                                          write_param)
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel import comm
@@ -45,7 +45,7 @@ def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer,
     """Collective: every rank writes its shard; rank 0 marks the step complete and prunes old steps."""
     target = step_dir(root, step)
     os.makedirs(target, exist_ok=True)
-    with atomic_dir(os.path.join(target, f"rank_{rank}")) as tmp:
+    with atomic_dir(rank_dir(target, rank)) as tmp:
         save_checkpoint(model_state(policy), os.path.join(tmp, "policy.safetensors"))
         opt_state = {p.name: p.asnumpy() for p in optimizer.state_parameters()}
         save_checkpoint(opt_state, os.path.join(tmp, "optimizer.safetensors"))
@@ -87,24 +87,24 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_mode
         raise CheckpointError(f"{target}: saved with layout {_describe(saved_layout)}, but this run has "
                               f"{_describe(expect_layout)}; resume with the same world size and layouts, or "
                               f"convert the checkpoint with transform_checkpoint.py")
-    rank_dir = os.path.join(target, f"rank_{rank}")
-    if not os.path.isdir(rank_dir):
+    shard_dir = rank_dir(target, rank)
+    if not os.path.isdir(shard_dir):
         raise CheckpointError(f"{target}: no shard for rank {rank}; was it saved with another world size?")
-    load_sharded_weights(policy, read_checkpoint(os.path.join(rank_dir, "policy.safetensors")), rank_dir)
+    load_sharded_weights(policy, read_checkpoint(os.path.join(shard_dir, "policy.safetensors")), shard_dir)
     for name, model in (extra_models or {}).items():
-        path = os.path.join(rank_dir, f"{name}.safetensors")
+        path = os.path.join(shard_dir, f"{name}.safetensors")
         if not os.path.isfile(path):
             raise CheckpointError(f"{path}: missing; this run needs the saved {name} model (it was saved without)")
-        load_sharded_weights(model, read_checkpoint(path), rank_dir)
-    opt_state = read_checkpoint(os.path.join(rank_dir, "optimizer.safetensors"))
+        load_sharded_weights(model, read_checkpoint(path), shard_dir)
+    opt_state = read_checkpoint(os.path.join(shard_dir, "optimizer.safetensors"))
     for p in optimizer.state_parameters():
         if p.name not in opt_state:
-            raise CheckpointError(f"{rank_dir}/optimizer.safetensors: missing {p.name}")
+            raise CheckpointError(f"{shard_dir}/optimizer.safetensors: missing {p.name}")
         if tuple(opt_state[p.name].shape) != tuple(p.shape):
-            raise CheckpointError(f"{rank_dir}/optimizer.safetensors: {p.name} has shape "
+            raise CheckpointError(f"{shard_dir}/optimizer.safetensors: {p.name} has shape "
                                   f"{tuple(opt_state[p.name].shape)}, expected {tuple(p.shape)}")
         write_param(p, opt_state[p.name])
-    with open(os.path.join(rank_dir, "rank_state.json"), encoding="utf-8") as fh:
+    with open(os.path.join(shard_dir, "rank_state.json"), encoding="utf-8") as fh:
         rank_state = json.load(fh)
     return {"step": steps[-1], "rank_state": rank_state, "trainer_state": trainer_state, "dir": target}
 

@@ -8,7 +8,6 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import model_layouts, param_as_f32
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.reshard import gather_full
 from mindrlhf.trainer.samples import SampleBatch
@@ -45,12 +44,7 @@ def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:
 def full_policy(model) -> Dict[str, np.ndarray]:
     """The model's full (unsharded) float32 tensors on rank 0, {} elsewhere: the re-layout plan to the
     full layout, so each slice comes from one replica."""
-    params = {p.name: p for p in model.get_parameters()}
-    out = {}
-    for name, full in gather_full(model_layouts(model), lambda n: param_as_f32(params[n]), model.mesh.rank):
-        if model.mesh.rank == 0:
-            out[name] = full
-    return out
+    return {name: full for name, full in gather_full(model.weights()) if model.mesh.rank == 0}
 
 
 def any_rank(flag: bool) -> bool:

@@ -12,6 +12,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import ops
 
+from mindrlhf.configs import choices
 from mindrlhf.configs.errors import ConfigError
 
 
@@ -44,7 +45,7 @@ def kl_k3(logp, ref_logp):
     return ops.exp(log_r) - log_r - 1.0
 
 
-KL_ESTIMATORS: Dict[str, Callable] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS: Dict[str, Callable] = dict(zip(choices.KL_ESTIMATORS, (kl_k1, kl_k2, kl_k3)))
 
 
 # ---- aggregation of per-token values into one scalar --------------------------------------------------
@@ -69,11 +70,9 @@ def agg_seq_mean_token_sum_norm(values, mask, max_len, token_norm=None):
     return ops.mean(ops.sum(values * mask, -1) / max_len)
 
 
-LOSS_AGGREGATIONS: Dict[str, Callable] = {
-    "token-mean": agg_token_mean,
-    "seq-mean-token-mean": agg_seq_mean_token_mean,
-    "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
-}
+LOSS_AGGREGATIONS: Dict[str, Callable] = dict(zip(choices.LOSS_AGGREGATIONS, (
+    agg_token_mean, agg_seq_mean_token_mean, agg_seq_mean_token_sum_norm)))
+assert len(KL_ESTIMATORS) == len(choices.KL_ESTIMATORS) and len(LOSS_AGGREGATIONS) == len(choices.LOSS_AGGREGATIONS)
 
 
 def clipped_policy_loss(logp, old_logp, advantages, clip_low: float, clip_high: float):

@@ -12,6 +12,7 @@ same trajectory on any train/infer layout, up to float reassociation in TP reduc
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Dict, List
@@ -21,13 +22,13 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindrlhf.checkpoint.hf_interop import export_hf
-from mindrlhf.checkpoint.model_io import load_weights, param_to_numpy, write_param
+from mindrlhf.checkpoint.model_io import load_weights
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.model_config import load_model_yaml
 from mindrlhf.data.dataset import PromptDataset
 from mindrlhf.data.tokenizer import load_tokenizer
-from mindrlhf.models.qwen2 import CausalLM, param_specs
+from mindrlhf.models.qwen2 import CausalLM, left_pad, param_specs
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
@@ -37,13 +38,15 @@ from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing, exchange
 from mindrlhf.trainer.grpo_math import group_advantages
-from mindrlhf.trainer.metrics import MetricsLogger
+from mindrlhf.trainer.metrics import MetricsLogger, sample_metrics
 from mindrlhf.trainer.optim import AdamW, lr_at
 from mindrlhf.trainer.rollout_log import RolloutLog
-from mindrlhf.trainer.samples import SampleBatch, left_pad, training_tensors
+from mindrlhf.trainer.samples import SampleBatch, training_tensors
+from mindrlhf.trainer.step_geometry import StepGeometry
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
 from mindrlhf.utils import memory
+from mindrlhf.utils.params import copy_params
 
 TRAIN_STATS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
 
@@ -79,7 +82,7 @@ class GRPOTrainer:
             raise ConfigError("sft_path_train: required (model YAML of the policy)")
         train_yaml = load_model_yaml(run.sft_path_train)
         infer_yaml = load_model_yaml(run.sft_path_infer) if run.sft_path_infer else train_yaml
-        if train_yaml.model != infer_yaml.model and _shape_fields(train_yaml.model) != _shape_fields(infer_yaml.model):
+        if train_yaml.model.weight_shapes() != infer_yaml.model.weight_shapes():
             raise ConfigError(f"{run.sft_path_infer}: model.model_config describes another model than "
                               f"{run.sft_path_train} (shapes must match; dtypes may differ)")
         if not run.use_parallel and (train_yaml.parallel.world_size > 1 or infer_yaml.parallel.world_size > 1):
@@ -108,7 +111,6 @@ class GRPOTrainer:
             self.model_cfg.pad_token_id
         eos = {self.tokenizer.eos_token_id, *self.model_cfg.eos_token_ids} - {None}
         self.eos_ids = sorted(eos)
-        self.sampling_params().validate()          # before any model is built or collective runs
         self.dataset = PromptDataset(run.mind_dataset_dir, rl.batch_size, self.infer_mesh.dp,
                                      self.infer_mesh.dp_index, run.seed, self.pad_id)
         self.prompt_width = self.dataset.table["prompt_ids"].shape[1]
@@ -119,17 +121,7 @@ class GRPOTrainer:
                 raise ConfigError(f"sampling.max_tokens: prompt length {self.prompt_width} (from "
                                   f"{run.mind_dataset_dir}) + max_tokens {smp.max_tokens} = {need} exceeds "
                                   f"model.model_config.{name}={limit}")
-        rows = rl.batch_size * self.infer_mesh.dp
-        if rows % self.train_mesh.dp:
-            raise ConfigError(f"rl.batch_size: {rl.batch_size} prompts x infer data_parallel "
-                              f"{self.infer_mesh.dp} = {rows} prompt groups do not split over train "
-                              f"data_parallel={self.train_mesh.dp}")
-        self.rows_per_train_rank = rows * rl.num_generations // self.train_mesh.dp
-        mb = rl.mini_batch_size or self.rows_per_train_rank
-        if self.rows_per_train_rank % mb:
-            raise ConfigError(f"rl.mini_batch_size: {mb} does not divide the {self.rows_per_train_rank} "
-                              f"sequences each train-DP rank gets per step")
-        self.mini_batch = mb
+        self.geometry = StepGeometry.from_config(rl, self.infer_mesh.dp, self.train_mesh.dp)
         self.eval_dataset = None
         if run.eval_steps and run.eval_dataset:
             self.eval_dataset = PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, self.pad_id, shuffle=False)
@@ -150,7 +142,9 @@ class GRPOTrainer:
             self.rollout_model = self.policy           # the seam: one model serves both roles
         else:
             self.rollout_model = CausalLM(self.infer_model_cfg, self.infer_mesh)
-        self.weight_sync = WeightSync(self.policy, self.rollout_model, run.reshard_transport)
+        shared = self.rollout_model is self.policy
+        self.weight_sync = WeightSync(self.policy.weights(), None if shared else self.rollout_model.weights(),
+                                      run.reshard_transport)
         if run.load_sft_checkpoint_infer and self.rollout_model is not self.policy:
             load_weights(self.rollout_model, run.load_sft_checkpoint_infer)   # checked by the logprob gap
         else:
@@ -162,7 +156,7 @@ class GRPOTrainer:
             if ref_path:
                 load_weights(self.ref_model, ref_path)
             else:
-                _copy_weights(self.policy, self.ref_model)
+                copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())
 
     def _setup_training(self):
         rl, opt, smp = self.cfg.rl, self.cfg.optim, self.cfg.sampling
@@ -176,8 +170,7 @@ class GRPOTrainer:
         self.train_step = PolicyTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm)
         self.policy_logprob = ResponseLogProb(self.policy, smp.max_tokens, temperature)
         self.ref_logprob = ResponseLogProb(self.ref_model, smp.max_tokens, temperature) if self.ref_model else None
-        self.minibatches_per_step = self.rows_per_train_rank // self.mini_batch
-        self.updates_per_step = rl.num_iterations * self.minibatches_per_step
+        self.updates_per_step = rl.num_iterations * self.geometry.minibatches
         sw, separate = self.cfg.swap, self.rollout_model is not self.policy
         self.swap = SwapSchedule({
             "policy": SwapGroup("policy", self.policy.get_parameters(), sw.offload_train_param and separate),
@@ -197,11 +190,11 @@ class GRPOTrainer:
         self.total_updates = self.cfg.run.total_steps * self.updates_per_step
 
     def sampling_params(self, greedy=False) -> SamplingParams:
-        s = self.cfg.sampling
-        return SamplingParams(temperature=0.0 if greedy else s.temperature, top_k=s.top_k, top_p=s.top_p,
-                              min_p=s.min_p, repetition_penalty=s.repetition_penalty, max_tokens=s.max_tokens,
-                              min_tokens=s.min_tokens, n=1 if greedy else self.cfg.rl.num_generations,
-                              eos_token_ids=self.eos_ids, seed=self.cfg.run.seed)
+        fields = dict(dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
+                      eos_token_ids=self.eos_ids, seed=self.cfg.run.seed)
+        if greedy:
+            fields.update(temperature=0.0, n=1)
+        return SamplingParams(**fields)
 
     # ---- phases ---------------------------------------------------------------------------------------
     def rollout(self, batch) -> SampleBatch:
@@ -227,32 +220,21 @@ class GRPOTrainer:
         result = self.reward_fn.score(texts, sols)
         return np.array(result.total, np.float32), result, texts
 
-    def train_rows(self) -> np.ndarray:
-        """This train-DP rank's rows of the step: its share of each global mini-batch, in order."""
-        mb, dp = self.mini_batch, self.train_mesh.dp
-        starts = np.arange(self.minibatches_per_step) * mb * dp + self.train_mesh.dp_index * mb
-        return (starts[:, None] + np.arange(mb)).reshape(-1)
-
-    def token_norms(self, samples: SampleBatch) -> np.ndarray:
-        """Per mini-batch: response tokens of the global mini-batch / dp (see grpo_math.agg_token_mean)."""
-        global_mb = self.mini_batch * self.train_mesh.dp
-        counts = samples.response_mask.reshape(self.minibatches_per_step, global_mb, -1).sum((1, 2))
-        return np.maximum(counts, 1).astype(np.float32) / self.train_mesh.dp
-
     def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
         out = []
-        for start in range(0, len(samples), self.mini_batch):
-            t = training_tensors(samples.rows(start, start + self.mini_batch))
+        mb = self.geometry.mini_batch
+        for start in range(0, len(samples), mb):
+            t = training_tensors(samples.rows(start, start + mb))
             logp, _ = cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
             out.append(logp.asnumpy())
         return np.concatenate(out)
 
     def update(self, samples: SampleBatch, old_logp, ref_logp, advantages, token_norms) -> np.ndarray:
         """num_iterations passes over this rank's mini-batches; returns the mean of TRAIN_STATS + lr."""
-        stats = []
+        stats, mb = [], self.geometry.mini_batch
         for _ in range(self.cfg.rl.num_iterations):
-            for k in range(self.minibatches_per_step):
-                sl = slice(k * self.mini_batch, (k + 1) * self.mini_batch)
+            for k in range(self.geometry.minibatches):
+                sl = slice(k * mb, (k + 1) * mb)
                 t = training_tensors(samples.rows(sl.start, sl.stop))
                 update_index = int(self.optimizer.step.asnumpy()[0])
                 lr = lr_at(update_index, self.cfg.optim.lr, self.cfg.optim.warmup_steps, self.total_updates,
@@ -285,7 +267,7 @@ class GRPOTrainer:
         rewards, scored, texts = phase("reward", self.score, samples, solutions)
         self.rollout_log.add(self.step + 1, samples, texts, rewards, solutions, self.tokenizer)
         advantages = group_advantages(rewards, self.cfg.rl.num_generations, self.cfg.rl.adv_norm_std)
-        mine = self.train_rows()
+        mine = self.geometry.rows_of(self.train_mesh.dp_index)
         my_samples = samples.take(mine)
         self.swap.enter("logprob")
         old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples)
@@ -295,7 +277,7 @@ class GRPOTrainer:
             ref_logp = phase("ref_logprob", self.logprobs, self.ref_logprob, my_samples)
         self.swap.enter("train")
         local_stats = phase("train", self.update, my_samples, old_logp, ref_logp, advantages[mine],
-                            self.token_norms(samples))
+                            self.geometry.token_norms(samples.response_mask))
         mask = my_samples.response_mask.astype(bool)
         gap = np.abs(my_samples.rollout_logp - old_logp)[mask]
         stats = exchange.mean_over_ranks(list(local_stats) + [gap.sum(), gap.size])
@@ -308,10 +290,10 @@ class GRPOTrainer:
         self.step += 1
         if self._reference_moves() and self.step % self.cfg.rl.ref_sync_steps == 0:
             self.swap.groups["ref"].reload()
-            _copy_weights(self.policy, self.ref_model)     # same (train) layout: a local copy
+            copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())   # same layout: local
         metrics = dict(zip(TRAIN_STATS + ("lr",), stats[:len(TRAIN_STATS) + 1].tolist()))
         metrics["rollout_train_logprob_gap"] = float(stats[-2] / max(stats[-1], 1.0))
-        metrics.update(_sample_metrics(samples, rewards, scored))
+        metrics.update(sample_metrics(samples, rewards, scored))
         metrics.update({f"time_{k}": v for k, v in times.items()})
         metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
         metrics["time_swap"] = self.swap.seconds - swap_before
@@ -408,30 +390,3 @@ class GRPOTrainer:
             self.export_policy(os.path.join(run.save_ckpt_dir, "hf_policy"))
         self.metrics.close()
         return history
-
-
-def _sample_metrics(samples: SampleBatch, rewards: np.ndarray, scored) -> Dict[str, float]:
-    """Metrics of the whole step's samples (every rank holds all of them)."""
-    lengths = samples.response_mask.sum(1)
-    metrics = {
-        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-        "accuracy": float(np.mean(scored.parts.get("accuracy_reward", [np.nan]))),
-        "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
-        "response_clipped_frac": float(1.0 - samples.finished.mean()),
-        "tokens_generated": float(lengths.sum()),
-    }
-    for name, values in scored.parts.items():
-        metrics[f"reward/{name}"] = float(np.mean(values))
-    metrics.update(scored.stats)
-    return metrics
-
-
-def _shape_fields(cfg):
-    return (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.n_kv_heads, cfg.intermediate_size, cfg.vocab_size,
-            cfg.qkv_has_bias, cfg.tie_word_embeddings)
-
-
-def _copy_weights(src: CausalLM, dst: CausalLM):
-    dst_params = {p.name: p for p in dst.get_parameters()}
-    for p in src.get_parameters():
-        write_param(dst_params[p.name], param_to_numpy(p))

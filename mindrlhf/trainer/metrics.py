@@ -5,6 +5,8 @@ import json
 import os
 from typing import Dict
 
+import numpy as np
+
 from mindrlhf.utils.atomic import atomic_path
 
 _SHOWN = [("reward", "reward_mean", "{:.3f}"), ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
@@ -61,6 +63,22 @@ class MetricsLogger:
     def close(self):
         if self._tb is not None:
             self._tb.close()
+
+
+def sample_metrics(samples, rewards: np.ndarray, scored) -> Dict[str, float]:
+    """Metrics of the whole step's samples (every rank holds all of them)."""
+    lengths = samples.response_mask.sum(1)
+    metrics = {
+        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+        "accuracy": float(np.mean(scored.parts.get("accuracy_reward", [np.nan]))),
+        "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
+        "response_clipped_frac": float(1.0 - samples.finished.mean()),
+        "tokens_generated": float(lengths.sum()),
+    }
+    for name, values in scored.parts.items():
+        metrics[f"reward/{name}"] = float(np.mean(values))
+    metrics.update(scored.stats)
+    return metrics
 
 
 def read_metrics(path: str):

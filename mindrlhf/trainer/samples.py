@@ -7,7 +7,7 @@ from typing import Dict
 import numpy as np
 from mindspore import Tensor
 
-from mindrlhf.models.qwen2 import causal_bias
+from mindrlhf.models.qwen2 import causal_bias, position_ids
 
 
 @dataclass
@@ -32,21 +32,12 @@ class SampleBatch:
         return len(self.prompt_ids)
 
 
-def left_pad(prompts, width: int, pad: int):
-    ids = np.full((len(prompts), width), pad, np.int64)
-    mask = np.zeros((len(prompts), width), np.int64)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
-    return ids, mask
-
-
 def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:
     """[prompt | response] sequences as model inputs; labels shifted by one; static shapes."""
     seq = np.concatenate([batch.prompt_ids, batch.response_ids], 1)
     mask = np.concatenate([batch.prompt_mask, batch.response_mask], 1)
     inputs, labels, in_mask = seq[:, :-1], seq[:, 1:], mask[:, :-1]
-    pos = np.maximum(np.cumsum(in_mask, 1) - 1, 0)
+    pos = position_ids(in_mask)
     return {
         "input_ids": Tensor(inputs.astype(np.int32)),
         "position_ids": Tensor(pos.astype(np.int32)),

@@ -19,7 +19,8 @@ from mindrlhf.parallel.reshard import WeightSync  # noqa: E402
 from mindrlhf.rollout.engine import GenerationEngine  # noqa: E402
 from mindrlhf.rollout.sampling import SamplingParams  # noqa: E402
 from mindrlhf.trainer.exchange import gather_samples  # noqa: E402
-from mindrlhf.trainer.samples import SampleBatch, left_pad, training_tensors  # noqa: E402
+from mindrlhf.trainer.samples import SampleBatch, training_tensors  # noqa: E402
+from mindrlhf.models.qwen2 import left_pad  # noqa: E402
 from mindrlhf.trainer.train_step import ResponseLogProb  # noqa: E402
 
 CFG = ModelConfig(**tiny_model_kwargs(True, False, 4))   # 4 kv heads: TP up to 4
@@ -65,7 +66,7 @@ def main():
             w0 = full_weights(0)
             load_full_weights(policy, w0.items(), "w0")
             load_full_weights(rollout_model, full_weights(99).items(), "stale")
-            sync = WeightSync(policy, rollout_model, transport)
+            sync = WeightSync(policy.weights(), rollout_model.weights(), transport)
             sync.sync()
             dst_layouts = role_layouts(param_specs(CFG), ddp, dtp)
             state = model_state(rollout_model)

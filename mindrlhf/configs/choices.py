@@ -1,0 +1,7 @@
+"""Names a config may choose from, in one place: the config's choices and the registries that implement
+them (trainer/grpo_math.py, parallel/reshard.py, rollout/backends.py) both read these."""
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+RESHARD_TRANSPORTS = ("auto", "shm", "collective")
+ROLLOUT_BACKENDS = ("mindspore", "vllm_mindspore")

@@ -1,0 +1,35 @@
+"""The package's layers import downwards only (docs/ARCHITECTURE.md, "Dependency direction"):
+configs, utils <- parallel <- models <- data, reward, checkpoint, rollout <- trainer <- cli, demo."""
+import ast
+import os
+
+PACKAGE = os.path.join(os.path.dirname(__file__), "..", "mindrlhf")
+LAYER = {"configs": 0, "utils": 0, "parallel": 1, "models": 2, "data": 3, "reward": 3, "checkpoint": 3,
+         "rollout": 3, "trainer": 4, "cli": 5, "demo": 5}
+
+
+def _imports(path):
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mindrlhf."):
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("mindrlhf."):
+                    yield node.lineno, alias.name
+
+
+def test_every_module_has_a_layer_and_imports_only_below_it():
+    upward = []
+    for dirpath, _, files in os.walk(PACKAGE):
+        for f in files:
+            if not f.endswith(".py") or f == "__init__.py" and dirpath == PACKAGE:
+                continue
+            path = os.path.join(dirpath, f)
+            top = os.path.relpath(path, PACKAGE).split(os.sep)[0].replace(".py", "")
+            assert top in LAYER, f"{path}: no layer for mindrlhf.{top}; add it to LAYER and docs/ARCHITECTURE.md"
+            for line, module in _imports(path):
+                target = module.split(".")[1]
+                assert target in LAYER, f"{path}:{line}: unknown mindrlhf.{target}"
+                if LAYER[target] > LAYER[top]:
+                    upward.append(f"{os.path.relpath(path, PACKAGE)}:{line} ({top}) imports {module}")
+    assert not upward, "lower layers import higher ones:\n" + "\n".join(upward)
