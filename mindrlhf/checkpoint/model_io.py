@@ -127,21 +127,35 @@ def rank_checkpoint_file(root: str, rank: int, what: str) -> str:
     return os.path.join(directory, files[0])
 
 
-def load_weights(model, path: str):
-    """Load `path` into `model`, whatever it is: an HF directory / safetensors file (HF names), a full
-    MindSpore checkpoint (our names), or a directory of per-rank shards (`rank_N/*.ckpt|.safetensors`,
-    as transform_checkpoint.py writes them) for this rank's layout."""
-    from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+def checkpoint_kind(path: str) -> str:
+    """What a checkpoint path holds: "rank_dirs" (per-rank shards `rank_N/`, as transform_checkpoint.py
+    writes them), "hf" (an HF directory, or safetensors with HF names) or "full" (our names, one file)."""
     if os.path.isdir(path):
-        if os.path.isdir(rank_dir(path, model.mesh.rank)):
-            shard = rank_checkpoint_file(path, model.mesh.rank, f"rank {model.mesh.rank}")
-            load_sharded_weights(model, read_checkpoint(shard), os.path.dirname(shard))
-            return
-        load_full_weights(model, iter_hf_as_ms(path), path)
-        return
+        return "rank_dirs" if holds_rank_dirs(path) else "hf"
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: checkpoint not found")
-    if path.endswith(".safetensors") and is_hf_naming(SafeTensorsFile(path).keys()):
-        load_full_weights(model, iter_hf_as_ms(path), path)
+    if path.endswith(".safetensors"):
+        return "hf" if is_hf_naming(SafeTensorsFile(path).keys()) else "full"
+    if path.endswith(".ckpt"):
+        return "full"
+    raise CheckpointError(f"{path}: expected a .ckpt or .safetensors file, an HF directory or a directory of "
+                          f"rank_N/ shards")
+
+
+def iter_full_tensors(path: str) -> Iterator[Tuple[str, np.ndarray]]:
+    """(name, full tensor) in our names from an "hf" or "full" checkpoint."""
+    from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+    kind = checkpoint_kind(path)
+    if kind == "rank_dirs":
+        raise CheckpointError(f"{path}: holds per-rank shards, not one full checkpoint")
+    return iter_hf_as_ms(path) if kind == "hf" else iter_checkpoint(path)
+
+
+def load_weights(model, path: str):
+    """Load `path` into `model`, whatever it is (see checkpoint_kind); per-rank shards must be laid out for
+    this model's layout."""
+    if checkpoint_kind(path) == "rank_dirs":
+        shard = rank_checkpoint_file(path, model.mesh.rank, f"rank {model.mesh.rank}")
+        load_sharded_weights(model, read_checkpoint(shard), os.path.dirname(shard))
         return
-    load_full_weights(model, iter_checkpoint(path), path)
+    load_full_weights(model, iter_full_tensors(path), path)

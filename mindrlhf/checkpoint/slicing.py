@@ -15,8 +15,8 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import (holds_rank_dirs, rank_checkpoint_file, rank_dir, read_checkpoint,
-                                         save_checkpoint)
+from mindrlhf.checkpoint.model_io import (checkpoint_kind, holds_rank_dirs, iter_full_tensors, rank_checkpoint_file,
+                                         rank_dir, read_checkpoint, save_checkpoint)
 from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, SafeTensorsStreamWriter, dtype_code
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel.layouts import Layout, split_counts
@@ -31,29 +31,22 @@ class FullSource:
     """One full checkpoint file (our names; HF-named safetensors are renamed on the fly)."""
 
     def __init__(self, path: str):
-        from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
-        from mindrlhf.checkpoint.model_io import is_hf_naming
         self.path = path
-        if os.path.isdir(path):
-            self._iter = lambda: iter_hf_as_ms(path)
-            self._shapes = {n: a.shape for n, a in iter_hf_as_ms(path)}
-            return
-        if not os.path.isfile(path):
-            raise CheckpointError(f"--src_checkpoint: not found: {path}")
-        if path.endswith(".safetensors"):
+        try:
+            kind = checkpoint_kind(path)
+        except CheckpointError as err:
+            raise CheckpointError(f"--src_checkpoint: {err}") from None
+        if kind == "full" and path.endswith(".safetensors"):       # read lazily, one tensor at a time
             f = SafeTensorsFile(path)
-            if is_hf_naming(f.keys()):
-                self._iter = lambda: iter_hf_as_ms(path)
-                self._shapes = {n: a.shape for n, a in iter_hf_as_ms(path)}
-            else:
-                self._iter = lambda: ((n, f.get(n)) for n in f.keys())
-                self._shapes = {n: f.shape(n) for n in f.keys()}
-        elif path.endswith(".ckpt"):
+            self._iter = lambda: ((n, f.get(n)) for n in f.keys())
+            self._shapes = {n: f.shape(n) for n in f.keys()}
+        elif kind == "full":
             tensors = read_checkpoint(path)   # MindSpore's .ckpt format cannot be read lazily
             self._iter = lambda: iter(tensors.items())
             self._shapes = {n: a.shape for n, a in tensors.items()}
         else:
-            raise CheckpointError(f"--src_checkpoint {path}: expected .ckpt, .safetensors or an HF directory")
+            self._iter = lambda: iter_full_tensors(path)
+            self._shapes = {n: a.shape for n, a in iter_full_tensors(path)}
 
     def names_and_shapes(self) -> Dict[str, Tuple[int, ...]]:
         return dict(self._shapes)
