@@ -332,3 +332,24 @@ def test_too_few_eval_prompts_for_the_infer_replicas_is_a_set_up_error(assets, t
     assert code != 0
     for log in logs:
         assert "error: run.eval_prompts: 1 eval prompt(s)" in log and "infer data-parallel replicas" in log
+
+
+def test_one_update_per_rollout_skips_the_old_policy_pass(assets, tmp_path, monkeypatch):
+    """num_iterations 1 and one mini-batch: no separate old-policy pass, and the same losses, gradients and
+    weights as with it (the ratio is 1 with the gradient of log p either way)."""
+    common = dict(total_steps=2, beta=0.05, verifier_function="digit_fraction_test", temperature=0.7)
+    fast = _trainer(assets, tmp_path / "fast", **common)
+    assert fast.on_policy
+    fast_hist = fast.fit()
+    assert all("time_old_logprob" not in m for m in fast_hist)
+    monkeypatch.setattr(GRPOTrainer, "_one_update_per_rollout", lambda self: False)
+    slow = _trainer(assets, tmp_path / "slow", **common)
+    slow_hist = slow.fit()
+    assert all("time_old_logprob" in m for m in slow_hist)
+    for a, b in zip(fast_hist, slow_hist):
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+        assert a["rollout_train_logprob_gap"] <= 1e-4 and b["rollout_train_logprob_gap"] <= 1e-4
+    want, got = model_state(slow.policy), model_state(fast.policy)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-6, err_msg=k)

@@ -69,7 +69,8 @@ class RLConfig:
     mini_batch_size: int = _f(0, "sequences per optimizer update on each train-DP rank (a global mini-batch is "
                               "this x train data_parallel); 0 = all at once")
     num_iterations: int = _f(1, "passes over each rollout; the ratio's denominator is always the log-probs of the "
-                             "policy before the step's first update (PPO's old policy)")
+                             "policy before the step's first update (PPO's old policy): with one update per "
+                             "rollout (1 pass, one mini-batch) the train forward's own, detached, with no extra pass")
     beta: float = _f(0.0, "KL coefficient to the reference model; 0 disables the reference model entirely")
     kl_estimator: str = _f("k3", "k1, k2 or k3", choices=choices.KL_ESTIMATORS)
     clip_low: float = _f(0.2, "ratio clip below 1 - clip_low")

@@ -5,6 +5,7 @@ and name it in `verifier_function` with a weight in `verifier_weight`.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import threading
@@ -159,17 +160,19 @@ class RewardFn:
         the last number in the text differ in correctness)."""
         errors = 0
         parts: Dict[str, List[float]] = {}
-        for n in self.names:
-            values = []
-            for c, s in zip(completions, solutions):
-                value = _bounded_call(self.time_limit, VERIFIERS[n], c, s)
-                errors += value is None
-                values.append(0.0 if value is None else float(value))
-            parts[n] = values
+        with _time_limits(self.time_limit) as call:
+            for n in self.names:
+                values = []
+                for c, s in zip(completions, solutions):
+                    value = call(VERIFIERS[n], c, s)
+                    errors += value is None
+                    values.append(0.0 if value is None else float(value))
+                parts[n] = values
         total = [sum(w * parts[n][i] for n, w in zip(self.names, self.weights)) for i in range(len(completions))]
         count = max(len(completions), 1)
-        strict = [_bounded_call(self.time_limit, extract_answer, c) for c in completions]
-        disagree = sum(answers_equal(a, s) != answers_equal(_bounded_call(self.time_limit, last_number, c), s)
+        # our own extractions are bounded (linear scans, bounded numbers): no timer needed
+        strict = [extract_answer(c) for c in completions]
+        disagree = sum(answers_equal(a, s) != answers_equal(last_number(c), s)
                        for a, c, s in zip(strict, completions, solutions))
         stats = {"reward/errors": errors / (count * max(len(self.names), 1)),
                  "answer/missing": sum(a is None for a in strict) / count,
@@ -181,19 +184,32 @@ class _Overrun(Exception):
     pass
 
 
-def _bounded_call(limit: float, fn, *args):
-    """fn(*args), or None if it raised or ran past `limit` seconds."""
+@contextlib.contextmanager
+def _time_limits(limit: float):
+    """Yields call(fn, *args) -> fn(*args), or None if it raised or ran past `limit` seconds. The SIGALRM
+    handler is installed once for the batch; each call only arms and disarms the timer. Without a usable
+    timer (not the main thread, no setitimer) calls run unbounded but failures still score None."""
     timed = limit > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    previous = None
     if timed:
         def on_alarm(signum, frame):
             raise _Overrun()
         previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, limit)
+
+    def call(fn, *args):
+        try:
+            try:
+                if timed:
+                    signal.setitimer(signal.ITIMER_REAL, limit)
+                return fn(*args)
+            finally:                  # an alarm landing here (limit reached as fn returned) is caught below
+                if timed:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+        except Exception:  # noqa: BLE001 - a verifier's failure is a score of 0, counted, never a crash
+            return None
+
     try:
-        return fn(*args)
-    except Exception:  # noqa: BLE001 - a verifier's failure is a score of 0, counted, never a crash
-        return None
+        yield call
     finally:
         if timed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)

@@ -83,6 +83,8 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_mode
     with open(os.path.join(target, "trainer_state.json"), encoding="utf-8") as fh:
         trainer_state = json.load(fh)
     saved_layout = trainer_state.get("layout")
+    if saved_layout is None and expect_layout is not None:     # written before layouts were recorded
+        saved_layout = dict(expect_layout, world_size=trainer_state.get("world_size"))
     if expect_layout is not None and saved_layout != expect_layout:
         raise CheckpointError(f"{target}: saved with layout {_describe(saved_layout)}, but this run has "
                               f"{_describe(expect_layout)}; resume with the same world size and layouts, or "

@@ -48,7 +48,8 @@ from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseL
 from mindrlhf.utils import memory
 from mindrlhf.utils.params import copy_params
 
-TRAIN_STATS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm")
+# what each update reports (the train step's outputs, then the learning rate), averaged over a step's updates
+UPDATE_STATS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "on_policy_gap", "lr")
 
 
 class TrainingError(RuntimeError):
@@ -166,7 +167,8 @@ class GRPOTrainer:
         specs = param_specs(self.model_cfg)
         split = [self.train_mesh.tp > 1 and specs[p.name][1] is not None for p in params]
         temperature = self.sampling_params().logprob_temperature    # the log-prob convention (sampling.py)
-        loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature)
+        self.on_policy = self._one_update_per_rollout()
+        loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy)
         self.train_step = PolicyTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm)
         self.policy_logprob = ResponseLogProb(self.policy, smp.max_tokens, temperature)
         self.ref_logprob = ResponseLogProb(self.ref_model, smp.max_tokens, temperature) if self.ref_model else None
@@ -230,7 +232,7 @@ class GRPOTrainer:
         return np.concatenate(out)
 
     def update(self, samples: SampleBatch, old_logp, ref_logp, advantages, token_norms) -> np.ndarray:
-        """num_iterations passes over this rank's mini-batches; returns the mean of TRAIN_STATS + lr."""
+        """num_iterations passes over this rank's mini-batches; returns the mean of UPDATE_STATS."""
         stats, mb = [], self.geometry.mini_batch
         for _ in range(self.cfg.rl.num_iterations):
             for k in range(self.geometry.minibatches):
@@ -269,8 +271,11 @@ class GRPOTrainer:
         advantages = group_advantages(rewards, self.cfg.rl.num_generations, self.cfg.rl.adv_norm_std)
         mine = self.geometry.rows_of(self.train_mesh.dp_index)
         my_samples = samples.take(mine)
-        self.swap.enter("logprob")
-        old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples)
+        if self.on_policy:
+            old_logp = my_samples.rollout_logp          # the loss cell uses its own detached log-probs
+        else:
+            self.swap.enter("logprob")
+            old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples)
         ref_logp = np.zeros_like(old_logp)
         if self.ref_logprob:
             self.swap.enter("ref_logprob")
@@ -278,21 +283,22 @@ class GRPOTrainer:
         self.swap.enter("train")
         local_stats = phase("train", self.update, my_samples, old_logp, ref_logp, advantages[mine],
                             self.geometry.token_norms(samples.response_mask))
-        mask = my_samples.response_mask.astype(bool)
-        gap = np.abs(my_samples.rollout_logp - old_logp)[mask]
-        stats = exchange.mean_over_ranks(list(local_stats) + [gap.sum(), gap.size])
-        if not np.isfinite(stats[:len(TRAIN_STATS)]).all():
+        gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.response_mask.astype(bool)]
+        stats = exchange.mean_over_ranks(list(local_stats) + ([0.0, 0.0] if self.on_policy else [gap.sum(), gap.size]))
+        result = dict(zip(UPDATE_STATS, stats.tolist()))
+        if not (np.isfinite(result["loss"]) and np.isfinite(result["grad_norm"])):
             raise TrainingError(f"step {self.step + 1}: the loss or gradient norm is not finite (NaN/inf) on at least "
-                                f"one rank (loss={stats[0]}, grad_norm={stats[5]}); the last checkpoint is untouched. "
-                                f"Lower optim.lr or check the data and weights")
+                                f"one rank (loss={result['loss']}, grad_norm={result['grad_norm']}); the last checkpoint "
+                                f"is untouched. Lower optim.lr or check the data and weights")
         self.swap.enter("sync")
         phase("weight_sync", self.weight_sync.sync)
         self.step += 1
         if self._reference_moves() and self.step % self.cfg.rl.ref_sync_steps == 0:
             self.swap.groups["ref"].reload()
             copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())   # same layout: local
-        metrics = dict(zip(TRAIN_STATS + ("lr",), stats[:len(TRAIN_STATS) + 1].tolist()))
-        metrics["rollout_train_logprob_gap"] = float(stats[-2] / max(stats[-1], 1.0))
+        metrics = {k: v for k, v in result.items() if k != "on_policy_gap"}
+        metrics["rollout_train_logprob_gap"] = (result["on_policy_gap"] if self.on_policy
+                                                else float(stats[-2] / max(stats[-1], 1.0)))
         metrics.update(sample_metrics(samples, rewards, scored))
         metrics.update({f"time_{k}": v for k, v in times.items()})
         metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
@@ -301,6 +307,11 @@ class GRPOTrainer:
         metrics["time_step"] = time.time() - t_step
         metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(times["rollout"], 1e-9)
         return metrics
+
+    def _one_update_per_rollout(self) -> bool:
+        """The weights that sampled are the ones trained: the old log-probs are the train forward's own
+        (detached), and the separate old-policy pass is skipped."""
+        return self.cfg.rl.num_iterations == 1 and self.geometry.minibatches == 1
 
     def _reference_moves(self) -> bool:
         """True when the reference model is re-synced from the policy, so checkpoints must hold it."""

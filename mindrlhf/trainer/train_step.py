@@ -39,22 +39,33 @@ class ResponseLogProb(nn.Cell):
 
 
 class GRPOLossCell(nn.Cell):
-    def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0):
+    """The GRPO loss of one mini-batch. `on_policy`: the weights that sampled are the weights being trained
+    (one update per rollout), so the old log-probs are this forward's own, detached (as TRL does): no
+    separate old-policy pass. The `old_logp` input then carries the rollout's log-probs, and the mean
+    |train - rollout| log-prob gap comes back as a statistic."""
+
+    def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0, on_policy: bool = False):
         super().__init__(auto_prefix=False)
         self.model = model
         self.response_len = response_len
         self.temperature = temperature
+        self.on_policy = on_policy
         self.clip_low, self.clip_high = rl.clip_low, rl.clip_high
         self.beta, self.kl_estimator, self.agg = rl.beta, rl.kl_estimator, rl.loss_agg
 
     def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages, token_norm):
         logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
                                       self.temperature)
+        fmask = ops.cast(mask, ms.float32)
+        gap = ops.zeros((), ms.float32)
+        if self.on_policy:
+            gap = agg_token_mean(ops.abs(ops.stop_gradient(logp) - old_logp), fmask, self.response_len, token_norm)
+            old_logp = ops.stop_gradient(logp)
         loss, pg_loss, kl, clip_frac = grpo_loss(logp, old_logp, ref_logp, advantages, mask, self.clip_low,
                                                  self.clip_high, self.beta, self.kl_estimator, self.agg,
                                                  self.response_len, token_norm)
-        entropy = agg_token_mean(ops.stop_gradient(ent), ops.cast(mask, ms.float32), self.response_len, token_norm)
-        return loss, (pg_loss, kl, clip_frac, entropy)
+        entropy = agg_token_mean(ops.stop_gradient(ent), fmask, self.response_len, token_norm)
+        return loss, (pg_loss, kl, clip_frac, entropy, gap)
 
 
 class SplitNormSum(nn.Cell):
@@ -95,5 +106,5 @@ class PolicyTrainStep(nn.Cell):
         grads = self.dp_mean(grads)
         scale, grad_norm = clip_scale(grads, self.max_grad_norm, self.norm_sum)
         self.optimizer(grads, lr, scale)
-        pg_loss, kl, clip_frac, entropy = aux
-        return loss, pg_loss, kl, clip_frac, entropy, grad_norm
+        pg_loss, kl, clip_frac, entropy, gap = aux
+        return loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap
