@@ -353,3 +353,36 @@ def test_one_update_per_rollout_skips_the_old_policy_pass(assets, tmp_path, monk
     want, got = model_state(slow.policy), model_state(fast.policy)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-6, err_msg=k)
+
+
+def _three_column_copy(src: str, dst: str, answer_edit=None):
+    """The file MindRLHF's rlhf_data.py would write: prompt_ids, pretrain_ids, loss_mask only."""
+    from mindrlhf.data.mindrecord_io import SCHEMA, read_mindrecord, write_mindrecord
+    table = read_mindrecord(src)
+    cols = {k: list(table[k]) for k in ("prompt_ids", "pretrain_ids", "loss_mask")}
+    if answer_edit:
+        answer_edit(cols)
+    write_mindrecord(dst, cols, {k: SCHEMA[k] for k in cols})
+    return table
+
+
+def test_three_column_mindrlhf_file_trains_with_its_solutions(assets, tmp_path):
+    """Solutions come back from the answer part of pretrain_ids (not all-zero rewards)."""
+    path = str(tmp_path / "upstream.mindrecord")
+    ours = _three_column_copy(assets["mind_dataset_dir"], path)
+    trainer = _trainer(assets, tmp_path, mind_dataset_dir=path, total_steps=1)
+    assert trainer.dataset.table["solution"].tolist() == ours["solution"].tolist()
+    assert all(trainer.dataset.table["solution"])
+    trainer.fit()
+
+
+def test_three_column_file_without_final_answers_is_refused(assets, tmp_path):
+    path = str(tmp_path / "upstream.mindrecord")
+
+    def drop_answers(cols):
+        cols["loss_mask"] = [np.zeros_like(m) for m in cols["loss_mask"]]
+
+    _three_column_copy(assets["mind_dataset_dir"], path, drop_answers)
+    with pytest.raises(ConfigError, match=r"no 'solution' column .* 64 of 64 rows have no final answer .* first at "
+                                          r"row 0: rewards would all be 0"):
+        _trainer(assets, tmp_path, mind_dataset_dir=path)

@@ -9,7 +9,7 @@ layout, and the position (epoch, index) fully determines what comes next: a chec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 import numpy as np
 
@@ -37,7 +37,8 @@ class PromptDataset:
         n = len(self.table["prompt_ids"])
         if "prompt_length" not in self.table:
             self.table["prompt_length"] = prompt_lengths(self.table["prompt_ids"], pad_token_id)
-        if "solution" not in self.table:
+        self.has_solutions = "solution" in self.table     # MindRLHF's 3-column files have none
+        if not self.has_solutions:
             self.table["solution"] = np.array([""] * n, dtype=object)
         empty = np.flatnonzero(np.asarray(self.table["prompt_length"]) <= 0)
         if empty.size:
@@ -86,6 +87,23 @@ class PromptDataset:
 
     def next_batch(self) -> Dict[str, np.ndarray]:
         return self.local_part(self.next_global_batch())
+
+    def recover_solutions(self, decode: Callable, extract: Callable):
+        """MindRLHF's rlhf_data.py stores no solution column; the reference answer is the answer part of
+        `pretrain_ids` (where `loss_mask` is 1). Take each row's final answer from there (`extract`, the
+        verifiers' extraction), or stop naming the first row without one: training on rewards that can only
+        be 0 must never happen silently."""
+        answers = decode([ids[m == 1].tolist() for ids, m in zip(self.table["pretrain_ids"], self.table["loss_mask"])])
+        solutions = [extract(a) or "" for a in answers]
+        missing = [i for i, s in enumerate(solutions) if not s]
+        if missing:
+            raise ConfigError(f"{self.path}: the file has no 'solution' column (MindRLHF's three-column format), "
+                              f"and {len(missing)} of {self.num_rows} rows have no final answer ('#### n', \\boxed{{}} "
+                              f"or <answer>) in the answer part of pretrain_ids (loss_mask = 1), first at row "
+                              f"{missing[0]}: rewards would all be 0. Convert the data with this project's "
+                              f"rlhf_data.py, which stores the solution")
+        self.table["solution"] = np.array(solutions, dtype=object)
+        self.has_solutions = True
 
     def __iter__(self) -> Iterator[Dict[str, np.ndarray]]:
         while True:

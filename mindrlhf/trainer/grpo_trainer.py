@@ -33,7 +33,7 @@ from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
-from mindrlhf.reward.verifiers import RewardFn, accuracy_reward
+from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing, exchange
@@ -112,8 +112,8 @@ class GRPOTrainer:
             self.model_cfg.pad_token_id
         eos = {self.tokenizer.eos_token_id, *self.model_cfg.eos_token_ids} - {None}
         self.eos_ids = sorted(eos)
-        self.dataset = PromptDataset(run.mind_dataset_dir, rl.batch_size, self.infer_mesh.dp,
-                                     self.infer_mesh.dp_index, run.seed, self.pad_id)
+        self.dataset = self._with_solutions(PromptDataset(run.mind_dataset_dir, rl.batch_size, self.infer_mesh.dp,
+                                                          self.infer_mesh.dp_index, run.seed, self.pad_id))
         self.prompt_width = self.dataset.table["prompt_ids"].shape[1]
         need = self.prompt_width + smp.max_tokens
         for limit, name in ((self.model_cfg.seq_length, "seq_length"),
@@ -125,13 +125,21 @@ class GRPOTrainer:
         self.geometry = StepGeometry.from_config(rl, self.infer_mesh.dp, self.train_mesh.dp)
         self.eval_dataset = None
         if run.eval_steps and run.eval_dataset:
-            self.eval_dataset = PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, self.pad_id, shuffle=False)
+            self.eval_dataset = self._with_solutions(PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, self.pad_id,
+                                                                   shuffle=False))
             n = min(run.eval_prompts, self.eval_dataset.num_rows)
             if n < self.infer_mesh.dp:
                 raise ConfigError(f"run.eval_prompts: {n} eval prompt(s) (eval_prompts={run.eval_prompts}, "
                                   f"{run.eval_dataset} has {self.eval_dataset.num_rows}) cannot give each of the "
                                   f"{self.infer_mesh.dp} infer data-parallel replicas one")
         self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight)
+
+    def _with_solutions(self, dataset: PromptDataset) -> PromptDataset:
+        if not dataset.has_solutions:
+            dataset.recover_solutions(self.tokenizer.decode_batch, extract_answer)
+            self.log(f"{dataset.path}: no solution column (MindRLHF's format); solutions taken from the answer "
+                     f"part of pretrain_ids")
+        return dataset
 
     def _setup_models(self):
         run = self.cfg.run
