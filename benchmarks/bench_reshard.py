@@ -25,9 +25,8 @@ def worker(work: str):
     from mindrlhf.checkpoint.model_io import load_full_weights, load_weights, model_state, save_checkpoint
     from mindrlhf.checkpoint.slicing import transform
     from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.qwen2 import CausalLM, param_specs
+    from mindrlhf.models.qwen2 import CausalLM, layouts_for, param_specs
     from mindrlhf.parallel import comm
-    from mindrlhf.parallel.layouts import role_layouts
     from mindrlhf.parallel.mesh import Mesh, init_distributed
     from mindrlhf.parallel.reshard import WeightSync
     from mindrlhf.parallel.strategy import write_strategy
@@ -61,9 +60,8 @@ def worker(work: str):
     save_checkpoint(model_state(policy), os.path.join(src, f"rank_{rank}", "policy.safetensors"))
     comm.barrier()
     if rank == 0:
-        specs = param_specs(cfg)
-        write_strategy(os.path.join(work, "train.ckpt"), role_layouts(specs, 1, 2))
-        write_strategy(os.path.join(work, "infer.ckpt"), role_layouts(specs, 2, 1))
+        write_strategy(os.path.join(work, "train.ckpt"), layouts_for(cfg, 1, 2))
+        write_strategy(os.path.join(work, "infer.ckpt"), layouts_for(cfg, 2, 1))
         transform(src, os.path.join(work, "infer_shards"), os.path.join(work, "infer.ckpt"),
                   os.path.join(work, "train.ckpt"), out_format="safetensors")
     comm.barrier()
