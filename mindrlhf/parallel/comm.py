@@ -55,9 +55,3 @@ def barrier(ranks: Sequence[int] = None):
     ranks = world_ranks() if ranks is None else ranks
     if len(ranks) > 1:
         all_reduce_sum(np.ones(1, np.float32), ranks)
-
-
-def any_rank(flag: bool, ranks: Sequence[int] = None) -> bool:
-    """True on every rank if any rank passed True (e.g. 'someone hit an error, stop together')."""
-    ranks = world_ranks() if ranks is None else ranks
-    return bool(all_reduce_sum(np.array([1.0 if flag else 0.0], np.float32), ranks)[0] > 0)

@@ -1,6 +1,7 @@
 """Every exchange between ranks that the GRPO loop makes, in one place (weights inside the train step and
-the weight sync excepted): rollout samples, training statistics, eval counts, the exported policy, and the
-"did anyone fail" vote. Solutions need none: every rank reads the prompt table and the step's global batch.
+the weight sync excepted): rollout samples, training statistics (whose all-reduce is also the "did anyone
+hit a NaN" vote), eval counts and the exported policy. Solutions need none: every rank reads the prompt
+table and the step's global batch.
 """
 from __future__ import annotations
 
@@ -45,7 +46,3 @@ def full_policy(model) -> Dict[str, np.ndarray]:
     """The model's full (unsharded) float32 tensors on rank 0, {} elsewhere: the re-layout plan to the
     full layout, so each slice comes from one replica."""
     return {name: full for name, full in gather_full(model.weights()) if model.mesh.rank == 0}
-
-
-def any_rank(flag: bool) -> bool:
-    return comm.any_rank(flag)
