@@ -16,7 +16,7 @@ def save_role_strategies(cfg) -> List[str]:
     run = cfg.run
     if not run.sft_path_train:
         raise ConfigError("sft_path_train: required to write strategy files")
-    out_dir = os.path.join(run.save_ckpt_dir, "strategy")
+    out_dir = run.save_strategy_dir or os.path.join(run.save_ckpt_dir, "strategy")
     written = []
     for role, path in (("train", run.sft_path_train), ("infer", run.sft_path_infer or run.sft_path_train)):
         yaml_cfg = load_model_yaml(path)

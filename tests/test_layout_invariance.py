@@ -76,7 +76,7 @@ def _args(assets, name, out_dir, **extra):
              "num_generations": 4, "mini_batch_size": mini, "num_iterations": 2, "beta": 0.04,
              "ref_sync_steps": 2, "temperature": 0.8, "top_p": 0.9, "max_tokens": 8, "lr": 1e-4,
              "verifier_function": "response_length_test,solution_length_test", "verifier_weight": "1.0,1.0",
-             "save_data_file": os.path.join(out_dir, "rollouts.mindrecord"), "progress": False, "export_hf": True}
+             "rollout_log_file": os.path.join(out_dir, "rollouts.mindrecord"), "progress": False, "export_hf": True}
     flags.update(extra)
     return [x for k, v in flags.items() for x in (f"--{k}", str(v))]
 

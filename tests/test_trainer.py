@@ -30,7 +30,7 @@ def _trainer(assets, save_dir, **extra):
 
 
 def test_first_step_kl_zero_ratio_one_no_clip(assets, tmp_path):
-    trainer = _trainer(assets, tmp_path, beta=0.05, total_steps=1, save_data_file=str(tmp_path / "rollouts.mindrecord"))
+    trainer = _trainer(assets, tmp_path, beta=0.05, total_steps=1, rollout_log_file=str(tmp_path / "rollouts.mindrecord"))
     metrics = trainer.fit()[0]
     assert metrics["kl"] == 0.0 and metrics["clip_frac"] == 0.0
     assert metrics["rollout_train_logprob_gap"] <= 1e-4
@@ -215,16 +215,16 @@ def test_resume_with_a_moving_reference_is_exact(assets, tmp_path):
     import mindspore.dataset as ds
     common = dict(verifier_function="digit_fraction_test", total_steps=4, save_steps=2, beta=0.2, ref_sync_steps=2,
                   num_iterations=2, mini_batch_size=4)
-    full = _trainer(assets, tmp_path / "full", save_data_file=str(tmp_path / "full.mindrecord"), **common)
+    full = _trainer(assets, tmp_path / "full", rollout_log_file=str(tmp_path / "full.mindrecord"), **common)
     full.fit()
     split_dir = tmp_path / "split"
     log = str(tmp_path / "split.mindrecord")
-    stopped = _trainer(assets, split_dir, save_data_file=log, **common)
+    stopped = _trainer(assets, split_dir, rollout_log_file=log, **common)
     for _ in range(3):                      # step 2 syncs the reference; step 3 is logged, then trained again
         stopped.metrics.log(stopped.step + 1, stopped.train_one_step(), echo=None)
         if stopped.step == 2:
             stopped.save()
-    resumed = _trainer(assets, split_dir, save_data_file=log, resume=True, **common)
+    resumed = _trainer(assets, split_dir, rollout_log_file=log, resume=True, **common)
     assert resumed.step == 2
     resumed.fit()
     want, got = model_state(full.policy), model_state(resumed.policy)

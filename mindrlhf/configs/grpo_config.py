@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from mindrlhf.configs import choices
+from mindrlhf.configs import choices, upstream
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 
@@ -29,25 +29,35 @@ def _f(default, help_text, **kw):
 class RunConfig:
     """Files and run control (names as in MindRLHF's qwen_grpo_tutorial)."""
     sft_path_train: str = _f("", "model YAML of the policy (train layout)")
-    sft_path_infer: str = _f("", "model YAML of the rollout model (infer layout); default: same as train")
+    sft_path_infer: str = _f("", "model YAML of the rollout model (infer layout); default: same as train. Its "
+                             "generation fields (max_decode_length, top_k, top_p, temperature, ...) drive sampling "
+                             "unless this config sets them")
+    sft_path_ref: str = _f("", "model YAML of the reference model (MindRLHF's flag): must describe the policy's "
+                           "model; the reference runs in the train layout")
     vocab_path: str = _f("", "tokenizer vocab.json (or a directory with tokenizer.json)")
     merges_file_path: str = _f("", "tokenizer merges.txt")
     mind_dataset_dir: str = _f("", "prompt MindRecord written by rlhf_data.py")
     eval_dataset: str = _f("", "held-out prompt MindRecord for greedy-accuracy eval (optional)")
     save_ckpt_dir: str = _f("./ckpt", "where checkpoints, metrics and the exported policy go")
-    save_data_file: str = _f("", "also write every rollout (step, prompt, response, reward, solution) to this "
-                             "MindRecord; rewritten at each checkpoint (before it is marked complete) and at "
-                             "the end; resume keeps the rows of the steps it resumes from")
+    save_data_file: str = _f("", "write each step's experience to this MindRecord in MindRLHF's schema "
+                             "(prompt_completion_ids, prompts_mask, responses_mask, ref_per_token_logps, "
+                             "advantages; one row per sample), replaced atomically every step by rank 0")
+    rollout_log_file: str = _f("", "the readable rollout log: every sample (step, prompt, response, reward, "
+                               "solution) as a MindRecord; rewritten at each checkpoint (before it is marked "
+                               "complete) and at the end; resume keeps the rows of the steps it resumes from")
     load_sft_checkpoint_train: str = _f("", "policy weights: HF dir/safetensors or MindSpore .ckpt/.safetensors")
     load_sft_checkpoint_infer: str = _f("", "rollout weights (default: the policy's; they are synced each step)")
     load_ref_checkpoint: str = _f("", "reference weights (default: the initial policy's)")
     use_parallel: bool = _f(False, "run under msrun with the layouts of the model YAMLs")
     only_save_strategy: bool = _f(False, "write the train and infer strategy files, then exit")
+    save_strategy_dir: str = _f("", "where strategy files go (default: save_ckpt_dir/strategy)")
     enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache (MindSpore "
                                      "enable_compile_cache) to start faster next time")
     resume: bool = _f(False, "continue from the newest complete checkpoint in save_ckpt_dir")
     seed: int = _f(1, "seed for sampling, data order and init")
     total_steps: int = _f(100, "GRPO steps (each: rollout, rewards, updates, weight sync)")
+    epochs: int = _f(0, "passes over the prompt dataset (MindRLHF's epochs): > 0 sets the run to epochs x "
+                     "(prompts // prompts per step) steps, unless total_steps is given explicitly")
     save_steps: int = _f(50, "save a checkpoint every N steps (and at the end); 0 = only at the end")
     keep_checkpoints: int = _f(2, "keep the last K complete checkpoints")
     eval_steps: int = _f(0, "greedy-accuracy eval on eval_dataset every N steps (and at start/end); 0 = off")
@@ -57,6 +67,11 @@ class RunConfig:
     progress: bool = _f(True, "show a progress bar over steps (rank 0)")
     rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device) or vllm_mindspore "
                               "(Ascend only; refused elsewhere)", choices=choices.ROLLOUT_BACKENDS)
+    max_num_seqs: int = _f(0, "most sequences a rollout replica decodes at once (vLLM's max_num_seqs): its "
+                           "prompts are generated in chunks of max_num_seqs // num_generations, with the same "
+                           "samples as all at once; 0 = all at once")
+    max_model_len: int = _f(0, "bound on prompt + response tokens (vLLM's max_model_len), checked at start-up; "
+                            "0 = the model's seq_length")
     reshard_transport: str = _f("auto", "train->infer weight transport: shm (same host), collective, or auto",
                                 choices=choices.RESHARD_TRANSPORTS)
 
@@ -113,10 +128,16 @@ class SamplingConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW with warmup + cosine."""
+    """AdamW and its learning-rate schedule."""
     lr: float = _f(1e-6, "peak learning rate")
-    min_lr: float = _f(0.0, "learning rate at the end of the cosine")
+    min_lr: float = _f(0.0, "learning rate at the end of the decay")
     warmup_steps: int = _f(0, "linear warmup, in optimizer updates")
+    lr_schedule: str = _f("cosine", "cosine: warmup, then cosine to min_lr at the run's last update; constant; "
+                          "mindrlhf_cosine / mindrlhf_polynomial: MindRLHF's LearningRate (update t from 0: "
+                          "lr x t / warmup_steps while t < warmup_steps, else min_lr + (lr - min_lr) x "
+                          "decay(min(t, decay_steps) / decay_steps), decay = (1 + cos(pi x p)) / 2 or 1 - p)",
+                          choices=choices.LR_SCHEDULES)
+    decay_steps: int = _f(0, "mindrlhf_* schedules: updates over which lr decays to min_lr; 0 = the run's updates")
     weight_decay: float = _f(0.01, "decoupled weight decay (not on norms/biases)")
     beta1: float = _f(0.9, "Adam beta1")
     beta2: float = _f(0.999, "Adam beta2")
@@ -151,6 +172,10 @@ class GRPOConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     swap: SwapConfig = field(default_factory=SwapConfig)
 
+    def __post_init__(self):
+        self.explicit = set()      # "section.field" set by the config file or a flag (the rest are defaults)
+        self.ignored = []          # (source, key, reason): accepted MindRLHF keys that change nothing here
+
     def validate(self):
         positive = [("rl.num_generations", self.rl.num_generations), ("rl.batch_size", self.rl.batch_size),
                     ("rl.num_iterations", self.rl.num_iterations), ("run.total_steps", self.run.total_steps),
@@ -165,6 +190,19 @@ class GRPOConfig:
                               f"{self.rl.clip_low}/{self.rl.clip_high}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr: expected > 0, got {self.optim.lr}")
+        nonneg = [("optim.warmup_steps", self.optim.warmup_steps), ("optim.decay_steps", self.optim.decay_steps),
+                  ("run.epochs", self.run.epochs), ("run.max_num_seqs", self.run.max_num_seqs),
+                  ("run.max_model_len", self.run.max_model_len), ("rl.mini_batch_size", self.rl.mini_batch_size),
+                  ("rl.ref_sync_steps", self.rl.ref_sync_steps)]
+        for name, value in nonneg:
+            if value < 0:
+                raise ConfigError(f"{name}: expected >= 0, got {value}")
+        if self.optim.lr_schedule.startswith("mindrlhf") and self.optim.min_lr >= self.optim.lr:
+            raise ConfigError(f"optim.min_lr (end_lr): expected < lr (start_lr) as MindRLHF requires, got "
+                              f"{self.optim.min_lr} >= {self.optim.lr}")
+        if self.run.max_num_seqs and self.run.max_num_seqs < self.rl.num_generations:
+            raise ConfigError(f"run.max_num_seqs: {self.run.max_num_seqs} cannot hold one prompt's "
+                              f"num_generations={self.rl.num_generations} samples")
         self.sampling.validate()
         if len(self.reward.verifier_function) != len(self.reward.verifier_weight):
             raise ConfigError(f"reward.verifier_weight: {len(self.reward.verifier_weight)} weights for "
@@ -181,32 +219,54 @@ def _section_fields():
             yield sec.name, f
 
 
+def _read_yaml(path: str) -> Dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config: file not found: {path}")
+    with open(path, encoding="utf-8") as fh:
+        try:
+            raw = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping (sections {SECTIONS}, or MindRLHF's flat fields)")
+    return raw
+
+
+def _file_sections(path: str, cfg: GRPOConfig) -> Dict[str, Dict[str, Any]]:
+    """Our sectioned form, or MindRLHF's flat grpo_config.yaml (mapped by configs/upstream.py)."""
+    raw = _read_yaml(path)
+    sectioned = [k for k in raw if k in SECTIONS and isinstance(raw[k], dict)]
+    if sectioned and len(sectioned) != len(raw):
+        flat = [k for k in raw if k not in sectioned]
+        raise ConfigError(f"{path}: mixes sections ({', '.join(sectioned)}) with flat MindRLHF fields "
+                          f"({', '.join(flat[:5])}); use one form")
+    if sectioned:
+        for sec_name, values in raw.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path}: {sec_name}: expected a mapping of fields")
+        return raw
+    sections, ignored = upstream.flat_grpo_sections(raw, path)
+    cfg.ignored += [(path, key, why) for key, why in ignored]
+    return sections
+
+
 def load_grpo_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None) -> GRPOConfig:
-    """Defaults < YAML file (sections as in GRPOConfig) < overrides {field_name: value} from the CLI."""
+    """Defaults < YAML file (our sections, or MindRLHF's flat form) < overrides {field_name: value} from the CLI."""
     cfg = GRPOConfig()
     if path:
-        if not os.path.isfile(path):
-            raise ConfigError(f"--config: file not found: {path}")
-        with open(path, encoding="utf-8") as fh:
-            try:
-                raw = yaml.safe_load(fh) or {}
-            except yaml.YAMLError as err:
-                raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections {SECTIONS}")
-        for sec_name, values in raw.items():
-            if sec_name not in SECTIONS:
-                raise ConfigError(f"{path}: {sec_name}: unknown section (expected one of {SECTIONS})")
+        for sec_name, values in _file_sections(path, cfg).items():
             section = getattr(cfg, sec_name)
             known = {f.name: f for f in dataclasses.fields(section)}
-            for key, value in (values or {}).items():
+            for key, value in values.items():
                 if key not in known:
                     raise ConfigError(f"{path}: {sec_name}.{key}: unknown field (known: {', '.join(known)})")
                 setattr(section, key, coerce(value, known[key], f"{path}: {sec_name}.{key}"))
+                cfg.explicit.add(f"{sec_name}.{key}")
     where = {f.name: (sec, f) for sec, f in _section_fields()}
     for key, value in (overrides or {}).items():
         sec, f = where[key]
         setattr(getattr(cfg, sec), key, coerce(value, f, f"--{key}"))
+        cfg.explicit.add(f"{sec}.{key}")
     return cfg.validate()
 
 
@@ -214,18 +274,27 @@ def build_arg_parser() -> argparse.ArgumentParser:
     """Every config field as --field_name; unset flags stay absent so they never override the YAML."""
     p = argparse.ArgumentParser(description="GRPO training with mindrlhf (run under msrun for several ranks)",
                                 argument_default=argparse.SUPPRESS)
-    p.add_argument("--config", help="grpo_config.yaml with sections " + ", ".join(SECTIONS))
+    p.add_argument("--config", help="grpo_config.yaml: sections " + ", ".join(SECTIONS) + ", or MindRLHF's flat "
+                                    "fields (docs/UPSTREAM.md)")
     for sec, f in _section_fields():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         p.add_argument(f"--{f.name}", metavar=str(f.type).upper().replace("LIST[", "").rstrip("]"),
                        help=f"[{sec}] {f.metadata['help']} (default: {default})")
+    for flag, (ours, note) in upstream.FLAG_ALIASES.items():
+        p.add_argument(f"--{flag}", nargs=upstream.FLAG_NARGS.get(flag),
+                       help=f"[MindRLHF] {'= --' + ours + ': ' if ours else 'accepted, inert: '}{note}")
+    for flag, (allowed, why) in upstream.FLAG_CHECKS.items():
+        p.add_argument(f"--{flag}", help=f"[MindRLHF] {allowed!r} only: {why}")
     return p
 
 
 def config_from_argv(argv=None) -> GRPOConfig:
     ns = vars(build_arg_parser().parse_args(argv))
     path = ns.pop("config", None)
-    return load_grpo_config(path, ns)
+    ns, ignored_flags = upstream.translate_flags(ns)
+    cfg = load_grpo_config(path, ns)
+    cfg.ignored += [("command line", flag, why) for flag, why in ignored_flags]
+    return cfg
 
 
 def config_reference_markdown() -> str:

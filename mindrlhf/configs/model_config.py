@@ -1,52 +1,25 @@
 """Model and parallel configs, read from MindFormers-style YAML.
 
 The YAML keeps MindFormers' field names (``model.model_config.*``, ``parallel_config.*``) so one file
-serves both projects. Fields we use are typed dataclass fields; MindFormers fields that have no effect
-here are accepted by name (listed in ``MINDFORMERS_INERT_FIELDS``) so existing configs load; anything
-else is an error that names the field.
+serves both projects, and MindRLHF's own model YAMLs load as they are. Fields we use are typed dataclass
+fields; the generation fields (max_decode_length, top_k, ...) are kept for the rollout's sampling; every
+other MindFormers key is listed in configs/upstream.py as inert (reported at start-up, with the reason)
+or checked (an error unless it has the value we implement). Anything else is an error naming the field.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import yaml
 
+from mindrlhf.configs import upstream
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 
 DTYPES = ("float32", "float16", "bfloat16")
-
-# MindFormers model_config fields we accept for compatibility but that change nothing in our model.
-MINDFORMERS_INERT_FIELDS = frozenset({
-    "type", "batch_size", "use_past", "use_flash_attention", "use_paged_attention", "block_size",
-    "num_blocks", "emb_dropout_prob", "is_dynamic", "offset", "checkpoint_name_or_path", "repetition_penalty",
-    "max_decode_length", "top_k", "top_p", "do_sample", "use_past_shard", "fine_grain_interleave",
-    "use_rope_slice", "use_ring_attention", "use_attn_mask_compression", "scaling_factor", "extend_method",
-    "qkv_concat", "user_defined_mask", "fused_rms_norm", "multiple_of", "ffn_dim_multiplier",
-    "auto_map", "pretrain_seqlen", "input_sliced_sig", "use_flash_attention_in_eval", "init_method_std",
-    "residual_dtype", "rotary_emb_base", "parallel_optimizer", "param_init_std", "compute_in_2d",
-    "use_contiguous", "pp_interleave_num", "use_fused_rope", "use_fused_swiglu",
-})
-PARALLEL_INERT_FIELDS = frozenset({
-    "use_seq_parallel", "micro_batch_num", "vocab_emb_dp", "gradient_aggregation_group",
-    "micro_batch_interleave_num", "expert_parallel", "context_parallel", "optimizer_shard",
-    "use_ring_attention",
-})
-# Top-level MindFormers sections that a model YAML may carry; we read only `model` and `parallel_config`.
-MINDFORMERS_TOP_LEVEL = frozenset({
-    "seed", "output_dir", "load_checkpoint", "src_strategy_path_or_dir", "auto_trans_ckpt",
-    "only_save_strategy", "resume_training", "run_mode", "trainer", "runner_config", "runner_wrapper",
-    "optimizer", "lr_schedule", "train_dataset", "train_dataset_task", "eval_dataset", "eval_dataset_task",
-    "context", "parallel", "recompute_config", "callbacks", "processor", "model", "parallel_config",
-    "moe_config", "micro_batch_interleave_num", "profile", "profile_start_step", "profile_stop_step",
-    "init_start_profile", "profile_communication", "profile_memory", "layer_scale", "layer_decay",
-    "lr_scale", "lr_scale_factor", "metric", "eval_callbacks", "use_parallel", "do_eval",
-    "remote_save_url", "use_legacy", "load_ckpt_format", "eval_step_interval", "eval_epoch_interval",
-    "swap_config", "wrapper",
-})
 
 
 @dataclass
@@ -155,9 +128,11 @@ class ModelYaml:
     model: ModelConfig
     parallel: ParallelConfig
     path: Optional[str] = None
+    generation: Dict[str, Any] = dataclasses.field(default_factory=dict)   # sampling field -> value
+    ignored: List[Tuple[str, str]] = dataclasses.field(default_factory=list)  # (key, reason), reported at start-up
 
 
-def _build(cls, raw: Dict[str, Any], inert: frozenset, where: str):
+def _build(cls, raw: Dict[str, Any], inert: Dict[str, str], checked: Dict, where: str, ignored: list):
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
     known = {f.name: f for f in dataclasses.fields(cls)}
@@ -165,20 +140,49 @@ def _build(cls, raw: Dict[str, Any], inert: frozenset, where: str):
     for key, value in raw.items():
         if key in known:
             kwargs[key] = coerce(value, known[key], f"{where}.{key}")
-        elif key not in inert:
-            raise ConfigError(f"{where}.{key}: unknown field (known fields: {', '.join(sorted(known))})")
+        elif key in checked:
+            ok, expected = checked[key]
+            try:
+                good = ok(value, raw)
+            except (TypeError, ValueError):
+                good = False
+            if not good:
+                raise ConfigError(f"{where}.{key}: {value!r} is not supported (expected {expected}); it would "
+                                  f"change the model, so it cannot be ignored")
+        elif key in inert:
+            ignored.append((f"{where}.{key}", inert[key]))
+        else:
+            raise ConfigError(f"{where}.{key}: unknown field (known fields: {', '.join(sorted(known))}; the "
+                              f"MindFormers keys accepted are listed in docs/UPSTREAM.md)")
     try:
         return cls(**kwargs)
     except ConfigError as err:
         raise ConfigError(f"{err}") from None
 
 
-def model_config_from_dict(raw: Dict[str, Any], where: str = "model.model_config") -> ModelConfig:
-    return _build(ModelConfig, raw, MINDFORMERS_INERT_FIELDS, where)
+def _generation_fields(raw: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """model_config's generation keys, as sampling fields (types checked by the sampling config later)."""
+    out = {}
+    for key, ours in upstream.GENERATION_KEYS.items():
+        if key in raw and raw[key] is not None:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
+            out[ours] = value
+    return out
 
 
-def parallel_config_from_dict(raw: Dict[str, Any], where: str = "parallel_config") -> ParallelConfig:
-    return _build(ParallelConfig, raw or {}, PARALLEL_INERT_FIELDS, where)
+def model_config_from_dict(raw: Dict[str, Any], where: str = "model.model_config",
+                           ignored: Optional[list] = None) -> ModelConfig:
+    body = {k: v for k, v in (raw or {}).items() if k not in upstream.GENERATION_KEYS}
+    return _build(ModelConfig, body, upstream.MODEL_INERT, upstream.MODEL_CHECKED, where,
+                  ignored if ignored is not None else [])
+
+
+def parallel_config_from_dict(raw: Dict[str, Any], where: str = "parallel_config",
+                              ignored: Optional[list] = None) -> ParallelConfig:
+    return _build(ParallelConfig, raw or {}, upstream.PARALLEL_INERT, upstream.PARALLEL_CHECKED, where,
+                  ignored if ignored is not None else [])
 
 
 def load_model_yaml(path: str) -> ModelYaml:
@@ -192,16 +196,23 @@ def load_model_yaml(path: str) -> ModelYaml:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    ignored: List[Tuple[str, str]] = []
     try:
         for key in raw:
-            if key not in MINDFORMERS_TOP_LEVEL:
-                raise ConfigError(f"{key}: unknown top-level section")
+            if key in ("model", "parallel_config"):
+                continue
+            if key not in upstream.TOP_LEVEL_INERT:
+                raise ConfigError(f"{key}: unknown top-level section (the MindFormers sections accepted are "
+                                  f"listed in docs/UPSTREAM.md)")
+            ignored.append((key, upstream.TOP_LEVEL_INERT[key]))
         model_section = raw.get("model")
         if not isinstance(model_section, dict) or "model_config" not in model_section:
             raise ConfigError("model.model_config: missing")
-        model = model_config_from_dict(model_section["model_config"])
-        parallel = parallel_config_from_dict(raw.get("parallel_config") or {})
+        model_raw = model_section["model_config"]
+        model = model_config_from_dict(model_raw, ignored=ignored)
+        generation = _generation_fields(model_raw, "model.model_config")
+        parallel = parallel_config_from_dict(raw.get("parallel_config") or {}, ignored=ignored)
         parallel.check_model(model)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    return ModelYaml(model=model, parallel=parallel, path=path)
+    return ModelYaml(model=model, parallel=parallel, path=path, generation=generation, ignored=ignored)

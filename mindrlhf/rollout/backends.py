@@ -32,6 +32,6 @@ def check_backend(backend: str):
     raise ConfigError(f"rollout_backend: expected one of {BACKENDS}, got {backend!r}")
 
 
-def make_engine(backend: str, model, pad_token_id: int, prompt_bucket: int):
+def make_engine(backend: str, model, pad_token_id: int, prompt_bucket: int, max_num_seqs: int = 0):
     check_backend(backend)
-    return GenerationEngine(model, pad_token_id, prompt_bucket)
+    return GenerationEngine(model, pad_token_id, prompt_bucket, max_num_seqs)

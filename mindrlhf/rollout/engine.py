@@ -67,10 +67,11 @@ class _Decode(nn.Cell):
 class GenerationEngine:
     """Batched generation on one model replica (one DP rank of the infer layout, TP inside the model)."""
 
-    def __init__(self, model: CausalLM, pad_token_id: int = 0, prompt_bucket: int = 16):
+    def __init__(self, model: CausalLM, pad_token_id: int = 0, prompt_bucket: int = 16, max_num_seqs: int = 0):
         self.model = model
         self.pad_token_id = pad_token_id
         self.prompt_bucket = prompt_bucket
+        self.max_num_seqs = max_num_seqs      # most rows decoded at once (vLLM's name); 0 = no bound
         self._compiled = {}     # (rows, P, L, n) -> (prefill, decode, caches)
 
     def cache_parameters(self) -> List[Parameter]:
@@ -97,10 +98,27 @@ class GenerationEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  keys: Optional[Sequence[Sequence[int]]] = None) -> RolloutOutput:
         """n samples per prompt. `keys[i]` (ints) names prompt i for the random streams (default: its
-        position): sample j of prompt i draws from (params.seed, *keys[i], j) on every rank and layout."""
+        position): sample j of prompt i draws from (params.seed, *keys[i], j) on every rank and layout,
+        so generating in chunks of max_num_seqs rows gives the same samples as all at once."""
         params.validate()
         if len(prompts) == 0:
             raise ConfigError("generate: the prompt batch is empty")
+        keys = [(i,) for i in range(len(prompts))] if keys is None else keys
+        if len(keys) != len(prompts):
+            raise ConfigError(f"generate: {len(keys)} sampling keys for {len(prompts)} prompts")
+        per_chunk = max(1, self.max_num_seqs // params.n) if self.max_num_seqs else len(prompts)
+        if per_chunk >= len(prompts):
+            return self._generate(prompts, params, keys)
+        parts = [self._generate(prompts[i:i + per_chunk], params, keys[i:i + per_chunk])
+                 for i in range(0, len(prompts), per_chunk)]
+        return RolloutOutput(
+            [row for p in parts for row in p.prompt_ids], np.concatenate([p.response_ids for p in parts]),
+            np.concatenate([p.response_mask for p in parts]), np.concatenate([p.logprobs for p in parts]),
+            [r for p in parts for r in p.finish_reason],
+            np.concatenate([p.prompt_index + k * per_chunk for k, p in enumerate(parts)]),
+            sum(p.seconds for p in parts))
+
+    def _generate(self, prompts, params: SamplingParams, keys) -> RolloutOutput:
         cfg = self.model.config
         lengths = np.array([len(p) for p in prompts])
         if lengths.min() == 0:
@@ -111,9 +129,6 @@ class GenerationEngine:
             raise ConfigError(f"generate: prompt bucket {p_len} + max_tokens {params.max_tokens} = {total} exceeds "
                               f"the model's max_position_embedding={cfg.max_position_embedding}; the longest "
                               f"prompt has {lengths.max()} tokens")
-        keys = [(i,) for i in range(len(prompts))] if keys is None else keys
-        if len(keys) != len(prompts):
-            raise ConfigError(f"generate: {len(keys)} sampling keys for {len(prompts)} prompts")
         uniforms = None if params.greedy else row_uniforms(params.seed, keys, params.n, params.max_tokens)
         t0 = time.time()
         b, n = len(prompts), params.n

@@ -42,6 +42,18 @@ def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:
     return arr if len(world) == 1 else comm.all_reduce_sum(arr, world)
 
 
+def rows_of_all_replicas(local: np.ndarray, rows: np.ndarray, total: int, mesh) -> np.ndarray:
+    """Every rank gets the (total, ...) array whose `rows` each train-DP replica holds in `local` (its TP-0
+    rank contributes; the other rows are zero there, so a sum assembles them)."""
+    world = comm.world_ranks()
+    if len(world) == 1:
+        return local
+    full = np.zeros((total,) + local.shape[1:], np.float32)
+    if mesh.tp_index == 0:
+        full[rows] = local
+    return comm.all_reduce_sum(full, world)
+
+
 def full_policy(model) -> Dict[str, np.ndarray]:
     """The model's full (unsharded) float32 tensors on rank 0, {} elsewhere: the re-layout plan to the
     full layout, so each slice comes from one replica."""

@@ -23,6 +23,8 @@ from mindspore import Tensor
 
 from mindrlhf.checkpoint.hf_interop import export_hf
 from mindrlhf.checkpoint.model_io import load_weights
+from mindrlhf.configs import upstream
+from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.model_config import load_model_yaml
@@ -37,9 +39,10 @@ from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing, exchange
+from mindrlhf.trainer.experience_file import write_experience
 from mindrlhf.trainer.grpo_math import group_advantages
 from mindrlhf.trainer.metrics import MetricsLogger, sample_metrics
-from mindrlhf.trainer.optim import AdamW, lr_at
+from mindrlhf.trainer.optim import AdamW, scheduled_lr
 from mindrlhf.trainer.rollout_log import RolloutLog
 from mindrlhf.trainer.samples import SampleBatch, training_tensors
 from mindrlhf.trainer.step_geometry import StepGeometry
@@ -72,7 +75,7 @@ class GRPOTrainer:
         self.step = 0
         log_dir = cfg.run.log_dir or cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0)
-        self.rollout_log = RolloutLog(cfg.run.save_data_file if self.rank == 0 else "")
+        self.rollout_log = RolloutLog(cfg.run.rollout_log_file if self.rank == 0 else "")
         if cfg.run.resume:
             self._resume()
 
@@ -83,9 +86,13 @@ class GRPOTrainer:
             raise ConfigError("sft_path_train: required (model YAML of the policy)")
         train_yaml = load_model_yaml(run.sft_path_train)
         infer_yaml = load_model_yaml(run.sft_path_infer) if run.sft_path_infer else train_yaml
-        if train_yaml.model.weight_shapes() != infer_yaml.model.weight_shapes():
-            raise ConfigError(f"{run.sft_path_infer}: model.model_config describes another model than "
-                              f"{run.sft_path_train} (shapes must match; dtypes may differ)")
+        ref_yaml = load_model_yaml(run.sft_path_ref) if run.sft_path_ref else None
+        for other, flag in ((infer_yaml, "sft_path_infer"), (ref_yaml, "sft_path_ref")):
+            if other is not None and train_yaml.model.weight_shapes() != other.model.weight_shapes():
+                raise ConfigError(f"{flag} {other.path}: model.model_config describes another model than "
+                                  f"{run.sft_path_train} (shapes must match; dtypes may differ)")
+        self._apply_generation_fields(infer_yaml)
+        self._report_ignored([train_yaml, infer_yaml] + ([ref_yaml] if ref_yaml else []))
         if not run.use_parallel and (train_yaml.parallel.world_size > 1 or infer_yaml.parallel.world_size > 1):
             raise ConfigError(f"use_parallel is False but {run.sft_path_train} asks for "
                               f"{train_yaml.parallel.world_size} ranks: launch with msrun and --use_parallel True")
@@ -99,6 +106,33 @@ class GRPOTrainer:
                 raise ConfigError(f"{what}: not found: {path}")
         self.infer_model_cfg = infer_yaml.model
         check_backend(run.rollout_backend)
+
+    def _apply_generation_fields(self, infer_yaml):
+        """The infer YAML's generation fields (max_decode_length, top_k, ...) drive sampling, as in MindRLHF,
+        except where the GRPO config or a flag set the field."""
+        fields = {f.name: f for f in dataclasses.fields(self.cfg.sampling)}
+        taken = []
+        for name, value in infer_yaml.generation.items():
+            if f"sampling.{name}" not in self.cfg.explicit:
+                setattr(self.cfg.sampling, name, coerce(value, fields[name], f"{infer_yaml.path}: {name}"))
+                taken.append(f"{name}={getattr(self.cfg.sampling, name)}")
+        self.cfg.sampling.validate(where=f"{infer_yaml.path}: sampling from model_config: ")
+        if taken:
+            self.log(f"sampling from {infer_yaml.path}: {', '.join(taken)}")
+
+    def _report_ignored(self, yamls):
+        """Once at start-up: every accepted MindRLHF/MindFormers key that changes nothing here, and why."""
+        by_source = {}
+        for source, key, why in self.cfg.ignored:
+            by_source.setdefault(source, []).append((key, why))
+        for y in {y.path: y for y in yamls}.values():
+            if y.ignored:
+                by_source[y.path] = y.ignored
+        for source, items in by_source.items():
+            self.log(upstream.describe_ignored(source, items))
+        if self.cfg.rl.beta == 0 and self.cfg.run.load_ref_checkpoint:
+            self.log(f"note: load_ref_checkpoint {self.cfg.run.load_ref_checkpoint} is not loaded: rl.beta is 0, so "
+                     f"there is no KL term and no reference model (set beta > 0 to use it)")
 
     def _setup_data(self):
         run, rl, smp = self.cfg.run, self.cfg.rl, self.cfg.sampling
@@ -122,7 +156,18 @@ class GRPOTrainer:
                 raise ConfigError(f"sampling.max_tokens: prompt length {self.prompt_width} (from "
                                   f"{run.mind_dataset_dir}) + max_tokens {smp.max_tokens} = {need} exceeds "
                                   f"model.model_config.{name}={limit}")
+        if run.max_model_len and need > run.max_model_len:
+            raise ConfigError(f"run.max_model_len: prompt length {self.prompt_width} + max_tokens {smp.max_tokens} = "
+                              f"{need} exceeds max_model_len={run.max_model_len}")
         self.geometry = StepGeometry.from_config(rl, self.infer_mesh.dp, self.train_mesh.dp)
+        if run.epochs and "run.total_steps" not in self.cfg.explicit:
+            per_epoch = self.dataset.num_rows // (rl.batch_size * self.infer_mesh.dp)
+            if per_epoch == 0:
+                raise ConfigError(f"run.epochs: {run.mind_dataset_dir} has {self.dataset.num_rows} prompts, fewer "
+                                  f"than one step's {rl.batch_size * self.infer_mesh.dp}")
+            run.total_steps = run.epochs * per_epoch
+            self.log(f"epochs {run.epochs} x {per_epoch} steps per pass over {run.mind_dataset_dir} = "
+                     f"{run.total_steps} steps")
         self.eval_dataset = None
         if run.eval_steps and run.eval_dataset:
             self.eval_dataset = self._with_solutions(PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, self.pad_id,
@@ -169,7 +214,8 @@ class GRPOTrainer:
 
     def _setup_training(self):
         rl, opt, smp = self.cfg.rl, self.cfg.optim, self.cfg.sampling
-        self.engine = make_engine(self.cfg.run.rollout_backend, self.rollout_model, self.pad_id, self.prompt_width)
+        self.engine = make_engine(self.cfg.run.rollout_backend, self.rollout_model, self.pad_id, self.prompt_width,
+                                  self.cfg.run.max_num_seqs)
         params = list(self.policy.trainable_params())
         self.optimizer = AdamW(params, opt.weight_decay, opt.beta1, opt.beta2, opt.eps)
         specs = param_specs(self.model_cfg)
@@ -247,8 +293,7 @@ class GRPOTrainer:
                 sl = slice(k * mb, (k + 1) * mb)
                 t = training_tensors(samples.rows(sl.start, sl.stop))
                 update_index = int(self.optimizer.step.asnumpy()[0])
-                lr = lr_at(update_index, self.cfg.optim.lr, self.cfg.optim.warmup_steps, self.total_updates,
-                           self.cfg.optim.min_lr)
+                lr = scheduled_lr(update_index, self.cfg.optim, self.total_updates)
                 out = self.train_step(t["input_ids"], t["position_ids"], t["bias"], t["labels"],
                                       Tensor(samples.response_mask[sl].astype(np.float32)),
                                       Tensor(old_logp[sl]), Tensor(ref_logp[sl]), Tensor(advantages[sl]),
@@ -291,6 +336,8 @@ class GRPOTrainer:
         self.swap.enter("train")
         local_stats = phase("train", self.update, my_samples, old_logp, ref_logp, advantages[mine],
                             self.geometry.token_norms(samples.response_mask))
+        if self.cfg.run.save_data_file:
+            phase("save_data_file", self._write_experience, samples, mine, ref_logp, advantages)
         gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.response_mask.astype(bool)]
         stats = exchange.mean_over_ranks(list(local_stats) + ([0.0, 0.0] if self.on_policy else [gap.sum(), gap.size]))
         result = dict(zip(UPDATE_STATS, stats.tolist()))
@@ -315,6 +362,11 @@ class GRPOTrainer:
         metrics["time_step"] = time.time() - t_step
         metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(times["rollout"], 1e-9)
         return metrics
+
+    def _write_experience(self, samples, mine, ref_logp, advantages):
+        full_ref = exchange.rows_of_all_replicas(ref_logp, mine, len(samples), self.train_mesh)
+        if self.rank == 0:
+            write_experience(self.cfg.run.save_data_file, samples, full_ref, advantages)
 
     def _one_update_per_rollout(self) -> bool:
         """The weights that sampled are the ones trained: the old log-probs are the train forward's own

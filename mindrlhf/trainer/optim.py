@@ -86,6 +86,29 @@ def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_lr
     return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def mindrlhf_lr(step: int, lr: float, end_lr: float, warmup_steps: int, decay_steps: int,
+                style: str = "cosine") -> float:
+    """MindRLHF's `LearningRate` (MindSpore's WarmUpLR, then CosineDecayLR or PolynomialDecayLR, power 1):
+    update t counts from 0; lr x t / warmup_steps while t < warmup_steps (so the first update has lr 0),
+    else end_lr + (lr - end_lr) x d(p), p = min(t, decay_steps) / decay_steps, d = (1 + cos(pi p)) / 2 for
+    cosine or 1 - p for polynomial. The decay is measured from t = 0, not from the end of the warmup."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return lr * step / warmup_steps
+    p = min(step, decay_steps) / decay_steps
+    d = 0.5 * (1.0 + math.cos(math.pi * p)) if style == "cosine" else 1.0 - p
+    return end_lr + (lr - end_lr) * d
+
+
+def scheduled_lr(step: int, optim, total_updates: int) -> float:
+    """The learning rate of update `step` under OptimConfig `optim` (its lr_schedule decides)."""
+    if optim.lr_schedule == "constant":
+        return optim.lr
+    if optim.lr_schedule.startswith("mindrlhf_"):
+        return mindrlhf_lr(step, optim.lr, optim.min_lr, optim.warmup_steps, optim.decay_steps or total_updates,
+                           optim.lr_schedule[len("mindrlhf_"):])
+    return lr_at(step, optim.lr, optim.warmup_steps, total_updates, optim.min_lr)
+
+
 def clip_scale(grads, max_norm: float, norm_reduce=None):
     """(factor to multiply every gradient by, total norm): min(1, max_norm / norm); 1 when max_norm <= 0.
 

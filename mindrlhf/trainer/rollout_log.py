@@ -1,4 +1,4 @@
-"""The readable rollout log (`save_data_file`): every sample of the run as a MindRecord, rewritten whole
+"""The readable rollout log (`rollout_log_file`): every sample of the run as a MindRecord, rewritten whole
 (atomically) at each checkpoint, so after a crash it holds at least the rows of the last complete
 checkpoint; resume keeps exactly the rows of the steps it resumes from."""
 from __future__ import annotations

@@ -1,0 +1,269 @@
+"""MindRLHF's names, in one table: every flag, `grpo_config.yaml` field and model-YAML key of MindRLHF's
+Qwen-GRPO tutorial (github.com/mindspore-ai/mindrlhf, `grpo_one_stage.py` / `main.py` era, Feb-May 2025),
+and what each one does here.
+
+  mapped   - same meaning, under our name (given in `ours`)
+  inert    - accepted and reported once at start-up with the reason; changes nothing here (upstream never
+             reads it, or it tunes Ascend/graph execution without changing results)
+  checked  - accepted only at the value we implement; any other value is an error naming the key
+
+The loaders (grpo_config.py, model_config.py) and the CLI read this module; docs/UPSTREAM.md is generated
+from it (scripts/gen_config_reference.py), so the documented table is the enforced one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from mindrlhf.configs.errors import ConfigError
+
+MAPPED, INERT, CHECKED = "mapped", "inert", "checked"
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    status: str
+    ours: str          # our field (mapped) or the reason (inert / checked)
+
+
+def _inert(names: str, reason: str) -> List[Key]:
+    return [Key(n, INERT, reason) for n in names.split()]
+
+
+# ---- grpo_config.yaml (flat; upstream's GRPOConfig dataclass in mindrlhf/configs/grpo_configs.py) ----------
+# name -> (section, field) of ours, same meaning
+GRPO_RENAMES: Dict[str, Tuple[str, str]] = {
+    "beta": ("rl", "beta"), "num_generations": ("rl", "num_generations"),
+    "num_iterations": ("rl", "num_iterations"), "epsilon_low": ("rl", "clip_low"),
+    "epsilon_high": ("rl", "clip_high"), "batch_size": ("rl", "mini_batch_size"),
+    "epochs": ("run", "epochs"), "start_lr": ("optim", "lr"), "end_lr": ("optim", "min_lr"),
+    "warmup_step": ("optim", "warmup_steps"), "decay_steps": ("optim", "decay_steps"),
+    "beta1": ("optim", "beta1"), "beta2": ("optim", "beta2"), "eps": ("optim", "eps"),
+    "weight_decay": ("optim", "weight_decay"), "opt_offload": ("swap", "offload_train_optimizer"),
+    "mind_dataset_dir": ("run", "mind_dataset_dir"), "save_ckpt_dir": ("run", "save_ckpt_dir"),
+    "save_data_file": ("run", "save_data_file"), "save_strategy_dir": ("run", "save_strategy_dir"),
+    "only_save_strategy": ("run", "only_save_strategy"), "use_parallel": ("run", "use_parallel"),
+    "tensorboard_dir": ("run", "log_dir"), "max_num_seqs": ("run", "max_num_seqs"),
+    "max_model_len": ("run", "max_model_len"),
+}
+# upstream's defaults for the keys that combine (used only when the file gives one part of a pair)
+UPSTREAM_DEFAULTS = {"chunk_size": 1, "num_rollouts": 4, "sync_ref_model": False, "ref_model_sync_steps": 50,
+                     "start_lr": 5e-7, "end_lr": 1e-10, "warmup_step": 10, "decay_steps": 200000}
+_SCHEDULE_KEYS = ("start_lr", "end_lr", "warmup_step", "decay_steps")
+
+GRPO_KEYS: List[Key] = (
+    [Key(k, MAPPED, f"{s}.{f}") for k, (s, f) in GRPO_RENAMES.items()]
+    + [Key("chunk_size", MAPPED, "rl.batch_size = chunk_size x num_rollouts (prompts per rollout replica per "
+                                  "step; upstream generates them in num_rollouts rounds of chunk_size)"),
+       Key("num_rollouts", MAPPED, "rl.batch_size = chunk_size x num_rollouts"),
+       Key("sync_ref_model", MAPPED, "rl.ref_sync_steps = ref_model_sync_steps if sync_ref_model else 0"),
+       Key("ref_model_sync_steps", MAPPED, "rl.ref_sync_steps (with sync_ref_model)"),
+       Key("use_vllm", MAPPED, "run.rollout_backend: 0 -> mindspore; 1 (vLLM) and 2 (vLLM init, MindFormers "
+                               "generate) -> vllm_mindspore, refused off Ascend"),
+       Key("save_prompt_completions_data", MAPPED, "true -> run.rollout_log_file = "
+                                                   "<save_prompt_completions_dir>/prompt_completions.mindrecord"),
+       Key("save_prompt_completions_dir", MAPPED, "directory of run.rollout_log_file (with "
+                                                  "save_prompt_completions_data)"),
+       Key("optimizer", CHECKED, "adamw only (upstream's other choice, lamb, is not implemented)")]
+    + _inert("grpo_epochs", "declared but never read by upstream's trainer; passes over a rollout are "
+                            "num_iterations")
+    + _inert("lr", "never read by upstream's optimizer, whose schedule runs from start_lr to end_lr")
+    + _inert("total_steps", "never read upstream; the run length is epochs (or our --total_steps)")
+    + _inert("scheduler_name sceduler_name t_max eta_min", "never read upstream; the schedule is start_lr, "
+                                                           "end_lr, warmup_step, decay_steps")
+    + _inert("model_name align_type checkpoint_interval eval_interval sft_model_path critic_model_path "
+             "reward_model_path is_shared_backbone", "never read by upstream's GRPO trainer")
+    + _inert("ppo_epochs init_kl_coef kl_coef target horizon gamma lam cliprange cliprange_value vf_coef "
+             "pretrain_coef scale_reward ref_mean ref_std gen_experience_kwargs", "PPO field; GRPO does not use it")
+    + _inert("sink_size device_target parallel_mode full_batch enable_alltoall micro_batch_interleaved "
+             "inference_micro_size enable_reshard_optimizer reshard_mem_opt_level",
+             "Ascend graph-execution / memory knob; results are the same without it")
+    + _inert("packing packing_sample_length pack_num", "sequence packing saves padding on Ascend; the "
+                                                       "log-probs and loss are the same padded")
+    + _inert("ref_model_batch_size", "batching of the reference pass; the reference log-probs are the same "
+                                     "(ours runs it per mini-batch)")
+    + _inert("performance_stats", "phase times are always logged (metrics.jsonl time_*)")
+    + _inert("tensorboard_queue_size save_prompt_completions_interval", "logging cadence; ours writes every step")
+    + _inert("hf_config_path max_num_batched_tokens num_scheduler_steps gpu_memory_utilization detokenize",
+             "vLLM engine knob; the built-in engine has no equivalent (same samples)")
+)
+GRPO_TABLE: Dict[str, Key] = {k.name: k for k in GRPO_KEYS}
+
+
+def flat_grpo_sections(raw: Dict[str, Any], where: str) -> Tuple[Dict[str, Dict[str, Any]], List[Tuple[str, str]]]:
+    """Upstream's flat grpo_config.yaml -> ({section: {field: value}}, [(key, reason) ignored]).
+
+    Only the keys the file gives are set (everything else keeps our defaults); a key that combines with
+    another (chunk_size x num_rollouts, sync_ref_model + ref_model_sync_steps, the LR schedule's four) takes
+    upstream's default for a missing partner, because that is what upstream would have run."""
+    sections: Dict[str, Dict[str, Any]] = {}
+    ignored: List[Tuple[str, str]] = []
+
+    def put(sec: str, fld: str, value):
+        sections.setdefault(sec, {})[fld] = value
+
+    for key, value in raw.items():
+        entry = GRPO_TABLE.get(key)
+        if entry is None:
+            raise ConfigError(f"{where}: {key}: unknown field (neither ours nor MindRLHF's; docs/UPSTREAM.md "
+                              f"lists every accepted name)")
+        if entry.status == INERT:
+            ignored.append((key, entry.ours))
+        elif key in GRPO_RENAMES:
+            put(*GRPO_RENAMES[key], value)
+    given = lambda k: raw.get(k, UPSTREAM_DEFAULTS.get(k))  # noqa: E731
+    if "chunk_size" in raw or "num_rollouts" in raw:
+        chunk, rounds = given("chunk_size"), given("num_rollouts")
+        for name, v in (("chunk_size", chunk), ("num_rollouts", rounds)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"{where}: {name}: expected a positive integer, got {v!r}")
+        put("rl", "batch_size", chunk * rounds)
+    if "sync_ref_model" in raw or "ref_model_sync_steps" in raw:
+        sync = given("sync_ref_model")
+        if not isinstance(sync, bool):
+            raise ConfigError(f"{where}: sync_ref_model: expected true/false, got {sync!r}")
+        put("rl", "ref_sync_steps", given("ref_model_sync_steps") if sync else 0)
+    if any(k in raw for k in _SCHEDULE_KEYS):
+        put("optim", "lr_schedule", "mindrlhf_cosine")
+        for k in _SCHEDULE_KEYS:
+            put(*GRPO_RENAMES[k], given(k))
+    if "use_vllm" in raw:
+        mode = raw["use_vllm"]
+        if mode not in (0, 1, 2) or isinstance(mode, bool):
+            raise ConfigError(f"{where}: use_vllm: expected 0 (MindFormers), 1 (vLLM) or 2 (debug), got {mode!r}")
+        put("run", "rollout_backend", "mindspore" if mode == 0 else "vllm_mindspore")
+    if "optimizer" in raw and str(raw["optimizer"]).lower() != "adamw":
+        raise ConfigError(f"{where}: optimizer: {raw['optimizer']!r} is not implemented (adamw is)")
+    if raw.get("save_prompt_completions_data") is True:
+        put("run", "rollout_log_file", f"{raw.get('save_prompt_completions_dir') or '.'}/prompt_completions.mindrecord")
+    return sections, ignored
+
+
+# ---- flags of grpo_one_stage.py / main.py that are not our field names --------------------------------------
+# flag -> (our field or None, note); nargs lists for the two list flags
+FLAG_ALIASES: Dict[str, Tuple[Optional[str], str]] = {
+    "use_vllm": ("rollout_backend", "0 -> mindspore, 1/2 -> vllm_mindspore (Ascend only)"),
+    "reward_funcs": ("verifier_function", "reward function names (space-separated)"),
+    "reward_weights": ("verifier_weight", "one weight per reward function"),
+    "tensorboard_dir": ("log_dir", "metrics JSONL and TensorBoard directory"),
+    "load_ckpt_format": (None, "the format is detected from each checkpoint's files"),
+    "pre_num_generations": (None, "upstream's compile warm-up size; nothing is pre-generated here"),
+    "pre_store_data": (None, "upstream's compile warm-up size; nothing is pre-generated here"),
+    "tensorboard_queue_size": (None, "logging cadence; ours writes every step"),
+}
+FLAG_NARGS = {"reward_funcs": "*", "reward_weights": "*"}
+FLAG_CHECKS = {"custom_model_name": ("qwen", "only Qwen2/Qwen2.5 (Llama-architecture) decoders are implemented")}
+
+
+def translate_flags(ns: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Tuple[str, str]]]:
+    """Upstream-only flags -> our field overrides and the (flag, reason) list of inert ones."""
+    out, ignored = dict(ns), []
+    for flag, (ours, note) in FLAG_ALIASES.items():
+        if flag not in out:
+            continue
+        value = out.pop(flag)
+        if ours is None:
+            ignored.append((f"--{flag}", note))
+        elif flag == "use_vllm":
+            if str(value) not in ("0", "1", "2"):
+                raise ConfigError(f"--use_vllm: expected 0, 1 or 2, got {value!r}")
+            out[ours] = "mindspore" if str(value) == "0" else "vllm_mindspore"
+        else:
+            out[ours] = value
+    for flag, (allowed, why) in FLAG_CHECKS.items():
+        if flag in out:
+            value = out.pop(flag)
+            if str(value).lower() != allowed:
+                raise ConfigError(f"--{flag}: {value!r} is not supported ({why}); expected {allowed!r}")
+    return out, ignored
+
+
+# ---- model YAML (MindFormers) ------------------------------------------------------------------------------
+TOP_LEVEL_INERT: Dict[str, str] = {}
+for _names, _why in (
+        ("seed output_dir load_checkpoint src_strategy_path_or_dir auto_trans_ckpt only_save_strategy "
+         "resume_training run_mode use_parallel load_ckpt_format use_legacy",
+         "MindFormers run setting; mindrlhf takes it from its own flags"),
+        ("trainer runner_config runner_wrapper optimizer lr_schedule train_dataset train_dataset_task "
+         "eval_dataset eval_dataset_task do_eval eval_step_interval eval_epoch_interval callbacks metric "
+         "eval_callbacks processor wrapper layer_scale layer_decay lr_scale lr_scale_factor",
+         "MindFormers trainer setting; the GRPO config sets the optimizer, schedule, data and tokenizer"),
+        ("context parallel recompute_config swap_config moe_config micro_batch_interleave_num",
+         "Ascend graph/memory setting; results are the same without it"),
+        ("profile profile_start_step profile_stop_step init_start_profile profile_communication profile_memory "
+         "auto_tune filepath_prefix autotune_per_step remote_save_url",
+         "profiling / auto-tuning / cloud setting")):
+    TOP_LEVEL_INERT.update(dict.fromkeys(_names.split(), _why))
+
+# model.model_config keys that drive sampling (read from the infer YAML): upstream name -> sampling field
+GENERATION_KEYS = {"max_decode_length": "max_tokens", "min_decode_length": "min_tokens", "temperature": "temperature",
+                   "top_k": "top_k", "top_p": "top_p", "repetition_penalty": "repetition_penalty"}
+MODEL_INERT: Dict[str, str] = {}
+for _names, _why in (
+        ("type batch_size checkpoint_name_or_path auto_map", "MindFormers bookkeeping"),
+        ("use_past use_flash_attention use_paged_attention block_size num_blocks is_dynamic use_past_shard "
+         "fine_grain_interleave use_rope_slice use_ring_attention use_attn_mask_compression qkv_concat "
+         "user_defined_mask fused_rms_norm compute_in_2d use_contiguous use_fused_rope use_fused_swiglu "
+         "use_flash_attention_in_eval input_sliced_sig pp_interleave_num residual_dtype parallel_optimizer",
+         "kernel / cache implementation choice; same results"),
+        ("emb_dropout_prob", "dropout is off in RL fine-tuning"),
+        ("offset", "layer split between pipeline stages; pipeline_stage is 1"),
+        ("do_sample", "rollouts always sample, as upstream's generate(do_sample=True); temperature 0 is greedy"),
+        ("max_position_embeddings", "HF spelling that MindFormers' LlamaConfig does not read "
+                                    "(it reads max_position_embedding)"),
+        ("multiple_of ffn_dim_multiplier", "intermediate_size is given"),
+        ("pretrain_seqlen init_method_std param_init_std", "initialisation detail; weights are loaded")):
+    MODEL_INERT.update(dict.fromkeys(_names.split(), _why))
+# keys that would change the model if they differed from what we implement: name -> (check(value, cfg), expected)
+MODEL_CHECKED = {
+    "rotary_pct": (lambda v, raw: float(v) == 1.0, "1.0 (RoPE on the whole head)"),
+    "kv_channels": (lambda v, raw: int(v) * int(raw.get("num_heads", 0) or 1) == int(raw.get("hidden_size", 0)),
+                    "hidden_size / num_heads"),
+    "rotary_emb_base": (lambda v, raw: "theta" not in raw or float(v) == float(raw["theta"]), "theta"),
+    "extend_method": (lambda v, raw: v in (None, "None", "none"), "\"None\" (no RoPE scaling)"),
+    "scaling_factor": (lambda v, raw: raw.get("extend_method") in (None, "None", "none"), "unused: extend_method None"),
+}
+PARALLEL_INERT: Dict[str, str] = {
+    "use_seq_parallel": "sequence parallelism splits activations to save memory; not implemented yet, so "
+                        "activations are kept whole (same results, more memory)",
+    "micro_batch_num": "pipeline micro-batches; used only with pipeline_stage > 1, as upstream",
+    "micro_batch_interleave_num": "overlaps TP communication with compute on Ascend; same results",
+    "vocab_emb_dp": "embedding placement; the embedding is vocab-split over model_parallel either way",
+    "gradient_aggregation_group": "Ascend gradient fusion; same results",
+    "optimizer_shard": "parallel-optimizer sharding on Ascend; same results",
+    "expert_parallel": "MoE experts; the Qwen2 decoders here have none",
+}
+PARALLEL_CHECKED = {"context_parallel": (lambda v, raw: int(v) == 1, "1"),
+                    "use_ring_attention": (lambda v, raw: not v, "False")}
+
+
+def table_markdown() -> str:
+    """docs/UPSTREAM.md's tables."""
+    out = ["### grpo_config.yaml (flat form)", "", "| key | status | here |", "| --- | --- | --- |"]
+    out += [f"| `{k.name}` | {k.status} | {k.ours} |" for k in GRPO_KEYS]
+    out += ["", "### grpo_one_stage.py / main.py flags that are not our field names", "",
+            "| flag | status | here |", "| --- | --- | --- |"]
+    for flag, (ours, note) in FLAG_ALIASES.items():
+        out.append(f"| `--{flag}` | {'mapped' if ours else 'inert'} | {('`' + ours + '`: ') if ours else ''}{note} |")
+    out += [f"| `--{f}` | checked | {allowed!r} only: {why} |" for f, (allowed, why) in FLAG_CHECKS.items()]
+    out += ["", "### model YAML: model.model_config", "", "| key | status | here |", "| --- | --- | --- |"]
+    out += [f"| `{k}` | mapped | sampling.{v} (infer YAML; the GRPO config wins when it sets it) |"
+            for k, v in GENERATION_KEYS.items()]
+    out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in MODEL_CHECKED.items()]
+    out += [f"| `{k}` | inert | {why} |" for k, why in MODEL_INERT.items()]
+    out += ["", "### model YAML: parallel_config", "", "| key | status | here |", "| --- | --- | --- |"]
+    out += [f"| `{k}` | inert | {why} |" for k, why in PARALLEL_INERT.items()]
+    out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in PARALLEL_CHECKED.items()]
+    out += ["", "### model YAML: top-level sections", "", "| key | status | here |", "| --- | --- | --- |"]
+    out += [f"| `{k}` | inert | {why} |" for k, why in TOP_LEVEL_INERT.items()]
+    return "\n".join(out)
+
+
+def describe_ignored(source: str, ignored: List[Tuple[str, str]]) -> str:
+    """One start-up line per file: the inert keys grouped by reason."""
+    by_reason: Dict[str, List[str]] = {}
+    for key, why in ignored:
+        by_reason.setdefault(why, []).append(key)
+    parts = [f"{', '.join(keys)} ({why})" for why, keys in by_reason.items()]
+    return f"ignored in {source}: " + "; ".join(parts)

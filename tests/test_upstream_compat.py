@@ -1,0 +1,273 @@
+"""MindRLHF's files and names: the flat grpo_config.yaml, its model YAMLs, its flags. Each mapped field
+reaches the code that uses it, each inert key is reported, each key we cannot honour is refused."""
+import math
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from grpo_helpers import make_grpo_assets
+from mindrlhf.configs import ConfigError, load_model_yaml, upstream
+from mindrlhf.configs.grpo_config import config_from_argv, load_grpo_config
+from mindrlhf.trainer.optim import mindrlhf_lr
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "upstream")
+FLAT = os.path.join(FIXTURES, "grpo_config.yaml")
+FINETUNE = os.path.join(FIXTURES, "finetune_qwen2_5_tiny.yaml")
+PREDICT = os.path.join(FIXTURES, "predict_qwen2_5_tiny_instruct.yaml")
+
+
+def _single_process_copy(src, dst):
+    """The fixture with a one-rank layout (the unit tests run in one process)."""
+    with open(src) as fh:
+        doc = yaml.safe_load(fh)
+    doc["parallel_config"].update(data_parallel=1, model_parallel=1)
+    with open(dst, "w") as fh:
+        yaml.safe_dump(doc, fh)
+    return dst
+
+
+def _write(path, doc):
+    with open(path, "w") as fh:
+        yaml.safe_dump(doc, fh)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("upstream")
+    out = make_grpo_assets(str(root))
+    out["sft_path_train"] = _single_process_copy(FINETUNE, str(root / "finetune.yaml"))
+    out["sft_path_infer"] = _single_process_copy(PREDICT, str(root / "predict.yaml"))
+    return out
+
+
+# ---- the flat grpo_config.yaml --------------------------------------------------------------------------
+RENAMED_VALUES = {"beta": 0.25, "num_generations": 6, "num_iterations": 3, "epsilon_low": 0.15, "epsilon_high": 0.28,
+                  "batch_size": 5, "epochs": 7, "beta1": 0.8, "beta2": 0.97, "eps": 1e-7, "weight_decay": 0.03,
+                  "opt_offload": True, "mind_dataset_dir": "/d/x.mindrecord", "save_ckpt_dir": "/d/ck",
+                  "save_data_file": "/d/exp.mindrecord", "save_strategy_dir": "/d/st", "only_save_strategy": True,
+                  "use_parallel": True, "tensorboard_dir": "/d/tb", "max_num_seqs": 48, "max_model_len": 999,
+                  "start_lr": 3e-5, "end_lr": 1e-11, "warmup_step": 4, "decay_steps": 40}
+
+
+def test_every_renamed_key_is_tested():
+    assert set(RENAMED_VALUES) == set(upstream.GRPO_RENAMES)
+
+
+@pytest.mark.parametrize("key", sorted(RENAMED_VALUES))
+def test_flat_key_maps_to_our_field(tmp_path, key):
+    cfg = load_grpo_config(_write(tmp_path / "g.yaml", {key: RENAMED_VALUES[key]}))
+    sec, field = upstream.GRPO_RENAMES[key]
+    assert getattr(getattr(cfg, sec), field) == RENAMED_VALUES[key]
+    assert f"{sec}.{field}" in cfg.explicit
+
+
+def test_combined_keys(tmp_path):
+    cfg = load_grpo_config(_write(tmp_path / "g.yaml", {"chunk_size": 3, "num_rollouts": 2, "sync_ref_model": True,
+                                                       "ref_model_sync_steps": 7, "use_vllm": 0}))
+    assert cfg.rl.batch_size == 6 and cfg.rl.ref_sync_steps == 7 and cfg.run.rollout_backend == "mindspore"
+    # a missing partner takes upstream's default: num_rollouts 4; sync_ref_model False
+    cfg = load_grpo_config(_write(tmp_path / "h.yaml", {"chunk_size": 2, "ref_model_sync_steps": 7}))
+    assert cfg.rl.batch_size == 8 and cfg.rl.ref_sync_steps == 0
+    # the schedule: any of its four keys selects upstream's schedule, the others at upstream's defaults
+    cfg = load_grpo_config(_write(tmp_path / "i.yaml", {"start_lr": 1e-5}))
+    assert (cfg.optim.lr_schedule, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.optim.decay_steps) == \
+        ("mindrlhf_cosine", 1e-5, 1e-10, 10, 200000)
+    cfg = load_grpo_config(_write(tmp_path / "j.yaml", {"use_vllm": 1}))
+    assert cfg.run.rollout_backend == "vllm_mindspore"
+    cfg = load_grpo_config(_write(tmp_path / "k.yaml", {"save_prompt_completions_data": True,
+                                                       "save_prompt_completions_dir": "/d/pc"}))
+    assert cfg.run.rollout_log_file == "/d/pc/prompt_completions.mindrecord"
+
+
+def test_the_fixture_and_the_shipped_example_load_with_their_inert_keys_listed():
+    for path in (FLAT, os.path.join(os.path.dirname(__file__), "..", "examples", "grpo", "qwen_grpo_tutorial",
+                                    "grpo_config.yaml")):
+        cfg = load_grpo_config(path)
+        with open(path) as fh:
+            raw = yaml.safe_load(fh)
+        inert = {k for k in raw if upstream.GRPO_TABLE[k].status == upstream.INERT}
+        assert {key for _, key, _ in cfg.ignored} == inert and "grpo_epochs" in inert and "lr" in inert
+
+
+def test_flat_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"g.yaml: bogus_key: unknown field"):
+        load_grpo_config(_write(tmp_path / "g.yaml", {"beta": 0.1, "bogus_key": 1}))
+    with pytest.raises(ConfigError, match="mixes sections"):
+        load_grpo_config(_write(tmp_path / "m.yaml", {"rl": {"beta": 0.1}, "chunk_size": 1}))
+    with pytest.raises(ConfigError, match="optimizer: 'lamb' is not implemented"):
+        load_grpo_config(_write(tmp_path / "o.yaml", {"optimizer": "lamb"}))
+    with pytest.raises(ConfigError, match="use_vllm: expected 0"):
+        load_grpo_config(_write(tmp_path / "v.yaml", {"use_vllm": 3}))
+    with pytest.raises(ConfigError, match="end_lr.*expected < lr"):
+        load_grpo_config(_write(tmp_path / "l.yaml", {"start_lr": 1e-6, "end_lr": 1e-5}))
+    with pytest.raises(ConfigError, match="chunk_size: expected a positive integer"):
+        load_grpo_config(_write(tmp_path / "c.yaml", {"chunk_size": 0}))
+
+
+def test_upstream_flags(tmp_path):
+    cfg = config_from_argv(["--use_vllm", "1", "--reward_funcs", "accuracy_reward", "format_reward",
+                            "--reward_weights", "1", "0.5", "--tensorboard_dir", "/d/tb", "--load_ckpt_format",
+                            "safetensors", "--pre_num_generations", "1", "--custom_model_name", "qwen"])
+    assert cfg.run.rollout_backend == "vllm_mindspore" and cfg.run.log_dir == "/d/tb"
+    assert cfg.reward.verifier_function == ["accuracy_reward", "format_reward"] and cfg.reward.verifier_weight == [1, .5]
+    assert {k for _, k, _ in cfg.ignored} == {"--load_ckpt_format", "--pre_num_generations"}
+    with pytest.raises(ConfigError, match="--custom_model_name: 'deepseek' is not supported"):
+        config_from_argv(["--custom_model_name", "deepseek"])
+    # our flags still win over the file
+    cfg = config_from_argv(["--config", FLAT, "--beta", "0.5"])
+    assert cfg.rl.beta == 0.5 and cfg.rl.num_generations == 4
+
+
+# ---- the learning-rate schedule ------------------------------------------------------------------------
+def test_mindrlhf_schedule_against_a_hand_computed_table():
+    # start 1e-5, end 1e-6, warmup 2, decay 6; t counts updates from 0
+    cosine = [0.0, 5.0, 7.75, 5.5, 3.25, 1 + 4.5 * (1 + math.cos(5 * math.pi / 6)), 1.0, 1.0, 1.0]
+    poly = [0.0, 5.0, 7.0, 5.5, 4.0, 2.5, 1.0, 1.0, 1.0]
+    for t in range(9):
+        assert mindrlhf_lr(t, 1e-5, 1e-6, 2, 6) * 1e6 == pytest.approx(cosine[t], abs=1e-9)
+        assert mindrlhf_lr(t, 1e-5, 1e-6, 2, 6, "polynomial") * 1e6 == pytest.approx(poly[t], abs=1e-9)
+
+
+def test_mindrlhf_schedule_equals_mindspores_lr_cells():
+    """Upstream's LearningRate is MindSpore's WarmUpLR + CosineDecayLR / PolynomialDecayLR: compare with them."""
+    import mindspore as ms
+    from mindspore import nn
+    warm, cos = nn.WarmUpLR(3e-4, 5), nn.CosineDecayLR(2e-5, 3e-4, 30)
+    poly = nn.PolynomialDecayLR(3e-4, 2e-5, 30, 1.0)
+    for t in (0, 1, 4, 5, 6, 17, 29, 30, 45):
+        step = ms.Tensor(t, ms.int32)
+        ref_cos = float(warm(step).asnumpy()) if t < 5 else float(cos(step).asnumpy())
+        ref_poly = float(warm(step).asnumpy()) if t < 5 else float(poly(step).asnumpy())
+        assert mindrlhf_lr(t, 3e-4, 2e-5, 5, 30) == pytest.approx(ref_cos, rel=1e-5, abs=1e-12)
+        assert mindrlhf_lr(t, 3e-4, 2e-5, 5, 30, "polynomial") == pytest.approx(ref_poly, rel=1e-5, abs=1e-12)
+
+
+# ---- model YAMLs ---------------------------------------------------------------------------------------
+def test_upstream_model_yamls_load_and_report_every_inert_key():
+    for path in (FINETUNE, PREDICT):
+        y = load_model_yaml(path)
+        with open(path) as fh:
+            raw = yaml.safe_load(fh)
+        reported = {k for k, _ in y.ignored}
+        expected = {k for k in raw if k not in ("model", "parallel_config")}
+        expected |= {f"model.model_config.{k}" for k in raw["model"]["model_config"] if k in upstream.MODEL_INERT}
+        expected |= {f"parallel_config.{k}" for k in raw["parallel_config"] if k in upstream.PARALLEL_INERT}
+        assert reported == expected
+    assert "parallel_config.use_seq_parallel" in {k for k, _ in load_model_yaml(FINETUNE).ignored}
+    assert load_model_yaml(PREDICT).generation == {"max_tokens": 8, "min_tokens": 2, "temperature": 1.2, "top_k": 50,
+                                                   "top_p": 1.0, "repetition_penalty": 1.0}
+
+
+@pytest.mark.parametrize("section,key,value", [
+    ("model", "rotary_pct", 0.5), ("model", "kv_channels", 8), ("model", "extend_method", "NTK"),
+    ("model", "rotary_emb_base", 500), ("parallel", "context_parallel", 2)])
+def test_model_keys_that_would_change_results_are_refused(tmp_path, section, key, value):
+    with open(PREDICT) as fh:
+        doc = yaml.safe_load(fh)
+    (doc["model"]["model_config"] if section == "model" else doc["parallel_config"])[key] = value
+    with pytest.raises(ConfigError, match=f"{key}: .* is not supported"):
+        load_model_yaml(_write(tmp_path / "m.yaml", doc))
+
+
+# ---- values reach the trainer --------------------------------------------------------------------------
+def _trainer(assets, tmp_path, path=FLAT, **flags):
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    argv = ["--config", path, "--save_ckpt_dir", str(tmp_path), "--progress", "False", "--export_hf", "False"]
+    for k in ("vocab_path", "merges_file_path", "mind_dataset_dir", "sft_path_train", "sft_path_infer"):
+        argv += [f"--{k}", assets[k]]
+    for k, v in flags.items():
+        argv += [f"--{k}", str(v)]
+    lines = []
+    return GRPOTrainer(config_from_argv(argv), log=lambda *a, **k: lines.append(" ".join(map(str, a)))), lines
+
+
+def test_flat_config_and_predict_yaml_reach_the_trainer(assets, tmp_path):
+    trainer, lines = _trainer(assets, tmp_path)
+    # chunk_size 2 x num_rollouts 1 prompts per rollout replica; batch_size 4 sequences per update
+    assert trainer.dataset.batch_size == 2 and trainer.geometry.mini_batch == 4 and trainer.geometry.minibatches == 2
+    assert trainer.ref_model is not None and trainer.cfg.rl.ref_sync_steps == 2       # beta 0.01, sync every 2
+    assert trainer.engine.max_num_seqs == 4
+    # epochs 1 over 64 prompts at 2 per step
+    assert trainer.cfg.run.total_steps == 32
+    params = trainer.sampling_params()       # the predict YAML's generation fields
+    assert (params.max_tokens, params.min_tokens, params.temperature, params.top_k, params.top_p) == (8, 2, 1.2, 50, 1.0)
+    text = "\n".join(lines)
+    for key in ("grpo_epochs", "ppo_epochs", "lr (never read", "auto_tune", "use_seq_parallel", "micro_batch_num",
+                "micro_batch_interleave_num", "model.model_config.do_sample", "max_position_embeddings"):
+        assert key in text, key
+    # 8 sequences (2 prompts x 4 samples), 4 per update: 2 updates per step at upstream's schedule (update 0 has
+    # lr 0: its warmup starts at 0), so the policy leaves the reference only in step 2
+    history = [trainer.train_one_step() for _ in range(2)]
+    for step, metrics in enumerate(history):
+        expected_lr = np.mean([mindrlhf_lr(t, 1e-3, 1e-4, 1, 4) for t in (2 * step, 2 * step + 1)])
+        assert metrics["lr"] == pytest.approx(expected_lr, rel=1e-6)
+    assert history[0]["kl"] == 0 and history[1]["kl"] > 0       # the reference model is active
+
+
+def test_grpo_config_wins_over_the_predict_yaml_and_total_steps_over_epochs(assets, tmp_path):
+    trainer, _ = _trainer(assets, tmp_path, max_tokens=6, temperature=0.7, total_steps=3)
+    params = trainer.sampling_params()
+    assert (params.max_tokens, params.temperature, params.top_k) == (6, 0.7, 50)
+    assert trainer.cfg.run.total_steps == 3
+
+
+def test_reference_checkpoint_without_beta_is_reported(assets, tmp_path):
+    _, lines = _trainer(assets, tmp_path, beta=0.0, load_ref_checkpoint=assets["mind_dataset_dir"])
+    assert any("load_ref_checkpoint" in line and "not loaded: rl.beta is 0" in line for line in lines)
+
+
+def test_a_reference_yaml_of_another_model_is_refused(assets, tmp_path):
+    with open(assets["sft_path_train"]) as fh:
+        doc = yaml.safe_load(fh)
+    doc["model"]["model_config"]["num_layers"] = 3
+    with pytest.raises(ConfigError, match="sft_path_ref .* describes another model"):
+        _trainer(assets, tmp_path, sft_path_ref=_write(tmp_path / "ref.yaml", doc))
+
+
+def test_max_model_len_is_checked(assets, tmp_path):
+    with pytest.raises(ConfigError, match="max_model_len: prompt length 16 \\+ max_tokens 8 = 24 exceeds"):
+        _trainer(assets, tmp_path, max_model_len=20)
+
+
+def test_save_data_file_holds_the_experience_in_mindrlhfs_schema(assets, tmp_path):
+    import mindspore.dataset as ds
+    from mindrlhf.trainer.grpo_math import group_advantages
+    exp, log = str(tmp_path / "exp.mindrecord"), str(tmp_path / "log.mindrecord")
+    trainer, _ = _trainer(assets, tmp_path, save_data_file=exp, rollout_log_file=log, total_steps=1)
+    trainer.fit()
+    rows = list(ds.MindDataset(exp, shuffle=False).create_dict_iterator(output_numpy=True, num_epochs=1))
+    assert len(rows) == 8 and set(rows[0]) == set(upstream_schema())
+    readable = list(ds.MindDataset(log, shuffle=False).create_dict_iterator(output_numpy=True, num_epochs=1))
+    rewards = np.array([float(r["reward"]) for r in readable], np.float32)
+    expected_adv = group_advantages(rewards, 4, True)
+    for row, adv in zip(rows, expected_adv):
+        p_mask, r_mask = row["prompts_mask"], row["responses_mask"]
+        assert len(row["prompt_completion_ids"]) == len(p_mask) == len(r_mask) == len(row["ref_per_token_logps"]) + 1
+        assert not np.any(p_mask & r_mask) and p_mask.sum() > 0 and r_mask.sum() > 0
+        ref = row["ref_per_token_logps"]
+        on_response = r_mask[1:].astype(bool)          # logp at t predicts token t + 1
+        assert np.all(ref[on_response] < 0) and np.all(ref[~on_response] == 0)
+        assert float(row["advantages"][0]) == pytest.approx(float(adv), abs=1e-6)
+
+
+def upstream_schema():
+    from mindrlhf.trainer.experience_file import SCHEMA
+    return SCHEMA
+
+
+def test_max_num_seqs_gives_the_same_samples_in_chunks(assets):
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.rollout.engine import GenerationEngine
+    from mindrlhf.rollout.sampling import SamplingParams
+    model = CausalLM(load_model_yaml(assets["sft_path_train"]).model)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    params = SamplingParams(temperature=1.0, max_tokens=6, n=3, seed=3, eos_token_ids=[2])
+    keys = [(1, i) for i in range(4)]
+    whole = GenerationEngine(model, 0, 8).generate(prompts, params, keys)
+    chunked = GenerationEngine(model, 0, 8, max_num_seqs=6).generate(prompts, params, keys)   # 2 prompts at once
+    np.testing.assert_array_equal(whole.response_ids, chunked.response_ids)
+    np.testing.assert_array_equal(whole.prompt_index, chunked.prompt_index)
+    np.testing.assert_allclose(whole.logprobs, chunked.logprobs, atol=1e-5)
