@@ -6,6 +6,11 @@
   per rank -> full:      ... --src_checkpoint in/ --src_strategy strategy/train_strategy/   (no --dst_strategy)
 
 Output: dst_checkpoint/rank_N/<prefix>N.<format>. The destination appears only when complete.
+
+MindRLHF's flags work as there: --dst_checkpoint_dir (= --dst_checkpoint); --world_size W --rank_id r makes
+this invocation write only the destination ranks N with N % W == r (run W of them, e.g. one per node; each
+rank directory appears only when complete); --transform_process_num P splits this invocation's ranks over P
+worker processes; --transform_by_rank is accepted and changes nothing (the output is the same).
 """
 import argparse
 import sys
@@ -17,13 +22,20 @@ from mindrlhf.configs.errors import CheckpointError
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src_checkpoint", required=True, help="full .ckpt/.safetensors/HF dir, or a dir of rank_N/")
-    p.add_argument("--dst_checkpoint", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--dst_checkpoint", "--dst_checkpoint_dir", dest="dst_checkpoint", required=True,
+                   help="output directory (replaced atomically)")
     p.add_argument("--dst_strategy", default=None, help="strategy file or directory; omit to merge into one file")
     p.add_argument("--src_strategy", default=None, help="strategy of a per-rank source")
     p.add_argument("--format", default="ckpt", choices=["ckpt", "safetensors"], help="output format")
     p.add_argument("--prefix", default="checkpoint_", help="output file name prefix")
+    p.add_argument("--rank_id", type=int, default=0, help="with --world_size: which share of the ranks to write")
+    p.add_argument("--world_size", type=int, default=1, help="number of cooperating invocations")
+    p.add_argument("--transform_process_num", type=int, default=1, help="worker processes for this invocation")
+    p.add_argument("--transform_by_rank", default=None, help="accepted (MindRLHF); the output is the same either way")
     p.add_argument("--no_progress", action="store_true")
     args = p.parse_args(argv)
+    if args.transform_by_rank is not None:
+        print("note: --transform_by_rank changes nothing here (every rank's file is cut the same way)")
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -36,7 +48,8 @@ def main(argv=None) -> int:
 
     try:
         report = transform(args.src_checkpoint, args.dst_checkpoint, args.dst_strategy, args.src_strategy,
-                           args.format, args.prefix, progress)
+                           args.format, args.prefix, progress if args.transform_process_num == 1 else None,
+                           rank_id=args.rank_id, world_size=args.world_size, processes=args.transform_process_num)
     except CheckpointError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -13,6 +13,41 @@ import sys
 from mindrlhf.configs.errors import CheckpointError, ConfigError
 
 
+def convert(hf_dir: str = "", output: str = "", dtype=None, to_hf: bool = False, input_path: str = "",
+            model_yaml: str = ""):
+    """HF directory -> one MindSpore checkpoint, or (to_hf) a MindSpore checkpoint -> an HF directory."""
+    from mindrlhf.checkpoint.hf_interop import export_hf, iter_hf_as_ms
+    from mindrlhf.checkpoint.model_io import iter_checkpoint, save_checkpoint
+    from mindrlhf.utils.bf16 import BF16, bf16_to_f32, f32_to_bf16
+
+    def cast(a):
+        if dtype == "bfloat16" and not isinstance(a, BF16):
+            return f32_to_bf16(a)
+        if dtype == "float32" and isinstance(a, BF16):
+            return bf16_to_f32(a)
+        return a
+
+    if to_hf:
+        if not (input_path and model_yaml):
+            raise ConfigError("converting to HF needs the MindSpore checkpoint and the model YAML that describes it")
+        from mindrlhf.configs.model_config import load_model_yaml
+        cfg = load_model_yaml(model_yaml).model
+        export_hf({n: cast(a) for n, a in iter_checkpoint(input_path)}, output, cfg, torch_dtype=dtype or "float32")
+    else:
+        if not hf_dir:
+            raise ConfigError("--hf_dir: required (or --to_hf)")
+        save_checkpoint({n: cast(a) for n, a in iter_hf_as_ms(hf_dir)}, output)
+
+
+def _run(fn) -> int:
+    try:
+        fn()
+    except (ConfigError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hf_dir", help="HF model directory (config.json + safetensors)")
@@ -23,34 +58,67 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="store as this dtype (default: as the source)")
     args = p.parse_args(argv)
-    from mindrlhf.checkpoint.hf_interop import export_hf, iter_hf_as_ms
-    from mindrlhf.checkpoint.model_io import iter_checkpoint, save_checkpoint
-    from mindrlhf.utils.bf16 import BF16, bf16_to_f32, f32_to_bf16
+    rc = _run(lambda: convert(args.hf_dir, args.output, args.dtype, args.to_hf, args.input, args.model_yaml))
+    if rc == 0:
+        print(f"wrote {args.output}")
+    return rc
 
-    def cast(a):
-        if args.dtype == "bfloat16" and not isinstance(a, BF16):
-            return f32_to_bf16(a)
-        if args.dtype == "float32" and isinstance(a, BF16):
-            return bf16_to_f32(a)
-        return a
 
-    try:
-        if args.to_hf:
-            if not (args.input and args.model_yaml):
-                raise ConfigError("--to_hf needs --input and --model_yaml")
+# MindFormers' convert_weight.py names (repo root `convert_weight.py --model qwen2_5 --input_path ...`, and
+# research/qwen2_5/convert_weight.py's `--torch_ckpt_dir --mindspore_ckpt_path`)
+MINDFORMERS_MODELS = ("qwen2_5", "qwen2", "llama")
+MINDFORMERS_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32", "bfloat16": "bfloat16"}
+
+
+def mindformers_main(argv=None) -> int:
+    """`python convert_weight.py` with MindFormers' flags (Qwen2/Qwen2.5/Llama decoders only)."""
+    p = argparse.ArgumentParser(description="HF <-> MindSpore weights with MindFormers' convert_weight.py flags")
+    p.add_argument("--model", default="qwen2_5", help=f"one of {', '.join(MINDFORMERS_MODELS)}")
+    p.add_argument("--reversed", action="store_true", help="MindSpore -> HF (needs --config_path)")
+    p.add_argument("--input_path", "--torch_ckpt_dir", dest="input_path", help="HF directory (or, reversed, the "
+                   "MindSpore checkpoint)")
+    p.add_argument("--output_path", "--mindspore_ckpt_path", dest="output_path", help="output file (or HF directory)")
+    p.add_argument("--dtype", default=None, help="fp32 or bf16 (default: as the source)")
+    p.add_argument("--config_path", default="", help="model YAML (needed with --reversed; checked otherwise)")
+    p.add_argument("--qkv_concat", default="False", help="False only: the MindSpore names keep wq/wk/wv")
+    args = p.parse_args(argv)
+
+    def run():
+        if args.model not in MINDFORMERS_MODELS:
+            raise ConfigError(f"--model: {args.model!r} is not supported here (expected one of "
+                              f"{', '.join(MINDFORMERS_MODELS)}: Qwen2/Llama-architecture decoders)")
+        if args.dtype is not None and args.dtype not in MINDFORMERS_DTYPES:
+            raise ConfigError(f"--dtype: expected fp32 or bf16, got {args.dtype!r} (fp16 is not supported)")
+        if str(args.qkv_concat).lower() not in ("false", "0"):
+            raise ConfigError("--qkv_concat: only False is supported (the checkpoint keeps separate wq/wk/wv)")
+        if not (args.input_path and args.output_path):
+            raise ConfigError("--input_path and --output_path are required")
+        dtype = MINDFORMERS_DTYPES.get(args.dtype)
+        if args.reversed:
+            convert(output=args.output_path, dtype=dtype, to_hf=True, input_path=args.input_path,
+                    model_yaml=args.config_path)
+            return
+        convert(hf_dir=args.input_path, output=args.output_path, dtype=dtype)
+        if args.config_path:             # the weights must fit the model the YAML describes
+            from mindrlhf.checkpoint.model_io import iter_checkpoint
             from mindrlhf.configs.model_config import load_model_yaml
-            cfg = load_model_yaml(args.model_yaml).model
-            export_hf({n: cast(a) for n, a in iter_checkpoint(args.input)}, args.output, cfg,
-                      torch_dtype=args.dtype or "float32")
-        else:
-            if not args.hf_dir:
-                raise ConfigError("--hf_dir: required (or --to_hf)")
-            save_checkpoint({n: cast(a) for n, a in iter_hf_as_ms(args.hf_dir)}, args.output)
-    except (ConfigError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.output}")
-    return 0
+            from mindrlhf.models.qwen2 import param_specs
+            specs = param_specs(load_model_yaml(args.config_path).model)
+            seen = set()
+            for name, arr in iter_checkpoint(args.output_path):
+                seen.add(name)
+                if name in specs and tuple(arr.shape) != tuple(specs[name][0]):
+                    raise ConfigError(f"--config_path {args.config_path}: {name} has shape {tuple(arr.shape)} in "
+                                      f"the converted weights, the YAML's model expects {tuple(specs[name][0])}")
+            missing = sorted(set(specs) - seen)
+            if missing:
+                raise ConfigError(f"--config_path {args.config_path}: the converted weights lack {missing[:3]} "
+                                  f"({len(missing)} parameter(s) the YAML's model has)")
+
+    rc = _run(run)
+    if rc == 0:
+        print(f"wrote {args.output_path}")
+    return rc
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ temp directory renamed onto the destination at the end: a failure leaves no part
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -132,12 +133,21 @@ class SliceReport:
     ranks: int = 0
 
 
-def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[str] = None,
-              src_strategy: Optional[str] = None, out_format: str = "ckpt", prefix: str = "checkpoint_",
-              progress: Optional[Callable[[int, int, str], None]] = None) -> SliceReport:
-    t0 = time.time()
-    if out_format not in ("ckpt", "safetensors"):
-        raise CheckpointError(f"--format: expected ckpt or safetensors, got {out_format!r}")
+@dataclass
+class _Plan:
+    """Everything a writer needs, rebuilt from the arguments in each worker process."""
+    source: object
+    shapes: Dict[str, Tuple[int, ...]]
+    src_layouts: Dict[str, Layout]
+    dst_layouts: Dict[str, Layout]
+    sharded: bool
+
+    @property
+    def num_dst(self) -> int:
+        return next(iter(self.dst_layouts.values())).num_ranks
+
+
+def _plan(src_checkpoint: str, dst_strategy: Optional[str], src_strategy: Optional[str]) -> _Plan:
     if src_strategy:
         source = ShardedSource(src_checkpoint, read_strategy(find_strategy_file(src_strategy)))
         src_layout_of = lambda n, shape: source.strategy[n].layout(shape, n)  # noqa: E731
@@ -158,25 +168,74 @@ def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[s
             raise CheckpointError(f"--src_checkpoint: parameter {extra[0]} of the destination strategy is not in "
                                   f"the checkpoint" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
     dst_layouts = {n: (dst[n].layout(s, n) if dst is not None else full_layout(s)) for n, s in shapes.items()}
-    num_dst = next(iter(dst_layouts.values())).num_ranks
     src_layouts = {n: src_layout_of(n, s) for n, s in shapes.items()}
-    report = SliceReport(params=len(shapes), ranks=num_dst)
-    ext = "." + out_format
+    return _Plan(source, shapes, src_layouts, dst_layouts, bool(src_strategy))
 
-    with atomic_dir(dst_checkpoint) as tmp:
-        outputs = _open_outputs(tmp, num_dst, prefix, ext, shapes, dst_layouts, source)
-        items = source.full_tensors() if not src_strategy else ((n, source.assemble(n, src_layouts[n])) for n in shapes)
-        for i, (name, full) in enumerate(items):
-            if src_strategy is None and name not in dst_layouts:
-                continue
-            report.bytes_in += full.nbytes
-            plan = plan_tensor(full_layout(full.shape), dst_layouts[name])
-            for r in range(num_dst):
-                piece = plan[r][0]
-                outputs.put(r, name, contiguous(full[piece.src_slice]))
-            if progress:
-                progress(i + 1, len(shapes), name)
-        outputs.finish()
+
+def _write_ranks(plan: _Plan, dirs: Dict[int, str], prefix: str, ext: str, progress=None) -> int:
+    """Cut every parameter for the ranks in `dirs` (rank -> existing directory); returns bytes read."""
+    outputs = _open_outputs(dirs, prefix, ext, plan)
+    items = (plan.source.full_tensors() if not plan.sharded
+             else ((n, plan.source.assemble(n, plan.src_layouts[n])) for n in plan.shapes))
+    bytes_in = 0
+    for i, (name, full) in enumerate(items):
+        if name not in plan.dst_layouts:
+            continue
+        bytes_in += full.nbytes
+        cut = plan_tensor(full_layout(full.shape), plan.dst_layouts[name])
+        for r in dirs:
+            outputs.put(r, name, contiguous(full[cut[r][0].src_slice]))
+        if progress:
+            progress(i + 1, len(plan.shapes), name)
+    outputs.finish()
+    return bytes_in
+
+
+def _worker(args) -> int:
+    src_checkpoint, dst_strategy, src_strategy, dirs, prefix, ext = args
+    return _write_ranks(_plan(src_checkpoint, dst_strategy, src_strategy), dirs, prefix, ext)
+
+
+def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[str] = None,
+              src_strategy: Optional[str] = None, out_format: str = "ckpt", prefix: str = "checkpoint_",
+              progress: Optional[Callable[[int, int, str], None]] = None, rank_id: int = 0, world_size: int = 1,
+              processes: int = 1) -> SliceReport:
+    """Write every destination rank (the destination directory replaced as a whole), or with world_size > 1
+    only the ranks r with r % world_size == rank_id (cooperating invocations, as MindRLHF's
+    `--rank_id/--world_size`; each rank directory replaced on its own). `processes` > 1 splits this
+    invocation's ranks over that many worker processes (each reads the source; cutting and writing split)."""
+    t0 = time.time()
+    if out_format not in ("ckpt", "safetensors"):
+        raise CheckpointError(f"--format: expected ckpt or safetensors, got {out_format!r}")
+    if world_size < 1 or not 0 <= rank_id < world_size:
+        raise CheckpointError(f"--rank_id/--world_size: expected 0 <= rank_id < world_size, got {rank_id}/{world_size}")
+    if processes < 1:
+        raise CheckpointError(f"--transform_process_num: expected >= 1, got {processes}")
+    plan = _plan(src_checkpoint, dst_strategy, src_strategy)
+    mine = [r for r in range(plan.num_dst) if r % world_size == rank_id]
+    if not mine:
+        raise CheckpointError(f"--rank_id {rank_id}: the destination has only {plan.num_dst} rank(s) for "
+                              f"--world_size {world_size}; this invocation has nothing to write")
+    report = SliceReport(params=len(plan.shapes), ranks=len(mine))
+    ext = "." + out_format
+    with contextlib.ExitStack() as stack:
+        if world_size == 1:
+            root = stack.enter_context(atomic_dir(dst_checkpoint))
+            dirs = {r: rank_dir(root, r) for r in mine}
+            for d in dirs.values():
+                os.makedirs(d)
+        else:
+            os.makedirs(dst_checkpoint, exist_ok=True)
+            dirs = {r: stack.enter_context(atomic_dir(rank_dir(dst_checkpoint, r))) for r in mine}
+        groups = [dict(list(dirs.items())[k::processes]) for k in range(min(processes, len(mine)))]
+        if len(groups) == 1:
+            report.bytes_in = _write_ranks(plan, dirs, prefix, ext, progress)
+        else:
+            import multiprocessing
+            with multiprocessing.get_context("spawn").Pool(len(groups)) as pool:
+                read = pool.map(_worker, [(src_checkpoint, dst_strategy, src_strategy, g, prefix, ext)
+                                          for g in groups])
+            report.bytes_in = read[0]
     report.seconds = time.time() - t0
     return report
 
@@ -193,25 +252,22 @@ class _Outputs:
 
     def finish(self):
         if self.writers:
-            for w in self.writers:
+            for w in self.writers.values():
                 w.close()
         else:
-            for r, tensors in enumerate(self.collect):
+            for r, tensors in self.collect.items():
                 save_checkpoint(tensors, self.paths[r])
                 tensors.clear()
 
 
-def _open_outputs(tmp, num_dst, prefix, ext, shapes, dst_layouts, source) -> _Outputs:
-    paths = []
-    for r in range(num_dst):
-        os.makedirs(rank_dir(tmp, r))
-        paths.append(os.path.join(rank_dir(tmp, r), f"{prefix}{r}{ext}"))
+def _open_outputs(dirs: Dict[int, str], prefix, ext, plan: _Plan) -> _Outputs:
+    paths = {r: os.path.join(d, f"{prefix}{r}{ext}") for r, d in dirs.items()}
     if ext == ".safetensors":
-        codes = _source_dtype_codes(source, shapes)
-        writers = [SafeTensorsStreamWriter(paths[r], [(n, codes[n], dst_layouts[n].shard_shape) for n in shapes])
-                   for r in range(num_dst)]
+        codes = _source_dtype_codes(plan.source, plan.shapes)
+        writers = {r: SafeTensorsStreamWriter(paths[r], [(n, codes[n], plan.dst_layouts[n].shard_shape)
+                                                         for n in plan.shapes]) for r in dirs}
         return _Outputs(paths, writers, None)
-    return _Outputs(paths, None, [dict() for _ in range(num_dst)])
+    return _Outputs(paths, None, {r: dict() for r in dirs})
 
 
 def _source_dtype_codes(source, shapes) -> Dict[str, str]:
