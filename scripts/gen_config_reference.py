@@ -1,22 +1,31 @@
-"""Rewrite README.md's config reference from the config dataclasses (tests/test_docs.py checks it is current)."""
+"""Rewrite README.md's config reference from the config dataclasses, and docs/UPSTREAM.md's tables from
+mindrlhf/configs/upstream.py (tests/test_docs.py checks both are current)."""
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mindrlhf.configs.grpo_config import config_reference_markdown  # noqa: E402
+from mindrlhf.configs.upstream import table_markdown  # noqa: E402
 
-START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+BLOCKS = [(os.path.join(ROOT, "README.md"), "config-reference", config_reference_markdown),
+          (os.path.join(ROOT, "docs", "UPSTREAM.md"), "upstream-table", table_markdown)]
+
+
+def rewrite(path: str, marker: str, content: str):
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    block = f"{start}\n{content}\n{end}"
+    new = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(new)
 
 
 def main():
-    with open(README, encoding="utf-8") as fh:
-        text = fh.read()
-    block = f"{START}\n{config_reference_markdown()}\n{END}"
-    new = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    with open(README, "w", encoding="utf-8") as fh:
-        fh.write(new)
+    for path, marker, make in BLOCKS:
+        rewrite(path, marker, make())
 
 
 if __name__ == "__main__":

@@ -14,6 +14,15 @@ def test_readme_config_reference_is_current():
     assert m.group(1) == config_reference_markdown(), "run: python scripts/gen_config_reference.py"
 
 
+def test_upstream_table_is_current():
+    from mindrlhf.configs.upstream import table_markdown
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "UPSTREAM.md")
+    text = open(path, encoding="utf-8").read()
+    m = re.search(r"<!-- upstream-table:start -->\n(.*?)\n<!-- upstream-table:end -->", text, flags=re.S)
+    assert m, "docs/UPSTREAM.md lacks the table markers"
+    assert m.group(1) == table_markdown(), "run: python scripts/gen_config_reference.py"
+
+
 def test_readme_names_the_ci_test_command():
     text = open(README, encoding="utf-8").read()
     ci = open(os.path.join(os.path.dirname(__file__), "..", ".ci", "run"), encoding="utf-8").read()
