@@ -3,7 +3,9 @@
 
 Ours streams .safetensors in and out (its recommended path); MindSpore runs on its native .ckpt (its
 safetensors path slices row-parallel weights wrongly in 2.10, see tests/test_slicing.py). Ours on .ckpt ->
-.ckpt is reported too. Last line: one JSON object (ours = safetensors path).
+.ckpt is reported too, and ours with 2 worker processes (MindRLHF's --transform_process_num 2, forked: they share
+the source read once; cutting and writing split): `process_speedup(_ckpt)` = 1 process / 2 processes, same run.
+Last line: one JSON object (ours = safetensors path, 1 process).
 """
 import argparse
 import json
@@ -55,6 +57,14 @@ def child(which: str, work: str) -> dict:
         from mindrlhf.checkpoint.slicing import transform
         transform(os.path.join(work, "full.safetensors"), os.path.join(work, "out_ours_st"), strategy,
                   out_format="safetensors")
+    elif which == "ours_2proc":
+        from mindrlhf.checkpoint.slicing import transform
+        transform(os.path.join(work, "full.safetensors"), os.path.join(work, "out_ours_2p"), strategy,
+                  out_format="safetensors", processes=2)
+    elif which == "ours_ckpt_2proc":
+        from mindrlhf.checkpoint.slicing import transform
+        transform(os.path.join(work, "ms_src", "rank_0", "full.ckpt"), os.path.join(work, "out_ours_ckpt_2p"),
+                  strategy, out_format="ckpt", processes=2)
     elif which == "ours_ckpt":
         from mindrlhf.checkpoint.slicing import transform
         transform(os.path.join(work, "ms_src", "rank_0", "full.ckpt"), os.path.join(work, "out_ours_ckpt"), strategy,
@@ -77,7 +87,7 @@ def main():
     try:
         nbytes = prepare(work)
         gb = nbytes / 1e9
-        res = {k: run_child(__file__, k, work) for k in ("ours_safetensors", "ours_ckpt", "mindspore")}
+        res = {k: run_child(__file__, k, work) for k in ("ours_safetensors", "ours_2proc", "ours_ckpt", "ours_ckpt_2proc", "mindspore")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for k, v in res.items():
@@ -86,7 +96,10 @@ def main():
     print(json.dumps({"bench": "slicing", "ours": round(gb / ours["seconds"], 3), "reference": round(gb / ref["seconds"], 3),
                       "unit": "GB/s", "ratio": round(ref["seconds"] / ours["seconds"], 2),
                       "peak_rss_mb_ours": round(ours["peak_rss_mb"]), "peak_rss_mb_reference": round(ref["peak_rss_mb"]),
-                      "ours_ckpt_path_ratio": round(ref["seconds"] / res["ours_ckpt"]["seconds"], 2)}))
+                      "ours_ckpt_path_ratio": round(ref["seconds"] / res["ours_ckpt"]["seconds"], 2),
+                      "process_speedup": round(ours["seconds"] / res["ours_2proc"]["seconds"], 2),
+                      "process_speedup_ckpt": round(res["ours_ckpt"]["seconds"] / res["ours_ckpt_2proc"]["seconds"], 2),
+                      "peak_rss_mb_ours_2proc_parent": round(res["ours_2proc"]["peak_rss_mb"])}))
 
 
 if __name__ == "__main__":

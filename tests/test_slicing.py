@@ -59,6 +59,32 @@ def test_slice_then_merge_is_bit_exact(tmp_path, dp, tp, fmt):
         assert merged[n].tobytes() == full[n].tobytes()
 
 
+@pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
+def test_rank_shares_and_worker_processes_write_the_same_files(tmp_path, fmt):
+    """MindRLHF's --rank_id/--world_size (cooperating invocations) and --transform_process_num give the
+    same bytes as one invocation writing every rank."""
+    full = _full()
+    src = str(tmp_path / f"full.{fmt}")
+    save_checkpoint(full, src)
+    strat = str(tmp_path / "s.ckpt")
+    write_strategy(strat, _layouts(2, 2))
+    transform(src, str(tmp_path / "whole"), dst_strategy=strat, out_format=fmt)
+    for rank_id in range(3):                       # 3 invocations over 4 ranks: 0 and 3, 1, 2
+        report = transform(src, str(tmp_path / "shared"), dst_strategy=strat, out_format=fmt, rank_id=rank_id,
+                           world_size=3)
+        assert report.ranks == (2 if rank_id == 0 else 1)
+    transform(src, str(tmp_path / "procs"), dst_strategy=strat, out_format=fmt, processes=2)
+    for r in range(4):
+        name = f"rank_{r}/checkpoint_{r}.{fmt}"
+        want = read_checkpoint(str(tmp_path / "whole" / name))
+        for other in ("shared", "procs"):
+            got = read_checkpoint(str(tmp_path / other / name))
+            assert set(got) == set(want) and all(got[n].tobytes() == want[n].tobytes() for n in want), (other, r)
+    assert sorted(os.listdir(tmp_path / "shared")) == [f"rank_{r}" for r in range(4)]   # no temp dirs left
+    with pytest.raises(CheckpointError, match="--rank_id 4: the destination has only 4 rank"):
+        transform(src, str(tmp_path / "x"), dst_strategy=strat, rank_id=4, world_size=5)
+
+
 def test_reslice_between_strategies_and_bf16(tmp_path):
     full = {n: f32_to_bf16(a) for n, a in _full(1).items()}
     save_checkpoint(full, str(tmp_path / "full.safetensors"))

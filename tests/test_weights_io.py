@@ -185,3 +185,37 @@ def test_convert_cli_roundtrip(tmp_path):
     a, b = _file_tensors(str(src)), _file_tensors(str(tmp_path / "back"))
     assert set(a) == set(b) and all(a[k][1].tobytes() == b[k][1].tobytes() for k in a)
     assert main(["--hf_dir", str(tmp_path / "missing"), "--output", str(tmp_path / "x.ckpt")]) == 2
+
+
+def test_mindformers_convert_weight_flags(tmp_path, capsys):
+    """MindFormers' convert_weight.py flags: HF -> bf16 .ckpt (checked against the YAML), and --reversed back."""
+    from mindrlhf.checkpoint.convert import mindformers_main
+    src = tmp_path / "hf"
+    make_hf_model(str(src), qkv_bias=True, tie=False)
+    yaml_path = _write_yaml(tmp_path, tiny_model_kwargs(True, False))
+    out = str(tmp_path / "w.ckpt")
+    assert mindformers_main(["--model", "qwen2_5", "--input_path", str(src), "--output_path", out, "--dtype", "bf16",
+                             "--config_path", yaml_path]) == 0
+    hf = {k: v for k, (_, v) in _file_tensors(str(src)).items()}
+    ours = dict(iter_hf_as_ms(str(src)))
+    got = read_checkpoint(out)
+    assert set(got) == set(ours)
+    for name, arr in ours.items():      # bf16 of the HF fp32 values (round to nearest even)
+        assert np.array_equal(bf16_to_f32(got[name]), bf16_to_f32(f32_to_bf16(np.asarray(arr, np.float32)))), name
+    assert len(hf) == len(ours)
+    # the older research/qwen2_5 spelling, fp32: --reversed gives the HF tensors back bit for bit
+    assert mindformers_main(["--torch_ckpt_dir", str(src), "--mindspore_ckpt_path", str(tmp_path / "f.ckpt")]) == 0
+    assert mindformers_main(["--reversed", "--input_path", str(tmp_path / "f.ckpt"), "--output_path",
+                             str(tmp_path / "back"), "--config_path", yaml_path]) == 0
+    back = _file_tensors(str(tmp_path / "back"))
+    assert set(back) == set(hf) and all(back[k][1].tobytes() == hf[k].tobytes() for k in hf)
+    # errors name the flag
+    (tmp_path / "o").mkdir()
+    other = _write_yaml(tmp_path / "o", dict(tiny_model_kwargs(True, False), intermediate_size=128))
+    assert mindformers_main(["--input_path", str(src), "--output_path", str(tmp_path / "o.ckpt"),
+                             "--config_path", other]) == 2
+    assert mindformers_main(["--model", "glm", "--input_path", str(src), "--output_path", out]) == 2
+    assert mindformers_main(["--input_path", str(src), "--output_path", out, "--dtype", "fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "--config_path" in err and "the YAML's model expects" in err and "--model: 'glm' is not supported" in err
+    assert "--dtype: expected fp32 or bf16" in err

@@ -191,9 +191,12 @@ def _write_ranks(plan: _Plan, dirs: Dict[int, str], prefix: str, ext: str, progr
     return bytes_in
 
 
+_FORKED_PLAN: Optional[_Plan] = None      # the parent's plan, inherited by forked workers (read once)
+
+
 def _worker(args) -> int:
-    src_checkpoint, dst_strategy, src_strategy, dirs, prefix, ext = args
-    return _write_ranks(_plan(src_checkpoint, dst_strategy, src_strategy), dirs, prefix, ext)
+    dirs, prefix, ext = args
+    return _write_ranks(_FORKED_PLAN, dirs, prefix, ext)
 
 
 def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[str] = None,
@@ -203,7 +206,8 @@ def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[s
     """Write every destination rank (the destination directory replaced as a whole), or with world_size > 1
     only the ranks r with r % world_size == rank_id (cooperating invocations, as MindRLHF's
     `--rank_id/--world_size`; each rank directory replaced on its own). `processes` > 1 splits this
-    invocation's ranks over that many worker processes (each reads the source; cutting and writing split)."""
+    invocation's ranks over that many forked worker processes (sharing the source as read once; cutting and
+    writing split)."""
     t0 = time.time()
     if out_format not in ("ckpt", "safetensors"):
         raise CheckpointError(f"--format: expected ckpt or safetensors, got {out_format!r}")
@@ -231,10 +235,15 @@ def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[s
         if len(groups) == 1:
             report.bytes_in = _write_ranks(plan, dirs, prefix, ext, progress)
         else:
+            # fork: the workers share the parent's source (a .ckpt is read once; safetensors are memory-mapped)
             import multiprocessing
-            with multiprocessing.get_context("spawn").Pool(len(groups)) as pool:
-                read = pool.map(_worker, [(src_checkpoint, dst_strategy, src_strategy, g, prefix, ext)
-                                          for g in groups])
+            global _FORKED_PLAN
+            _FORKED_PLAN = plan
+            try:
+                with multiprocessing.get_context("fork").Pool(len(groups)) as pool:
+                    read = pool.map(_worker, [(g, prefix, ext) for g in groups])
+            finally:
+                _FORKED_PLAN = None
             report.bytes_in = read[0]
     report.seconds = time.time() - t0
     return report
