@@ -118,11 +118,13 @@ def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, s
         "sampling": {"max_tokens": 6, "temperature": 1.0},
         "optim": {"lr": 2e-4, "min_lr": 2e-5, "warmup_steps": 5, "weight_decay": 0.0},
         "reward": {"verifier_function": ["accuracy_reward"], "verifier_weight": [1.0]},
-        "run": {"total_steps": args.steps, "eval_steps": max(1, args.steps // 5), "eval_prompts": 200,
-                "save_steps": max(1, args.steps // 2), "seed": 1},
+        "run": {"total_steps": args.steps, "eval_steps": args.eval_steps or max(1, args.steps // 5),
+                "eval_prompts": 200, "save_steps": max(1, args.steps // 2), "seed": args.seed},
         # host swap is off: this model is tiny. On CPU, swapping rollout weights / KV cache lowers the process
         # total; the policy, optimizer and reference keep a host copy in the same RAM (mindrlhf/parallel/swap.py)
     }
+    if args.dynamic_sampling:
+        grpo["rl"].update(dynamic_sampling=True, max_num_gen_batches=4)
     paths["grpo"] = os.path.join(work, "grpo_config.yaml")
     with open(paths["grpo"], "w") as fh:
         yaml.safe_dump(grpo, fh)
@@ -281,6 +283,9 @@ def main(argv=None) -> int:
     p.add_argument("--sft_steps", type=int, default=600, help="supervised warm-up steps")
     p.add_argument("--workers", type=int, default=2, help="msrun workers (2 or 4 on this CPU)")
     p.add_argument("--train_rows", type=int, default=3000)
+    p.add_argument("--seed", type=int, default=1, help="GRPO seed (sampling and prompt order)")
+    p.add_argument("--eval_steps", type=int, default=0, help="held-out eval every N steps (default: steps / 5)")
+    p.add_argument("--dynamic_sampling", action="store_true", help="DAPO's dynamic sampling (rl.dynamic_sampling)")
     args = p.parse_args(argv)
     t0 = time.time()
     work = os.path.abspath(args.workdir)

@@ -7,8 +7,15 @@ import yaml
 
 from data_helpers import arithmetic_rows, make_tokenizer_files, write_jsonl
 from mindrlhf.data.convert import build_parser, convert
+from mindrlhf.reward.verifiers import register_verifier
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+@register_verifier("digit_fraction_test")
+def digit_fraction(completion, solution):
+    """A dense reward a random model can move (tests need advantages that are not all zero)."""
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
 
 
 def model_yaml(path: str, dp: int = 1, tp: int = 1, vocab_size: int = 416, **model_overrides) -> str:

@@ -4,8 +4,8 @@ import pytest
 from mindspore import Tensor
 from mindrlhf.configs import ConfigError
 
-from mindrlhf.trainer.grpo_math import (LOSS_AGGREGATIONS, clipped_policy_loss, group_advantages, grpo_loss, kl_k1,
-                                        kl_k2, kl_k3)
+from mindrlhf.trainer.grpo_math import (LOSS_AGGREGATIONS, clipped_policy_loss, group_advantages, grpo_loss,
+                                        informative_groups, kl_k1, kl_k2, kl_k3, overlong_penalty, tis_weights)
 
 LOGP = np.array([[-1.0, -2.0, -0.5], [-0.3, -1.2, -4.0]], np.float32)
 OLD = np.array([[-1.5, -1.5, -0.5], [-0.3, -2.0, -4.0]], np.float32)
@@ -117,3 +117,37 @@ def test_global_mini_batches_are_the_same_rows_on_any_train_layout():
     assert (two.token_norms(mask) * 2).tolist() == one.token_norms(mask).tolist()
     with pytest.raises(ConfigError, match="rl.mini_batch_size: 3 does not divide the 16"):
         StepGeometry.from_config(SimpleNamespace(batch_size=4, num_generations=4, mini_batch_size=3), 1, 1)
+
+
+# ---- GRPO variants ---------------------------------------------------------------------------------------
+def test_informative_groups():
+    rewards = np.array([1, 0, 1, 0, 0, 0, 0.5, 0.5, 0.5000001, 2, 2, 2], np.float32)
+    assert informative_groups(rewards, 3).tolist() == [True, False, True, False]
+    # an all-equal group is exactly the one whose advantages are all zero
+    adv = group_advantages(rewards, 3).reshape(4, 3)
+    assert np.all(adv[[1, 3]] == 0) and np.all(np.abs(adv[[0, 2]]).max(1) > 0)
+
+
+def test_overlong_penalty_is_daposs_linear_ramp():
+    # max_tokens 10, buffer 4: no penalty up to 6 tokens, then -(len - 6) / 4 x factor, -factor at 10
+    lengths = np.array([1, 6, 7, 8, 10])
+    np.testing.assert_allclose(overlong_penalty(lengths, 10, 4, 1.0), [0, 0, -0.25, -0.5, -1.0], atol=1e-7)
+    np.testing.assert_allclose(overlong_penalty(lengths, 10, 4, 0.5), [0, 0, -0.125, -0.25, -0.5], atol=1e-7)
+
+
+def test_tis_weights_and_weighted_policy_loss():
+    rollout = np.array([[-1.2, -1.0, -0.5], [-1.0, -2.0, -3.0]], np.float32)
+    w, ratio = tis_weights(T(OLD), T(rollout), 1.5)
+    exp_ratio = np.exp(OLD - rollout)
+    np.testing.assert_allclose(ratio.asnumpy(), exp_ratio, rtol=1e-5)
+    np.testing.assert_allclose(w.asnumpy(), np.minimum(exp_ratio, 1.5), rtol=1e-5)
+    assert (exp_ratio > 1.5).sum() == 1       # the cap binds on one token
+    loss, pg, kl, _ = grpo_loss(T(LOGP), T(OLD), T(REF), T(ADV), T(MASK), 0.2, 0.2, 0.1, "k3", "token-mean", 3,
+                                pg_weight=w)
+    exp_pg, _ = _np_clipped(0.2, 0.2)
+    exp_pg = (exp_pg * np.minimum(exp_ratio, 1.5) * MASK).sum() / MASK.sum()
+    log_r = REF - LOGP
+    exp_kl = ((np.exp(log_r) - log_r - 1) * MASK).sum() / MASK.sum()     # the KL term is not reweighted
+    # float32 exp on both sides: ~4e-7 apart; a weight on the KL or a missing cap moves these by > 1e-2
+    assert float(pg.asnumpy()) == pytest.approx(exp_pg, abs=1e-6)
+    assert float(loss.asnumpy()) == pytest.approx(exp_pg + 0.1 * exp_kl, abs=1e-6)

@@ -1,7 +1,10 @@
 """A GRPO run's trajectory does not depend on the parallel layout, and a crash at any point resumes exactly.
 
 Three steps with beta > 0, num_iterations = 2, two global mini-batches, ragged responses (many EOS ids),
-T = 0.8 with top_p = 0.9, and reference solutions longer than 255 bytes, in three layouts:
+T = 0.8 with top_p = 0.9, reference solutions longer than 255 bytes, and the GRPO variants on (DAPO's dynamic
+sampling over a reward that is constant for half the prompts, truncated completions masked, TIS; the
+overlong penalty, host numpy on every rank's copy of the samples, would make every group informative here),
+in three layouts:
 single process; train dp1 x tp2 / infer dp2 x tp1; train dp2 x tp1 / infer dp1 x tp2 (2 msrun workers).
 Per-step metrics agree to 1e-5 relative (KL: or 1e-7 absolute) and the final weights to 1e-5 relative in
 norm over the whole model (per tensor: see the bounds below); each exported HF policy equals its checkpoint
@@ -33,7 +36,8 @@ pytestmark = pytest.mark.msrun
 WORKER = os.path.join(os.path.dirname(__file__), "workers", "grpo_worker.py")
 EOS = [2] + list(range(200, 260))          # ~15% of the vocabulary ends a response: ragged lengths
 COMPARED = ("reward_mean", "reward/solution_length_test", "loss", "pg_loss", "kl", "grad_norm", "entropy", "clip_frac",
-            "response_len_mean")
+            "response_len_mean", "dynamic_sampling/rounds", "dynamic_sampling/kept_groups", "zero_std_groups_frac",
+            "response_clipped_frac", "tis_ratio_mean", "tis_ratio_max")
 # The KL is a small mean of functions of (logp - ref_logp), whose float32 inputs differ by ~1e-6 between
 # layouts (TP reductions): measured up to 1.2e-8 absolute at KL ~1e-3 (1.1e-5 relative). A real layout bug
 # (per-rank token normalisation, a wrong reference) moves it by 1e-5 or more.
@@ -75,7 +79,9 @@ def _args(assets, name, out_dir, **extra):
              "total_steps": STEPS, "save_steps": 1, "keep_checkpoints": 2, "seed": 7, "batch_size": batch,
              "num_generations": 4, "mini_batch_size": mini, "num_iterations": 2, "beta": 0.04,
              "ref_sync_steps": 2, "temperature": 0.8, "top_p": 0.9, "max_tokens": 8, "lr": 1e-4,
-             "verifier_function": "response_length_test,solution_length_test", "verifier_weight": "1.0,1.0",
+             "verifier_function": "half_constant_length_test,solution_length_test", "verifier_weight": "1.0,1.0",
+             "dynamic_sampling": True, "max_num_gen_batches": 3, "mask_truncated_completions": True, "tis": True,
+             "tis_cap": 1.5,
              "rollout_log_file": os.path.join(out_dir, "rollouts.mindrecord"), "progress": False, "export_hf": True}
     flags.update(extra)
     return [x for k, v in flags.items() for x in (f"--{k}", str(v))]
@@ -116,6 +122,9 @@ def test_trajectory_is_layout_invariant(assets, runs):
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
     assert all(r["response_len_mean"] < r["response_len_max"] for r in ref)     # responses are ragged
     assert ref[-1]["kl"] != 0.0                                         # the reference model is active
+    assert max(r["dynamic_sampling/rounds"] for r in ref) > 1           # groups were dropped and more sampled
+    assert all(r["dynamic_sampling/kept_groups"] == 4 for r in ref)     # the step's batch is exact
+    assert min(r["response_clipped_frac"] for r in ref) > 0              # some rows are masked as truncated
     assert all(abs(r["loss"]) > 1e-3 and r["grad_norm"] > 1e-2 for r in ref)    # signal far above float noise
     ref_weights, _ = _full_weights(assets, runs["single"], LAYOUTS["single"][0])
     init = read_checkpoint(assets["init"])

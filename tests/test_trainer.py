@@ -10,14 +10,7 @@ from mindrlhf.configs import ConfigError
 from mindrlhf.configs.grpo_config import load_grpo_config
 from mindrlhf.trainer import checkpointing
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer, TrainingError
-from mindrlhf.reward.verifiers import register_verifier
 from mindrlhf.trainer.metrics import read_metrics
-
-
-@register_verifier("digit_fraction_test")
-def digit_fraction(completion, solution):
-    """A dense reward a random model can move (tests need advantages that are not all zero)."""
-    return sum(c.isdigit() for c in completion) / max(1, len(completion))
 
 
 @pytest.fixture(scope="module")

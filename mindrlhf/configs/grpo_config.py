@@ -94,6 +94,23 @@ class RLConfig:
                        "(Dr.GRPO)", choices=choices.LOSS_AGGREGATIONS)
     adv_norm_std: bool = _f(True, "divide advantages by the group std (False: Dr.GRPO)")
     ref_sync_steps: int = _f(0, "copy the policy into the reference model every N steps; 0 = never")
+    dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling: drop prompt groups whose rewards are all equal "
+                                "(no policy gradient) and sample more prompts until the step holds batch_size x "
+                                "infer data_parallel informative groups (verl's filter_groups)")
+    max_num_gen_batches: int = _f(4, "dynamic sampling: at most this many rollout rounds per step; if still short, "
+                                  "the missing groups are filled with dropped ones whose loss is masked out "
+                                  "(dynamic_sampling/masked_groups); a step with no informative group skips its "
+                                  "update")
+    overlong_buffer_len: int = _f(0, "DAPO's soft overlong punishment: a reward penalty rising linearly from 0 to "
+                                  "overlong_penalty_factor over the last overlong_buffer_len tokens before "
+                                  "max_tokens; 0 = off")
+    overlong_penalty_factor: float = _f(1.0, "the overlong penalty at max_tokens")
+    mask_truncated_completions: bool = _f(False, "completions cut at max_tokens (no EOS) contribute no loss (TRL's "
+                                          "name); they still count in their group's advantages")
+    tis: bool = _f(False, "truncated importance sampling against a rollout/train mismatch (slime --use-tis, "
+                   "TRL vllm_importance_sampling_correction): weight each token's policy-gradient term by "
+                   "min(exp(train old log-prob - rollout log-prob), tis_cap)")
+    tis_cap: float = _f(2.0, "TIS truncation C (slime --tis-clip, TRL vllm_importance_sampling_cap)")
 
 
 @dataclass
@@ -200,6 +217,16 @@ class GRPOConfig:
         if self.optim.lr_schedule.startswith("mindrlhf") and self.optim.min_lr >= self.optim.lr:
             raise ConfigError(f"optim.min_lr (end_lr): expected < lr (start_lr) as MindRLHF requires, got "
                               f"{self.optim.min_lr} >= {self.optim.lr}")
+        if self.rl.max_num_gen_batches < 1:
+            raise ConfigError(f"rl.max_num_gen_batches: expected >= 1, got {self.rl.max_num_gen_batches}")
+        if not 0 <= self.rl.overlong_buffer_len < self.sampling.max_tokens:
+            raise ConfigError(f"rl.overlong_buffer_len: expected 0 <= overlong_buffer_len < sampling.max_tokens="
+                              f"{self.sampling.max_tokens}, got {self.rl.overlong_buffer_len}")
+        if self.rl.overlong_penalty_factor < 0:
+            raise ConfigError(f"rl.overlong_penalty_factor: expected >= 0, got {self.rl.overlong_penalty_factor}")
+        if self.rl.tis_cap < 1:
+            raise ConfigError(f"rl.tis_cap: expected >= 1 (a cap below 1 shrinks every on-policy token), got "
+                              f"{self.rl.tis_cap}")
         if self.run.max_num_seqs and self.run.max_num_seqs < self.rl.num_generations:
             raise ConfigError(f"run.max_num_seqs: {self.run.max_num_seqs} cannot hold one prompt's "
                               f"num_generations={self.rl.num_generations} samples")

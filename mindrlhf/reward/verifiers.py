@@ -133,6 +133,17 @@ class Scores:
     stats: Dict[str, float]            # shares over the batch (see RewardFn.score)
 
 
+def merge_scores(scores: List[Scores], rows: Sequence[int]) -> Scores:
+    """Several batches' scores as one: totals and parts of the concatenated batch at `rows`; the stats
+    (shares) over every completion of every batch, weighted by batch size."""
+    sizes = [len(s.total) for s in scores]
+    total = [t for s in scores for t in s.total]
+    parts = {name: [v for s in scores for v in s.parts[name]] for name in scores[0].parts}
+    stats = {k: float(sum(s.stats[k] * n for s, n in zip(scores, sizes)) / max(sum(sizes), 1))
+             for k in scores[0].stats}
+    return Scores([total[i] for i in rows], {k: [v[i] for i in rows] for k, v in parts.items()}, stats)
+
+
 class RewardFn:
     """Weighted sum of named verifiers; also reports each part (for metrics).
 

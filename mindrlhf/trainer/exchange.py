@@ -10,6 +10,7 @@ from typing import Dict, Sequence
 import numpy as np
 
 from mindrlhf.parallel import comm
+from mindrlhf.parallel.mesh import distributed_env
 from mindrlhf.parallel.reshard import gather_full
 from mindrlhf.trainer.samples import SampleBatch
 
@@ -33,6 +34,15 @@ def mean_over_ranks(values: Sequence[float]) -> np.ndarray:
     if len(world) == 1:
         return arr
     return comm.all_reduce_sum(arr.astype(np.float32), world).astype(np.float64) / len(world)
+
+
+def max_over_ranks(values: Sequence[float]) -> np.ndarray:
+    """Element-wise max of per-rank values over all ranks."""
+    arr = np.asarray(values, np.float32)
+    world = comm.world_ranks()
+    if len(world) == 1:
+        return arr.astype(np.float64)
+    return comm.all_gather(arr, world, distributed_env()[0]).max(0).astype(np.float64)
 
 
 def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:

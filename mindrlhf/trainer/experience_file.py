@@ -4,7 +4,9 @@
 
     prompt_completion_ids  int32   [P + R]
     prompts_mask           int32   [P + R]   1 on prompt tokens
-    responses_mask         int32   [P + R]   1 on response tokens
+    responses_mask         int32   [P + R]   1 on the response tokens the loss sees (0 for groups that
+                                   dynamic sampling masked out and, with mask_truncated_completions,
+                                   for truncated completions: upstream trains with this mask)
     ref_per_token_logps    float32 [P + R - 1]  log-prob of token t + 1 under the reference (0 off the
                                    response, and everywhere when beta = 0: there is no reference model)
     advantages             float32 [1]
@@ -25,18 +27,19 @@ SCHEMA = {"prompt_completion_ids": {"type": "int32", "shape": [-1]},
           "advantages": {"type": "float32", "shape": [-1]}}
 
 
-def experience_columns(samples: SampleBatch, ref_logp: np.ndarray, advantages: np.ndarray):
+def experience_columns(samples: SampleBatch, train_mask: np.ndarray, ref_logp: np.ndarray, advantages: np.ndarray):
     n, p = samples.prompt_ids.shape
     r = samples.response_ids.shape[1]
     ref = np.zeros((n, p + r - 1), np.float32)
-    ref[:, p - 1:] = ref_logp * samples.response_mask        # response token k is predicted at position p - 1 + k
+    ref[:, p - 1:] = ref_logp * train_mask        # response token k is predicted at position p - 1 + k
     zeros_p, zeros_r = np.zeros((n, p), np.int32), np.zeros((n, r), np.int32)
     return {"prompt_completion_ids": np.concatenate([samples.prompt_ids, samples.response_ids], 1).astype(np.int32),
             "prompts_mask": np.concatenate([samples.prompt_mask.astype(np.int32), zeros_r], 1),
-            "responses_mask": np.concatenate([zeros_p, samples.response_mask.astype(np.int32)], 1),
+            "responses_mask": np.concatenate([zeros_p, np.asarray(train_mask, np.int32)], 1),
             "ref_per_token_logps": ref,
             "advantages": np.asarray(advantages, np.float32).reshape(n, 1)}
 
 
-def write_experience(path: str, samples: SampleBatch, ref_logp: np.ndarray, advantages: np.ndarray):
-    write_mindrecord(path, experience_columns(samples, ref_logp, advantages), SCHEMA, index_fields=[])
+def write_experience(path: str, samples: SampleBatch, train_mask: np.ndarray, ref_logp: np.ndarray,
+                     advantages: np.ndarray):
+    write_mindrecord(path, experience_columns(samples, train_mask, ref_logp, advantages), SCHEMA, index_fields=[])

@@ -30,6 +30,21 @@ def group_advantages(rewards: np.ndarray, group_size: int, norm_std: bool = True
     return centred.reshape(-1).astype(np.float32)
 
 
+def informative_groups(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """(groups,) bool: the groups whose rewards are not all equal (DAPO's dynamic sampling keeps these; an
+    all-equal group has advantage 0 everywhere and gives no policy gradient)."""
+    g = np.asarray(rewards, np.float64).reshape(-1, group_size)
+    return g.max(1) > g.min(1)
+
+
+def overlong_penalty(lengths: np.ndarray, max_tokens: int, buffer_len: int, factor: float = 1.0) -> np.ndarray:
+    """DAPO's soft overlong punishment, added to the reward: 0 up to max_tokens - buffer_len tokens, then
+    falling linearly to -factor at max_tokens (verl's overlong_buffer)."""
+    expected = max_tokens - buffer_len
+    exceed = np.asarray(lengths, np.float64) - expected
+    return np.minimum(-exceed / buffer_len * factor, 0.0).astype(np.float32)
+
+
 # ---- KL estimators: KL(pi || ref) per token, from samples of pi ---------------------------------------
 def kl_k1(logp, ref_logp):
     return logp - ref_logp
@@ -89,12 +104,21 @@ def clipped_policy_loss(logp, old_logp, advantages, clip_low: float, clip_high: 
     return loss, clipped, ratio
 
 
+def tis_weights(old_logp, rollout_logp, cap: float):
+    """Truncated importance sampling (TIS) against a rollout/train mismatch: per token
+    min(exp(train_old - rollout), cap), no gradient; returns (weight, ratio before the cap)."""
+    ratio = ops.exp(ops.stop_gradient(old_logp) - rollout_logp)
+    return ops.minimum(ratio, cap), ratio
+
+
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float, clip_high: float, beta: float,
-              kl_estimator: str, agg: str, max_len: int, token_norm=None):
+              kl_estimator: str, agg: str, max_len: int, token_norm=None, pg_weight=None):
     """Total loss and its parts: (loss, policy_loss, kl, clip_fraction), each a scalar (see agg_token_mean
-    for `token_norm`)."""
+    for `token_norm`). `pg_weight` (N, R) multiplies the per-token policy-gradient term (TIS), not the KL."""
     mask = ops.cast(mask, ms.float32)
     pg, clipped, _ = clipped_policy_loss(logp, old_logp, advantages, clip_low, clip_high)
+    if pg_weight is not None:
+        pg = pg * pg_weight
     aggregate = LOSS_AGGREGATIONS[agg]
     pg_loss = aggregate(pg, mask, max_len, token_norm)
     if beta > 0:

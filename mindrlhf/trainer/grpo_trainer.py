@@ -35,16 +35,16 @@ from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
-from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer
+from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer, merge_scores
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing, exchange
 from mindrlhf.trainer.experience_file import write_experience
-from mindrlhf.trainer.grpo_math import group_advantages
+from mindrlhf.trainer.grpo_math import group_advantages, informative_groups, overlong_penalty
 from mindrlhf.trainer.metrics import MetricsLogger, sample_metrics
 from mindrlhf.trainer.optim import AdamW, scheduled_lr
 from mindrlhf.trainer.rollout_log import RolloutLog
-from mindrlhf.trainer.samples import SampleBatch, training_tensors
+from mindrlhf.trainer.samples import SampleBatch, concat_samples, training_tensors
 from mindrlhf.trainer.step_geometry import StepGeometry
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
@@ -52,7 +52,10 @@ from mindrlhf.utils import memory
 from mindrlhf.utils.params import copy_params
 
 # what each update reports (the train step's outputs, then the learning rate), averaged over a step's updates
-UPDATE_STATS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "on_policy_gap", "lr")
+UPDATE_STATS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "on_policy_gap", "tis_ratio_mean",
+                "tis_ratio_max", "tis_clipped_frac", "lr")
+MAX_STATS = ("tis_ratio_max",)          # reduced by max over updates and ranks; the rest by mean
+TIS_STATS = ("tis_ratio_mean", "tis_ratio_max", "tis_clipped_frac")
 
 
 class TrainingError(RuntimeError):
@@ -117,6 +120,7 @@ class GRPOTrainer:
                 setattr(self.cfg.sampling, name, coerce(value, fields[name], f"{infer_yaml.path}: {name}"))
                 taken.append(f"{name}={getattr(self.cfg.sampling, name)}")
         self.cfg.sampling.validate(where=f"{infer_yaml.path}: sampling from model_config: ")
+        self.cfg.validate()          # the checks that involve sampling fields (e.g. rl.overlong_buffer_len)
         if taken:
             self.log(f"sampling from {infer_yaml.path}: {', '.join(taken)}")
 
@@ -253,11 +257,13 @@ class GRPOTrainer:
         return SamplingParams(**fields)
 
     # ---- phases ---------------------------------------------------------------------------------------
-    def rollout(self, batch) -> SampleBatch:
-        """This infer-DP replica's prompts; prompt i of the step's global batch is sampled with key (step, i)."""
+    def rollout(self, batch, round_index: int = 0) -> SampleBatch:
+        """This infer-DP replica's prompts; prompt i of the step's global batch is sampled with key (step, i),
+        and of a dynamic-sampling round r > 0 with key (step, r x prompts per round + i)."""
         prompts = [row[:n].tolist() for row, n in zip(batch["prompt_ids"], batch["prompt_length"])]
         offset = self.infer_mesh.dp_index * len(prompts)
-        keys = [(self.step, offset + i) for i in range(len(prompts))]
+        first = round_index * len(prompts) * self.infer_mesh.dp
+        keys = [(self.step, first + offset + i) for i in range(len(prompts))]
         kv = self.swap.groups["kv_cache"]
         kv.reload()
         out = self.engine.generate(prompts, self.sampling_params(), keys)
@@ -285,8 +291,10 @@ class GRPOTrainer:
             out.append(logp.asnumpy())
         return np.concatenate(out)
 
-    def update(self, samples: SampleBatch, old_logp, ref_logp, advantages, token_norms) -> np.ndarray:
-        """num_iterations passes over this rank's mini-batches; returns the mean of UPDATE_STATS."""
+    def update(self, samples: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norms) -> np.ndarray:
+        """num_iterations passes over this rank's mini-batches; returns UPDATE_STATS over the updates (MAX_STATS
+        by max, the rest by mean). `train_mask` is the response mask the loss sees (masked groups and, with
+        mask_truncated_completions, truncated rows zeroed)."""
         stats, mb = [], self.geometry.mini_batch
         for _ in range(self.cfg.rl.num_iterations):
             for k in range(self.geometry.minibatches):
@@ -295,11 +303,65 @@ class GRPOTrainer:
                 update_index = int(self.optimizer.step.asnumpy()[0])
                 lr = scheduled_lr(update_index, self.cfg.optim, self.total_updates)
                 out = self.train_step(t["input_ids"], t["position_ids"], t["bias"], t["labels"],
-                                      Tensor(samples.response_mask[sl].astype(np.float32)),
-                                      Tensor(old_logp[sl]), Tensor(ref_logp[sl]), Tensor(advantages[sl]),
-                                      Tensor(token_norms[k]), Tensor(np.float32(lr)))
+                                      Tensor(train_mask[sl].astype(np.float32)), Tensor(old_logp[sl]),
+                                      Tensor(samples.rollout_logp[sl]), Tensor(ref_logp[sl]),
+                                      Tensor(advantages[sl]), Tensor(token_norms[k]), Tensor(np.float32(lr)))
                 stats.append([float(x.asnumpy()) for x in out] + [lr])
-        return np.mean(np.array(stats, np.float64), 0)
+        stats = np.array(stats, np.float64)
+        return np.array([stats[:, i].max() if name in MAX_STATS else stats[:, i].mean()
+                         for i, name in enumerate(UPDATE_STATS)])
+
+    def _generate_round(self, phase, round_index: int):
+        """One global batch of prompts: rollout on each infer replica, gathered, scored (overlong penalty
+        included). Returns (samples, rewards, scored, texts, solutions)."""
+        global_batch = self.dataset.next_global_batch()
+        local = phase("rollout", self.rollout, self.dataset.local_part(global_batch), round_index)
+        samples = phase("gather", exchange.gather_samples, local, self.infer_mesh)
+        solutions = [str(s) for s in global_batch["solution"]]
+        rewards, scored, texts = phase("reward", self.score, samples, solutions)
+        rl = self.cfg.rl
+        if rl.overlong_buffer_len:
+            penalty = overlong_penalty(samples.response_mask.sum(1), self.cfg.sampling.max_tokens,
+                                       rl.overlong_buffer_len, rl.overlong_penalty_factor)
+            rewards = rewards + penalty
+            scored.parts["overlong_penalty"] = penalty.tolist()
+        return samples, rewards, scored, texts, solutions
+
+    def collect(self, phase):
+        """The step's training batch. Without dynamic sampling: one round. With it (DAPO): rounds until
+        batch_size x infer dp informative groups (rewards not all equal) are held or max_num_gen_batches
+        rounds ran; the batch is the first informative groups in round order, topped up, when short, by
+        dropped groups whose loss is masked out. Every rank scores every sample, so every rank makes the
+        same choice. Returns (samples, rewards, scored, texts, solutions, group_mask, stats)."""
+        rl, target = self.cfg.rl, self.geometry.sequences // self.cfg.rl.num_generations
+        rounds = [self._generate_round(phase, 0)]
+        informative = [informative_groups(rounds[0][1], rl.num_generations)]
+        while rl.dynamic_sampling and sum(m.sum() for m in informative) < target and \
+                len(rounds) < rl.max_num_gen_batches:
+            rounds.append(self._generate_round(phase, len(rounds)))
+            informative.append(informative_groups(rounds[-1][1], rl.num_generations))
+        generated = np.concatenate(informative)
+        stats = {"zero_std_groups_frac": float(1.0 - generated.mean())}
+        if not rl.dynamic_sampling:
+            samples, rewards, scored, texts, solutions = rounds[0]
+            return samples, rewards, scored, texts, solutions, np.ones(target, bool), stats
+        order = np.argsort(~generated, kind="stable")[:target]      # informative first, each in round order
+        order.sort()                                                  # keep round order in the batch
+        group_mask = generated[order]
+        g = rl.num_generations
+        rows = (order[:, None] * g + np.arange(g)).reshape(-1)
+        all_samples = concat_samples([r[0] for r in rounds], [len(r[4]) for r in rounds])
+        all_rewards = np.concatenate([r[1] for r in rounds])
+        texts = [t for r in rounds for t in r[3]]
+        solutions = [s for r in rounds for s in r[4]]
+        scored = merge_scores([r[2] for r in rounds], rows)
+        stats.update({"tokens_generated": float(sum(r[0].response_mask.sum() for r in rounds)),
+                      "dynamic_sampling/rounds": float(len(rounds)),
+                      "dynamic_sampling/kept_groups": float(group_mask.sum()),
+                      "dynamic_sampling/masked_groups": float((~group_mask).sum()),
+                      "reward_mean_generated": float(all_rewards.mean())})
+        return (all_samples.take(rows), all_rewards[rows], scored, [texts[i] for i in rows], solutions, group_mask,
+                stats)
 
     def train_one_step(self) -> Dict[str, float]:
         times, peaks = {}, {}
@@ -308,39 +370,46 @@ class GRPOTrainer:
             memory.reset_peak()
             t0 = time.time()
             result = fn(*args)
-            times[name] = time.time() - t0
-            peaks[name] = memory.peak_mb()
+            times[name] = times.get(name, 0.0) + time.time() - t0
+            peaks[name] = max(peaks.get(name, 0.0), memory.peak_mb())
             return result
 
+        rl = self.cfg.rl
         t_step = time.time()
         swap_before = self.swap.seconds
         self.swap.enter("rollout")
-        global_batch = self.dataset.next_global_batch()
-        local = phase("rollout", self.rollout, self.dataset.local_part(global_batch))
-        samples = phase("gather", exchange.gather_samples, local, self.infer_mesh)
-        solutions = [str(s) for s in global_batch["solution"]]
-        rewards, scored, texts = phase("reward", self.score, samples, solutions)
+        samples, rewards, scored, texts, solutions, group_mask, collect_stats = self.collect(phase)
         self.rollout_log.add(self.step + 1, samples, texts, rewards, solutions, self.tokenizer)
-        advantages = group_advantages(rewards, self.cfg.rl.num_generations, self.cfg.rl.adv_norm_std)
+        advantages = group_advantages(rewards, rl.num_generations, rl.adv_norm_std)
+        train_mask = samples.response_mask * np.repeat(group_mask, rl.num_generations)[:, None]
+        if rl.mask_truncated_completions:
+            train_mask = train_mask * samples.finished[:, None]
         mine = self.geometry.rows_of(self.train_mesh.dp_index)
         my_samples = samples.take(mine)
-        if self.on_policy:
+        skip = rl.dynamic_sampling and not group_mask.any()      # nothing informative: no update at all
+        if self.on_policy or skip:
             old_logp = my_samples.rollout_logp          # the loss cell uses its own detached log-probs
         else:
             self.swap.enter("logprob")
             old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples)
         ref_logp = np.zeros_like(old_logp)
-        if self.ref_logprob:
+        if self.ref_logprob and not skip:
             self.swap.enter("ref_logprob")
             ref_logp = phase("ref_logprob", self.logprobs, self.ref_logprob, my_samples)
-        self.swap.enter("train")
-        local_stats = phase("train", self.update, my_samples, old_logp, ref_logp, advantages[mine],
-                            self.geometry.token_norms(samples.response_mask))
         if self.cfg.run.save_data_file:
-            phase("save_data_file", self._write_experience, samples, mine, ref_logp, advantages)
+            phase("save_data_file", self._write_experience, samples, train_mask, mine, ref_logp, advantages)
+        self.swap.enter("train")
+        if skip:
+            local_stats = np.zeros(len(UPDATE_STATS))
+        else:
+            local_stats = phase("train", self.update, my_samples, train_mask[mine], old_logp, ref_logp,
+                                advantages[mine], self.geometry.token_norms(train_mask))
         gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.response_mask.astype(bool)]
-        stats = exchange.mean_over_ranks(list(local_stats) + ([0.0, 0.0] if self.on_policy else [gap.sum(), gap.size]))
+        off_policy_gap = [0.0, 0.0] if (self.on_policy or skip) else [gap.sum(), gap.size]
+        stats = exchange.mean_over_ranks(list(local_stats) + off_policy_gap)
+        maxima = exchange.max_over_ranks([local_stats[UPDATE_STATS.index(k)] for k in MAX_STATS])
         result = dict(zip(UPDATE_STATS, stats.tolist()))
+        result.update(zip(MAX_STATS, maxima.tolist()))
         if not (np.isfinite(result["loss"]) and np.isfinite(result["grad_norm"])):
             raise TrainingError(f"step {self.step + 1}: the loss or gradient norm is not finite (NaN/inf) on at least "
                                 f"one rank (loss={result['loss']}, grad_norm={result['grad_norm']}); the last checkpoint "
@@ -348,13 +417,17 @@ class GRPOTrainer:
         self.swap.enter("sync")
         phase("weight_sync", self.weight_sync.sync)
         self.step += 1
-        if self._reference_moves() and self.step % self.cfg.rl.ref_sync_steps == 0:
+        if self._reference_moves() and self.step % rl.ref_sync_steps == 0:
             self.swap.groups["ref"].reload()
             copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())   # same layout: local
-        metrics = {k: v for k, v in result.items() if k != "on_policy_gap"}
+        drop = {"on_policy_gap"} | (set() if rl.tis else set(TIS_STATS))
+        metrics = {k: v for k, v in result.items() if k not in drop}
         metrics["rollout_train_logprob_gap"] = (result["on_policy_gap"] if self.on_policy
                                                 else float(stats[-2] / max(stats[-1], 1.0)))
         metrics.update(sample_metrics(samples, rewards, scored))
+        metrics.update(collect_stats)
+        if skip:
+            metrics["dynamic_sampling/skipped_update"] = 1.0
         metrics.update({f"time_{k}": v for k, v in times.items()})
         metrics.update({f"peak_mb_{k}": v for k, v in peaks.items()})
         metrics["time_swap"] = self.swap.seconds - swap_before
@@ -363,10 +436,10 @@ class GRPOTrainer:
         metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(times["rollout"], 1e-9)
         return metrics
 
-    def _write_experience(self, samples, mine, ref_logp, advantages):
+    def _write_experience(self, samples, train_mask, mine, ref_logp, advantages):
         full_ref = exchange.rows_of_all_replicas(ref_logp, mine, len(samples), self.train_mesh)
         if self.rank == 0:
-            write_experience(self.cfg.run.save_data_file, samples, full_ref, advantages)
+            write_experience(self.cfg.run.save_data_file, samples, train_mask, full_ref, advantages)
 
     def _one_update_per_rollout(self) -> bool:
         """The weights that sampled are the ones trained: the old log-probs are the train forward's own

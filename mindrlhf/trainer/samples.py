@@ -32,6 +32,15 @@ class SampleBatch:
         return len(self.prompt_ids)
 
 
+def concat_samples(batches, solutions_per_batch) -> SampleBatch:
+    """Several steps' worth of rows as one batch; each batch's solution_index is offset by the solutions of
+    the batches before it (their solution lists are concatenated in the same order)."""
+    offsets = np.cumsum([0] + list(solutions_per_batch[:-1]))
+    fields = {k: np.concatenate([getattr(b, k) for b in batches]) for k in batches[0].__dict__}
+    fields["solution_index"] = np.concatenate([b.solution_index + o for b, o in zip(batches, offsets)])
+    return SampleBatch(**fields)
+
+
 def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:
     """[prompt | response] sequences as model inputs; labels shifted by one; static shapes."""
     seq = np.concatenate([batch.prompt_ids, batch.response_ids], 1)

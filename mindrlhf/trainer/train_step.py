@@ -11,7 +11,7 @@ from mindspore import nn, ops
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.models.tp_regions import reduce_from_tp
 from mindrlhf.parallel.grad_sync import DPGradMean
-from mindrlhf.trainer.grpo_math import agg_token_mean, grpo_loss
+from mindrlhf.trainer.grpo_math import agg_token_mean, grpo_loss, tis_weights
 from mindrlhf.trainer.optim import AdamW, clip_scale
 
 
@@ -41,8 +41,9 @@ class ResponseLogProb(nn.Cell):
 class GRPOLossCell(nn.Cell):
     """The GRPO loss of one mini-batch. `on_policy`: the weights that sampled are the weights being trained
     (one update per rollout), so the old log-probs are this forward's own, detached (as TRL does): no
-    separate old-policy pass. The `old_logp` input then carries the rollout's log-probs, and the mean
-    |train - rollout| log-prob gap comes back as a statistic."""
+    separate old-policy pass (the `old_logp` input is then unused), and the mean |train - rollout| log-prob
+    gap comes back as a statistic. `rl.tis`: the policy-gradient term is weighted per token by
+    min(exp(old - rollout), tis_cap) (grpo_math.tis_weights); its mean, max and clipped share come back."""
 
     def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0, on_policy: bool = False):
         super().__init__(auto_prefix=False)
@@ -52,20 +53,31 @@ class GRPOLossCell(nn.Cell):
         self.on_policy = on_policy
         self.clip_low, self.clip_high = rl.clip_low, rl.clip_high
         self.beta, self.kl_estimator, self.agg = rl.beta, rl.kl_estimator, rl.loss_agg
+        self.tis, self.tis_cap = rl.tis, rl.tis_cap
 
-    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages, token_norm):
+    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                  token_norm):
         logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
                                       self.temperature)
         fmask = ops.cast(mask, ms.float32)
         gap = ops.zeros((), ms.float32)
         if self.on_policy:
-            gap = agg_token_mean(ops.abs(ops.stop_gradient(logp) - old_logp), fmask, self.response_len, token_norm)
+            gap = agg_token_mean(ops.abs(ops.stop_gradient(logp) - rollout_logp), fmask, self.response_len,
+                                 token_norm)
             old_logp = ops.stop_gradient(logp)
+        weight = None
+        tis_mean, tis_max, tis_clipped = ops.zeros((), ms.float32), ops.zeros((), ms.float32), ops.zeros((), ms.float32)
+        if self.tis:
+            weight, ratio = tis_weights(old_logp, rollout_logp, self.tis_cap)
+            tis_mean = agg_token_mean(ratio, fmask, self.response_len, token_norm)
+            tis_max = ops.amax(ratio * fmask)
+            tis_clipped = agg_token_mean(ops.cast(ratio > self.tis_cap, ms.float32), fmask, self.response_len,
+                                         token_norm)
         loss, pg_loss, kl, clip_frac = grpo_loss(logp, old_logp, ref_logp, advantages, mask, self.clip_low,
                                                  self.clip_high, self.beta, self.kl_estimator, self.agg,
-                                                 self.response_len, token_norm)
+                                                 self.response_len, token_norm, weight)
         entropy = agg_token_mean(ops.stop_gradient(ent), fmask, self.response_len, token_norm)
-        return loss, (pg_loss, kl, clip_frac, entropy, gap)
+        return loss, (pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped)
 
 
 class SplitNormSum(nn.Cell):
@@ -99,12 +111,12 @@ class PolicyTrainStep(nn.Cell):
         self.max_grad_norm = max_grad_norm
 
     @ms.jit
-    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, ref_logp, advantages, token_norm,
-                  lr):
-        (loss, aux), grads = self.grad_fn(input_ids, position_ids, bias, labels, mask, old_logp, ref_logp,
-                                          advantages, token_norm)
+    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                  token_norm, lr):
+        (loss, aux), grads = self.grad_fn(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp,
+                                          ref_logp, advantages, token_norm)
         grads = self.dp_mean(grads)
         scale, grad_norm = clip_scale(grads, self.max_grad_norm, self.norm_sum)
         self.optimizer(grads, lr, scale)
-        pg_loss, kl, clip_frac, entropy, gap = aux
-        return loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap
+        pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped = aux
+        return loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap, tis_mean, tis_max, tis_clipped

@@ -28,6 +28,13 @@ def response_length(completion, solution):
     return len(completion) / 50.0
 
 
+@register_verifier("half_constant_length_test")
+def half_constant_length(completion, solution):
+    """response_length_test for prompts whose solution ends in an even digit, constant (no signal) for the
+    others: dynamic sampling drops those groups."""
+    return 0.3 if solution[-1:] in "13579" else len(completion) / 50.0
+
+
 @register_verifier("solution_length_test")
 def solution_length(completion, solution):
     """Depends on every byte of the reference solution (a cut solution changes the reward)."""
