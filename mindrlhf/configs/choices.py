@@ -6,3 +6,4 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-no
 RESHARD_TRANSPORTS = ("auto", "shm", "collective")
 ROLLOUT_BACKENDS = ("mindspore", "vllm_mindspore")
 LR_SCHEDULES = ("cosine", "constant", "mindrlhf_cosine", "mindrlhf_polynomial")
+CHECKPOINT_STORAGE = ("shared", "node_local")

@@ -53,7 +53,11 @@ class RunConfig:
     save_strategy_dir: str = _f("", "where strategy files go (default: save_ckpt_dir/strategy)")
     enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache (MindSpore "
                                      "enable_compile_cache) to start faster next time")
-    resume: bool = _f(False, "continue from the newest complete checkpoint in save_ckpt_dir")
+    resume: bool = _f(False, "continue from the newest checkpoint complete on every node (agreed by all ranks)")
+    checkpoint_storage: str = _f("shared", "shared: save_ckpt_dir is one filesystem seen by every node (rank 0 marks "
+                                 "steps complete); node_local: each node's own disk, each node writes its ranks' "
+                                 "shards and marks them, a step counts once every node has marked it",
+                                 choices=choices.CHECKPOINT_STORAGE)
     seed: int = _f(1, "seed for sampling, data order and init")
     total_steps: int = _f(100, "GRPO steps (each: rollout, rewards, updates, weight sync)")
     epochs: int = _f(0, "passes over the prompt dataset (MindRLHF's epochs): > 0 sets the run to epochs x "

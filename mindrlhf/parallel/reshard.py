@@ -17,9 +17,7 @@ When the policy object itself serves rollout (same layout and dtype), there is n
 from __future__ import annotations
 
 import os
-import socket
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -31,6 +29,7 @@ from mindrlhf.configs.errors import ConfigError
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.layouts import Layout, RoleWeights
 from mindrlhf.parallel.plan import Piece, full_layout, plan_tensor
+from mindrlhf.parallel.topology import shares_host_memory
 from mindrlhf.utils.params import param_as_f32, param_f32_view, write_param
 
 TRANSPORTS = choices.RESHARD_TRANSPORTS
@@ -83,16 +82,6 @@ def gather_full(weights: RoleWeights) -> Iterator[Tuple[str, np.ndarray]]:
         yield name, (comm.all_reduce_sum(full, world) if len(world) > 1 else full)
 
 
-def same_host(my_rank: int) -> bool:
-    """True when every rank of the job runs on this host (hostname hashes agree)."""
-    world = comm.world_ranks()
-    if len(world) == 1:
-        return True
-    h = np.array([zlib.crc32(socket.gethostname().encode()) % (1 << 23)], np.int64)
-    gathered = comm.all_gather(h, world, my_rank)
-    return bool((gathered == gathered[0]).all())
-
-
 def _segment_layout(rank: int, bucket: List[ParamMove]):
     """(offset of each parameter this rank publishes, total floats) in its segment for `bucket`."""
     offsets, total = {}, 0
@@ -128,7 +117,7 @@ class WeightSync:
         self.segment_layouts = [{r: _segment_layout(r, bucket) for r in range(world)}
                                 for bucket in self.buckets]
         if transport == "auto":
-            transport = "shm" if same_host(self.rank) and os.path.isdir("/dev/shm") else "collective"
+            transport = "shm" if shares_host_memory() else "collective"
         self.transport = transport
 
     def _make_buckets(self) -> List[List[ParamMove]]:

@@ -6,6 +6,11 @@
 Every file is fsynced before it is renamed into place and COMPLETE is written last, after every rank's
 shard is durable: a crash (or power loss) while saving leaves a step directory without COMPLETE, which
 resume skips and the next save prunes. `ref` is saved when the reference model moves (ref_sync_steps).
+
+Storage (`checkpoint_storage`): `shared` - one save_ckpt_dir every node sees; rank 0 marks and prunes.
+`node_local` - each node's own save_ckpt_dir holds its ranks' shards; each node's lowest rank marks and
+prunes it. Either way resume takes the newest step complete on every node, agreed by a collective (with
+shared storage, nodes that see different steps mean the directory is not shared: an error says so).
 """
 from __future__ import annotations
 
@@ -15,11 +20,13 @@ import re
 import shutil
 from typing import Dict, List, Optional
 
+import numpy as np
 
 from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, rank_dir, read_checkpoint, save_checkpoint,
                                          write_param)
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel import comm
+from mindrlhf.parallel.mesh import distributed_env
 from mindrlhf.utils.atomic import atomic_dir, write_json
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
@@ -41,8 +48,11 @@ def complete_steps(root: str) -> List[int]:
 
 
 def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer, rank_state: Dict,
-                             trainer_state: Dict, keep: int, extra_models: Dict = None):
-    """Collective: every rank writes its shard; rank 0 marks the step complete and prunes old steps."""
+                             trainer_state: Dict, keep: int, extra_models: Dict = None, marks: bool = None):
+    """Collective: every rank writes its shard; the marking ranks (`marks`: rank 0 with shared storage, each
+    node's lowest rank with node-local storage; default rank 0) mark the step complete and prune old steps,
+    once every rank's shard is durable."""
+    marks = rank == 0 if marks is None else marks
     target = step_dir(root, step)
     os.makedirs(target, exist_ok=True)
     with atomic_dir(rank_dir(target, rank)) as tmp:
@@ -53,7 +63,7 @@ def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer,
             save_checkpoint(model_state(model), os.path.join(tmp, f"{name}.safetensors"))
         write_json(os.path.join(tmp, "rank_state.json"), rank_state)
     comm.barrier()
-    if rank == 0:
+    if marks:
         write_json(os.path.join(target, "trainer_state.json"), trainer_state)
         write_json(os.path.join(target, "COMPLETE"), {"step": step})
         _prune(root, keep)
@@ -72,14 +82,40 @@ def _prune(root: str, keep: int):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
+def agreed_resume_step(root: str, shared: bool, nodes=None) -> Optional[int]:
+    """Collective: the newest step complete in every rank's view of `root` (None if there is none). With
+    shared storage every rank must see the same steps; otherwise the directory is not shared."""
+    mine = complete_steps(root)
+    world = comm.world_ranks()
+    if len(world) == 1:
+        return mine[-1] if mine else None
+    rank = distributed_env()[0]
+    width = 64                                   # the newest 64 complete steps of each rank's view
+    view = np.full(width, -1.0, np.float32)
+    view[:len(mine[-width:])] = mine[-width:]
+    views = comm.all_gather(view, world, rank)
+    sets = [set(int(v) for v in row if v >= 0) for row in views]
+    if shared and any(s != sets[0] for s in sets):
+        other = next(r for r, s in enumerate(sets) if s != sets[0])
+        where = f" (node {nodes.node_of_rank[other]})" if nodes is not None else ""
+        raise CheckpointError(f"{root}: rank {other}{where} sees complete steps {sorted(sets[other])[-5:]}, rank 0 "
+                              f"sees {sorted(sets[0])[-5:]}: save_ckpt_dir is not shared between the nodes; set "
+                              f"checkpoint_storage: node_local (each node keeps its own ranks' shards)")
+    common = set.intersection(*sets)
+    return max(common) if common else None
+
+
 def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_models: Dict = None,
-                             expect_layout: Dict = None) -> Optional[Dict]:
-    """Restore the newest complete step into policy/optimizer (and `extra_models`); returns its states or
-    None if there is none. A checkpoint saved with another world size or layout is refused, naming both."""
-    steps = complete_steps(root)
-    if not steps:
-        return None
-    target = step_dir(root, steps[-1])
+                             expect_layout: Dict = None, step: Optional[int] = None) -> Optional[Dict]:
+    """Restore step `step` (default: the newest complete one in `root`) into policy/optimizer (and
+    `extra_models`); returns its states or None if there is none. A checkpoint saved with another world
+    size or layout is refused, naming both."""
+    if step is None:
+        steps = complete_steps(root)
+        if not steps:
+            return None
+        step = steps[-1]
+    target = step_dir(root, step)
     with open(os.path.join(target, "trainer_state.json"), encoding="utf-8") as fh:
         trainer_state = json.load(fh)
     saved_layout = trainer_state.get("layout")
@@ -108,7 +144,7 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_mode
         write_param(p, opt_state[p.name])
     with open(os.path.join(shard_dir, "rank_state.json"), encoding="utf-8") as fh:
         rank_state = json.load(fh)
-    return {"step": steps[-1], "rank_state": rank_state, "trainer_state": trainer_state, "dir": target}
+    return {"step": step, "rank_state": rank_state, "trainer_state": trainer_state, "dir": target}
 
 
 def _describe(layout: Optional[Dict]) -> str:

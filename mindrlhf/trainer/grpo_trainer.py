@@ -35,6 +35,7 @@ from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
+from mindrlhf.parallel.topology import Nodes, discover_nodes, ranks_not_sharing
 from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer, merge_scores
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
@@ -42,6 +43,7 @@ from mindrlhf.trainer import checkpointing, exchange
 from mindrlhf.trainer.experience_file import write_experience
 from mindrlhf.trainer.grpo_math import group_advantages, informative_groups, overlong_penalty
 from mindrlhf.trainer.metrics import MetricsLogger, sample_metrics
+from mindrlhf.trainer.node_check import check_nodes_agree
 from mindrlhf.trainer.optim import AdamW, scheduled_lr
 from mindrlhf.trainer.rollout_log import RolloutLog
 from mindrlhf.trainer.samples import SampleBatch, concat_samples, training_tensors
@@ -67,6 +69,10 @@ class GRPOTrainer:
         self.cfg = cfg
         self.rank, self.world = init_distributed() if cfg.run.use_parallel else (0, 1)
         self.log = log if self.rank == 0 else (lambda *a, **k: None)
+        self.nodes = discover_nodes() if cfg.run.use_parallel else Nodes([0], 0)
+        if cfg.run.use_parallel:
+            check_nodes_agree(cfg, self.nodes)    # before anything else: every node runs the same job
+        self._report_storage()
         ms.set_seed(cfg.run.seed)
         if cfg.run.enable_compile_cache:
             ms.set_context(enable_compile_cache=True,
@@ -109,6 +115,27 @@ class GRPOTrainer:
                 raise ConfigError(f"{what}: not found: {path}")
         self.infer_model_cfg = infer_yaml.model
         check_backend(run.rollout_backend)
+
+    def _report_storage(self):
+        """Say which checkpoint storage is in use; a 'shared' directory that is not one directory for every
+        rank is an error before any training (collective)."""
+        run, n = self.cfg.run, self.nodes.count
+        if run.checkpoint_storage == "shared":
+            os.makedirs(run.save_ckpt_dir, exist_ok=True)
+            missing = ranks_not_sharing(run.save_ckpt_dir) if run.use_parallel else []
+            if missing:
+                raise ConfigError(f"save_ckpt_dir {run.save_ckpt_dir}: not one directory for every rank (rank "
+                                  f"{missing[0]}, node {self.nodes.node_of_rank[missing[0]]}, does not see what rank "
+                                  f"0 writes there); put it on a filesystem every node shares, or set "
+                                  f"checkpoint_storage: node_local")
+            self.log(f"checkpoints: {run.save_ckpt_dir}, one directory shared by {n} node(s); rank 0 marks steps "
+                     f"complete")
+        else:
+            self.log(f"checkpoints: node-local {run.save_ckpt_dir} on each of {n} node(s); each node's lowest rank "
+                     f"marks its shards complete; metrics, rollout log and HF export are written on node 0")
+
+    def _marks_checkpoints(self) -> bool:
+        return self.rank == 0 if self.cfg.run.checkpoint_storage == "shared" else self.nodes.leader
 
     def _apply_generation_fields(self, infer_yaml):
         """The infer YAML's generation fields (max_decode_length, top_k, ...) drive sampling, as in MindRLHF,
@@ -477,13 +504,15 @@ class GRPOTrainer:
                 run.save_ckpt_dir, self.step, self.rank, self.policy, self.optimizer,
                 rank_state={"data": self.dataset.state_dict()},
                 trainer_state={"step": self.step, "layout": self.layout_state()}, keep=run.keep_checkpoints,
-                extra_models=extra)
+                extra_models=extra, marks=self._marks_checkpoints())
 
     def _resume(self):
         extra = {"ref": self.ref_model} if self._reference_moves() else {}
-        state = checkpointing.load_training_checkpoint(self.cfg.run.save_ckpt_dir, self.rank, self.policy,
-                                                       self.optimizer, extra_models=extra,
-                                                       expect_layout=self.layout_state())
+        root = self.cfg.run.save_ckpt_dir
+        step = checkpointing.agreed_resume_step(root, self.cfg.run.checkpoint_storage == "shared", self.nodes)
+        state = None if step is None else checkpointing.load_training_checkpoint(
+            root, self.rank, self.policy, self.optimizer, extra_models=extra, expect_layout=self.layout_state(),
+            step=step)
         if state is None:
             self.log(f"resume: no complete checkpoint in {self.cfg.run.save_ckpt_dir}; starting fresh")
             return

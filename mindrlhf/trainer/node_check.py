@@ -1,0 +1,79 @@
+"""Before any training, every node must be running the same job: the same code, config, data and world
+size. Each rank sends a few fingerprints (one all-gather); the first rank that differs from rank 0 stops
+the job on every rank with an error naming its node and what differs. Paths may differ between nodes
+(node-local disks, other mount points), so the config is compared without them and the files by content
+(model YAMLs) or size (the prompt MindRecord).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+from typing import Dict
+
+import numpy as np
+
+import mindrlhf
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.parallel import comm
+from mindrlhf.parallel.mesh import distributed_env
+from mindrlhf.parallel.topology import Nodes
+
+PATH_FIELDS = ("sft_path_train", "sft_path_infer", "sft_path_ref", "vocab_path", "merges_file_path",
+               "mind_dataset_dir", "eval_dataset", "save_ckpt_dir", "save_data_file", "rollout_log_file",
+               "load_sft_checkpoint_train", "load_sft_checkpoint_infer", "load_ref_checkpoint", "log_dir",
+               "save_strategy_dir")
+_MOD = 1 << 23          # fingerprints travel as float32: exact below 2^24
+
+
+def _crc(data: bytes) -> int:
+    return zlib.crc32(data) % _MOD
+
+
+def code_fingerprint() -> int:
+    """mindrlhf's version and the contents of its Python sources."""
+    root = os.path.dirname(os.path.abspath(mindrlhf.__file__))
+    crc = zlib.crc32(str(getattr(mindrlhf, "__version__", "")).encode())
+    for dirpath, dirnames, files in sorted(os.walk(root)):
+        dirnames.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            with open(os.path.join(dirpath, name), "rb") as fh:
+                crc = zlib.crc32(fh.read(), crc)
+    return crc % _MOD
+
+
+def _file_crc(path: str) -> int:
+    if not (path and os.path.isfile(path)):
+        return -1
+    with open(path, "rb") as fh:
+        return _crc(fh.read())
+
+
+def fingerprints(cfg) -> Dict[str, int]:
+    sections = {f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    for name in PATH_FIELDS:
+        sections["run"].pop(name, None)
+    run = cfg.run
+    data = run.mind_dataset_dir
+    size = os.path.getsize(data) if data and os.path.isfile(data) else -1
+    return {"world size": distributed_env()[1] % _MOD, "mindrlhf code (version and sources)": code_fingerprint(),
+            "GRPO config (paths aside)": _crc(json.dumps(sections, sort_keys=True).encode()),
+            f"sft_path_train ({run.sft_path_train}) contents": _file_crc(run.sft_path_train),
+            f"sft_path_infer ({run.sft_path_infer}) contents": _file_crc(run.sft_path_infer),
+            f"size of mind_dataset_dir ({data})": size % _MOD if size >= 0 else -1}
+
+
+def check_nodes_agree(cfg, nodes: Nodes):
+    """Collective; raises ConfigError on every rank when any rank's fingerprints differ from rank 0's."""
+    rank, world = distributed_env()
+    if world == 1:
+        return
+    mine = fingerprints(cfg)
+    table = comm.all_gather(np.array(list(mine.values()), np.float32), comm.world_ranks(), rank)
+    for other in range(world):
+        differ = [name for name, a, b in zip(mine, table[0], table[other]) if a != b]
+        if differ:
+            raise ConfigError(f"node {nodes.node_of_rank[other]} (rank {other}) differs from node 0 (rank 0) in: "
+                              f"{', '.join(differ)}; every node must run the same code, config and data "
+                              f"(checked before any training)")
