@@ -31,7 +31,7 @@ def _rows(path):
 
 
 def _record_rounds(trainer):
-    """Keep every generation round's (samples, rewards, texts) as the trainer makes them."""
+    """Keep every generation round (a ScoredBatch) as the trainer makes it."""
     seen = []
     real = trainer._generate_round
 
@@ -55,7 +55,7 @@ def test_dynamic_sampling_keeps_the_first_informative_groups_and_never_trains_on
         seen.clear()
         m = trainer.train_one_step()
         # the groups the numpy rule picks: informative ones (rewards not all equal), in generation order
-        rewards = np.concatenate([r[1] for r in seen]).reshape(-1, g)
+        rewards = np.concatenate([r.rewards for r in seen]).reshape(-1, g)
         informative = np.flatnonzero(rewards.max(1) > rewards.min(1))
         assert m["dynamic_sampling/rounds"] == len(seen) and m["dynamic_sampling/kept_groups"] == min(target, len(
             informative)) and m["dynamic_sampling/kept_groups"] + m["dynamic_sampling/masked_groups"] == target
@@ -64,7 +64,7 @@ def test_dynamic_sampling_keeps_the_first_informative_groups_and_never_trains_on
         rows = _rows(exp)
         assert len(rows) == target * g
         kept = informative[:target]
-        ids = np.concatenate([r[0].response_ids for r in seen])
+        ids = np.concatenate([r.samples.response_ids for r in seen])
         for k, grp in enumerate(kept):
             trained = rows[k * g:(k + 1) * g]
             np.testing.assert_array_equal(np.stack([r["prompt_completion_ids"][-ids.shape[1]:] for r in trained]),
@@ -94,7 +94,7 @@ def test_overlong_penalty_and_truncated_completions(assets, tmp_path):
                        save_data_file=str(exp), rollout_log_file=str(log))
     seen = _record_rounds(trainer)
     trainer.fit()
-    samples, _, _, texts, _ = seen[0]
+    samples, texts = seen[0].samples, seen[0].texts
     lengths = samples.response_mask.sum(1)
     penalty = np.minimum(0.0, -(lengths - (8 - 4)) / 4 * 0.5)          # max_tokens 8: ramp over tokens 5..8
     expected = np.array([digit_fraction(t, "") for t in texts]) + penalty
@@ -111,7 +111,7 @@ def test_tis_weights_the_policy_term_by_the_capped_ratio(assets, tmp_path):
     from mindrlhf.trainer.samples import training_tensors
     from mindrlhf.trainer.train_step import GRPOLossCell
     trainer = _trainer(assets, tmp_path, total_steps=1, tis=True, tis_cap=1.3, beta=0.0)
-    samples, rewards, *_ = trainer._generate_round(lambda name, fn, *a: fn(*a), 0)
+    samples = trainer._generate_round(lambda name, fn, *a: fn(*a), 0).samples
     t = training_tensors(samples)
     old = trainer.logprobs(trainer.policy_logprob, samples)
     rng = np.random.default_rng(0)

@@ -36,7 +36,7 @@ from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.parallel.topology import Nodes, discover_nodes, ranks_not_sharing
-from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer, merge_scores
+from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing, exchange
@@ -46,7 +46,7 @@ from mindrlhf.trainer.metrics import MetricsLogger, sample_metrics
 from mindrlhf.trainer.node_check import check_nodes_agree
 from mindrlhf.trainer.optim import AdamW, scheduled_lr
 from mindrlhf.trainer.rollout_log import RolloutLog
-from mindrlhf.trainer.samples import SampleBatch, concat_samples, training_tensors
+from mindrlhf.trainer.samples import SampleBatch, ScoredBatch, training_tensors
 from mindrlhf.trainer.step_geometry import StepGeometry
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
@@ -338,57 +338,51 @@ class GRPOTrainer:
         return np.array([stats[:, i].max() if name in MAX_STATS else stats[:, i].mean()
                          for i, name in enumerate(UPDATE_STATS)])
 
-    def _generate_round(self, phase, round_index: int):
+    def _generate_round(self, phase, round_index: int) -> ScoredBatch:
         """One global batch of prompts: rollout on each infer replica, gathered, scored (overlong penalty
-        included). Returns (samples, rewards, scored, texts, solutions)."""
+        included)."""
         global_batch = self.dataset.next_global_batch()
         local = phase("rollout", self.rollout, self.dataset.local_part(global_batch), round_index)
         samples = phase("gather", exchange.gather_samples, local, self.infer_mesh)
         solutions = [str(s) for s in global_batch["solution"]]
-        rewards, scored, texts = phase("reward", self.score, samples, solutions)
+        rewards, scores, texts = phase("reward", self.score, samples, solutions)
         rl = self.cfg.rl
         if rl.overlong_buffer_len:
             penalty = overlong_penalty(samples.response_mask.sum(1), self.cfg.sampling.max_tokens,
                                        rl.overlong_buffer_len, rl.overlong_penalty_factor)
             rewards = rewards + penalty
-            scored.parts["overlong_penalty"] = penalty.tolist()
-        return samples, rewards, scored, texts, solutions
+            scores.parts["overlong_penalty"] = penalty.tolist()
+        return ScoredBatch(samples, rewards, scores, texts, solutions)
 
     def collect(self, phase):
-        """The step's training batch. Without dynamic sampling: one round. With it (DAPO): rounds until
-        batch_size x infer dp informative groups (rewards not all equal) are held or max_num_gen_batches
-        rounds ran; the batch is the first informative groups in round order, topped up, when short, by
-        dropped groups whose loss is masked out. Every rank scores every sample, so every rank makes the
-        same choice. Returns (samples, rewards, scored, texts, solutions, group_mask, stats)."""
-        rl, target = self.cfg.rl, self.geometry.sequences // self.cfg.rl.num_generations
+        """The step's training batch and its statistics. Without dynamic sampling: one round. With it
+        (DAPO): rounds until batch_size x infer dp informative groups (rewards not all equal) are held or
+        max_num_gen_batches rounds ran; the batch is the first informative groups in round order, topped
+        up, when short, by dropped groups whose loss is masked out (group_mask). Every rank scores every
+        sample, so every rank makes the same choice."""
+        rl, g = self.cfg.rl, self.cfg.rl.num_generations
+        target = self.geometry.sequences // g
         rounds = [self._generate_round(phase, 0)]
-        informative = [informative_groups(rounds[0][1], rl.num_generations)]
+        informative = [informative_groups(rounds[0].rewards, g)]
         while rl.dynamic_sampling and sum(m.sum() for m in informative) < target and \
                 len(rounds) < rl.max_num_gen_batches:
             rounds.append(self._generate_round(phase, len(rounds)))
-            informative.append(informative_groups(rounds[-1][1], rl.num_generations))
+            informative.append(informative_groups(rounds[-1].rewards, g))
         generated = np.concatenate(informative)
         stats = {"zero_std_groups_frac": float(1.0 - generated.mean())}
         if not rl.dynamic_sampling:
-            samples, rewards, scored, texts, solutions = rounds[0]
-            return samples, rewards, scored, texts, solutions, np.ones(target, bool), stats
-        order = np.argsort(~generated, kind="stable")[:target]      # informative first, each in round order
-        order.sort()                                                  # keep round order in the batch
-        group_mask = generated[order]
-        g = rl.num_generations
-        rows = (order[:, None] * g + np.arange(g)).reshape(-1)
-        all_samples = concat_samples([r[0] for r in rounds], [len(r[4]) for r in rounds])
-        all_rewards = np.concatenate([r[1] for r in rounds])
-        texts = [t for r in rounds for t in r[3]]
-        solutions = [s for r in rounds for s in r[4]]
-        scored = merge_scores([r[2] for r in rounds], rows)
-        stats.update({"tokens_generated": float(sum(r[0].response_mask.sum() for r in rounds)),
+            rounds[0].group_mask = np.ones(target, bool)
+            return rounds[0], stats
+        chosen = np.sort(np.argsort(~generated, kind="stable")[:target])   # informative first, in round order
+        every = ScoredBatch.concat(rounds)
+        batch = every.take_groups(chosen, g)
+        batch.group_mask = generated[chosen]
+        stats.update({"tokens_generated": float(every.samples.response_mask.sum()),
                       "dynamic_sampling/rounds": float(len(rounds)),
-                      "dynamic_sampling/kept_groups": float(group_mask.sum()),
-                      "dynamic_sampling/masked_groups": float((~group_mask).sum()),
-                      "reward_mean_generated": float(all_rewards.mean())})
-        return (all_samples.take(rows), all_rewards[rows], scored, [texts[i] for i in rows], solutions, group_mask,
-                stats)
+                      "dynamic_sampling/kept_groups": float(batch.group_mask.sum()),
+                      "dynamic_sampling/masked_groups": float((~batch.group_mask).sum()),
+                      "reward_mean_generated": float(every.rewards.mean())})
+        return batch, stats
 
     def train_one_step(self) -> Dict[str, float]:
         times, peaks = {}, {}
@@ -405,8 +399,9 @@ class GRPOTrainer:
         t_step = time.time()
         swap_before = self.swap.seconds
         self.swap.enter("rollout")
-        samples, rewards, scored, texts, solutions, group_mask, collect_stats = self.collect(phase)
-        self.rollout_log.add(self.step + 1, samples, texts, rewards, solutions, self.tokenizer)
+        batch, collect_stats = self.collect(phase)
+        samples, rewards, group_mask = batch.samples, batch.rewards, batch.group_mask
+        self.rollout_log.add(self.step + 1, samples, batch.texts, rewards, batch.solutions, self.tokenizer)
         advantages = group_advantages(rewards, rl.num_generations, rl.adv_norm_std)
         train_mask = samples.response_mask * np.repeat(group_mask, rl.num_generations)[:, None]
         if rl.mask_truncated_completions:
@@ -451,7 +446,7 @@ class GRPOTrainer:
         metrics = {k: v for k, v in result.items() if k not in drop}
         metrics["rollout_train_logprob_gap"] = (result["on_policy_gap"] if self.on_policy
                                                 else float(stats[-2] / max(stats[-1], 1.0)))
-        metrics.update(sample_metrics(samples, rewards, scored))
+        metrics.update(sample_metrics(samples, rewards, batch.scores))
         metrics.update(collect_stats)
         if skip:
             metrics["dynamic_sampling/skipped_update"] = 1.0

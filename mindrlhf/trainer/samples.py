@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, List, Sequence
 
 import numpy as np
 from mindspore import Tensor
 
 from mindrlhf.models.qwen2 import causal_bias, position_ids
+from mindrlhf.reward.verifiers import Scores, merge_scores
 
 
 @dataclass
@@ -32,13 +33,33 @@ class SampleBatch:
         return len(self.prompt_ids)
 
 
-def concat_samples(batches, solutions_per_batch) -> SampleBatch:
-    """Several steps' worth of rows as one batch; each batch's solution_index is offset by the solutions of
-    the batches before it (their solution lists are concatenated in the same order)."""
-    offsets = np.cumsum([0] + list(solutions_per_batch[:-1]))
-    fields = {k: np.concatenate([getattr(b, k) for b in batches]) for k in batches[0].__dict__}
-    fields["solution_index"] = np.concatenate([b.solution_index + o for b, o in zip(batches, offsets)])
-    return SampleBatch(**fields)
+@dataclass
+class ScoredBatch:
+    """One rollout round's samples and what scoring made of them (rows as in SampleBatch): the reward per
+    row, the verifiers' parts and statistics, the decoded responses, and the round's solutions (indexed
+    by samples.solution_index). `group_mask` (groups,): False for groups whose loss is masked out."""
+    samples: SampleBatch
+    rewards: np.ndarray
+    scores: Scores
+    texts: List[str]
+    solutions: List[str]
+    group_mask: np.ndarray = None
+
+    @staticmethod
+    def concat(rounds: Sequence["ScoredBatch"]) -> "ScoredBatch":
+        """Several rounds as one batch (solution lists concatenated, indices offset to match)."""
+        offsets = np.cumsum([0] + [len(r.solutions) for r in rounds[:-1]])
+        fields = {k: np.concatenate([getattr(r.samples, k) for r in rounds]) for k in rounds[0].samples.__dict__}
+        fields["solution_index"] = np.concatenate([r.samples.solution_index + o for r, o in zip(rounds, offsets)])
+        return ScoredBatch(SampleBatch(**fields), np.concatenate([r.rewards for r in rounds]),
+                           merge_scores([r.scores for r in rounds], range(sum(len(r.texts) for r in rounds))),
+                           [t for r in rounds for t in r.texts], [s for r in rounds for s in r.solutions])
+
+    def take_groups(self, groups: np.ndarray, group_size: int) -> "ScoredBatch":
+        """The rows of the given groups (each group's G rows, in the order given)."""
+        rows = (np.asarray(groups)[:, None] * group_size + np.arange(group_size)).reshape(-1)
+        return ScoredBatch(self.samples.take(rows), self.rewards[rows], merge_scores([self.scores], rows),
+                           [self.texts[i] for i in rows], self.solutions)
 
 
 def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:
