@@ -10,7 +10,8 @@ Output: dst_checkpoint/rank_N/<prefix>N.<format>. The destination appears only w
 MindRLHF's flags work as there: --dst_checkpoint_dir (= --dst_checkpoint); --world_size W --rank_id r makes
 this invocation write only the destination ranks N with N % W == r (run W of them, e.g. one per node; each
 rank directory appears only when complete); --transform_process_num P splits this invocation's ranks over P
-worker processes; --transform_by_rank is accepted and changes nothing (the output is the same).
+spawned worker processes (each imports MindSpore and reads the source: for large checkpoints on many
+cores); --transform_by_rank is accepted and changes nothing (the output is the same).
 """
 import argparse
 import sys

@@ -3,8 +3,8 @@
 
 Ours streams .safetensors in and out (its recommended path); MindSpore runs on its native .ckpt (its
 safetensors path slices row-parallel weights wrongly in 2.10, see tests/test_slicing.py). Ours on .ckpt ->
-.ckpt is reported too, and ours with 2 worker processes (MindRLHF's --transform_process_num 2, forked: they share
-the source read once; cutting and writing split): `process_speedup(_ckpt)` = 1 process / 2 processes, same run.
+.ckpt is reported too, and ours with 2 worker processes (MindRLHF's --transform_process_num 2, spawned: each imports
+MindSpore and reads the source; cutting and writing split): `process_speedup(_ckpt)` = 1 process / 2 processes, same run.
 Last line: one JSON object (ours = safetensors path, 1 process).
 """
 import argparse

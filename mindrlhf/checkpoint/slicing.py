@@ -191,12 +191,9 @@ def _write_ranks(plan: _Plan, dirs: Dict[int, str], prefix: str, ext: str, progr
     return bytes_in
 
 
-_FORKED_PLAN: Optional[_Plan] = None      # the parent's plan, inherited by forked workers (read once)
-
-
 def _worker(args) -> int:
-    dirs, prefix, ext = args
-    return _write_ranks(_FORKED_PLAN, dirs, prefix, ext)
+    src_checkpoint, dst_strategy, src_strategy, dirs, prefix, ext = args
+    return _write_ranks(_plan(src_checkpoint, dst_strategy, src_strategy), dirs, prefix, ext)
 
 
 def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[str] = None,
@@ -206,8 +203,8 @@ def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[s
     """Write every destination rank (the destination directory replaced as a whole), or with world_size > 1
     only the ranks r with r % world_size == rank_id (cooperating invocations, as MindRLHF's
     `--rank_id/--world_size`; each rank directory replaced on its own). `processes` > 1 splits this
-    invocation's ranks over that many forked worker processes (sharing the source as read once; cutting and
-    writing split)."""
+    invocation's ranks over that many spawned worker processes (each imports MindSpore and reads the source;
+    cutting and writing split): worth it for large checkpoints on many cores and disks."""
     t0 = time.time()
     if out_format not in ("ckpt", "safetensors"):
         raise CheckpointError(f"--format: expected ckpt or safetensors, got {out_format!r}")
@@ -235,15 +232,12 @@ def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[s
         if len(groups) == 1:
             report.bytes_in = _write_ranks(plan, dirs, prefix, ext, progress)
         else:
-            # fork: the workers share the parent's source (a .ckpt is read once; safetensors are memory-mapped)
+            # spawned, not forked: MindSpore's threads make a fork after its import deadlock now and then
+            # (measured: a forked worker hung in CI). Each worker imports MindSpore and reads the source itself
             import multiprocessing
-            global _FORKED_PLAN
-            _FORKED_PLAN = plan
-            try:
-                with multiprocessing.get_context("fork").Pool(len(groups)) as pool:
-                    read = pool.map(_worker, [(g, prefix, ext) for g in groups])
-            finally:
-                _FORKED_PLAN = None
+            with multiprocessing.get_context("spawn").Pool(len(groups)) as pool:
+                read = pool.map(_worker, [(src_checkpoint, dst_strategy, src_strategy, g, prefix, ext)
+                                          for g in groups])
             report.bytes_in = read[0]
     report.seconds = time.time() - t0
     return report

@@ -1,0 +1,247 @@
+"""mindrlhf against TRL's GRPOTrainer on the same GRPO work, in one run, single process each.
+
+The work (issue #16): a Qwen2 decoder (small: 2 layers, hidden 128, 4 heads / 2 kv heads, intermediate 352;
+`--scale`: 4 layers, hidden 512, 8 / 2 heads, intermediate 1408) with random weights written once as HF
+safetensors and loaded by both; a byte-level BPE tokenizer trained on the bundled corpus (vocab.json +
+merges.txt, read by both); 8 prompts x 8 completions of exactly 16 new tokens per step (EOS suppressed until
+then on both sides); beta 0.04 (k3 KL to the initial weights), lr 1e-4 constant, token-mean loss (TRL's
+"dapo"), AdamW, one update per rollout (TRL's num_iterations 1; mindrlhf then skips the old-policy pass),
+temperature 1, the same dense reward (share of digits in the completion). 20 steps; medians of steps 3..20.
+
+The TRL side runs in the Python given by --trl_python (default: this one), because trl's dependencies may
+want numpy 2 beside mindspore's numpy < 2. A second environment that worked here:
+    python -m venv --system-site-packages trl_venv && trl_venv/bin/pip install trl
+(it takes torch and transformers from the main environment and installs trl, accelerate, datasets and numpy
+2 into the venv). The mindrlhf side runs in this Python.
+
+Prints per-phase medians for both, the first step (compile) time, peak RSS, and last
+{"bench": "grpo_vs_trl", "ours": s_per_step, "reference": s_per_step, "ratio": reference / ours,
+ "peak_rss_ratio": ours / reference, ...}.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import REPO, peak_rss_mb  # noqa: E402
+
+SMALL = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=352)
+SCALE = dict(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408)
+PROMPTS, G, NEW, STEPS, BETA, LR = 8, 8, 16, 20, 0.04, 1e-4
+TEMPLATE = "Question: {question}\nAnswer:"          # mindrlhf's "plain" prompt template
+
+
+def digit_share(completion: str) -> float:
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+
+# ---- shared inputs (this Python) --------------------------------------------------------------------------
+def prepare(work: str, dims: dict) -> dict:
+    import random
+    from mindrlhf.data.tokenizer import load_tokenizer, train_byte_level_bpe
+    rng = random.Random(0)
+    rows = []
+    for _ in range(PROMPTS * STEPS):
+        a, b = rng.randint(0, 50), rng.randint(0, 50)
+        rows.append({"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}.\n#### {a + b}"})
+    with open(os.path.join(REPO, "mindrlhf", "demo_assets", "corpus.txt"), encoding="utf-8") as fh:
+        corpus = fh.read().splitlines()
+    vocab, merges = train_byte_level_bpe(corpus * 5 + [r["question"] + " " + r["answer"] for r in rows], 300,
+                                         os.path.join(work, "tok"))
+    ours_tok = load_tokenizer(vocab, merges)
+    vocab_size = ours_tok.vocab_size
+    ours_tok._tok.save(os.path.join(work, "tok", "tokenizer.json"))      # the same pipeline, for transformers
+    jsonl = os.path.join(work, "train.jsonl")
+    with open(jsonl, "w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    from mindrlhf.data.convert import build_parser, convert
+    data = os.path.join(work, "train.mindrecord")
+    convert(build_parser().parse_args(["--vocab_path", vocab, "--merges_file_path", merges, "--file_path", jsonl,
+                                       "--output_path", data, "--max_prompt_length", "16", "--seq_length", "48",
+                                       "--prompt_template", "plain", "--no_progress"]))
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=dims["hidden"], num_hidden_layers=dims["layers"], num_attention_heads=dims["heads"],
+                      num_key_value_heads=dims["kv_heads"], intermediate_size=dims["intermediate"],
+                      vocab_size=vocab_size, max_position_embeddings=64, tie_word_embeddings=False,
+                      rope_theta=10000.0, rms_norm_eps=1e-6, use_sliding_window=False, torch_dtype="float32",
+                      bos_token_id=None, eos_token_id=0, pad_token_id=0)
+    hf_dir = os.path.join(work, "hf_init")
+    Qwen2ForCausalLM(cfg).save_pretrained(hf_dir, safe_serialization=True)
+    return {"vocab": vocab, "merges": merges, "data": data, "hf_dir": hf_dir, "vocab_size": vocab_size,
+            "tokenizer_json": os.path.join(work, "tok", "tokenizer.json"),
+            "prompts": [TEMPLATE.format(question=r["question"]) for r in rows]}
+
+
+# ---- mindrlhf side (this Python) --------------------------------------------------------------------------
+def child_ours(work: str, inputs: dict, dims: dict) -> dict:
+    import yaml
+    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.reward.verifiers import register_verifier
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    register_verifier("digit_share")(lambda completion, solution: digit_share(completion))
+    model_yaml = os.path.join(work, "model.yaml")
+    with open(model_yaml, "w") as fh:
+        yaml.safe_dump({"model": {"model_config": {
+            "hidden_size": dims["hidden"], "num_layers": dims["layers"], "num_heads": dims["heads"],
+            "n_kv_heads": dims["kv_heads"], "intermediate_size": dims["intermediate"],
+            "vocab_size": inputs["vocab_size"], "qkv_has_bias": True, "tie_word_embeddings": False, "seq_length": 64,
+            "max_position_embedding": 64, "theta": 10000.0, "rms_norm_eps": 1e-6, "eos_token_id": 0,
+            "pad_token_id": 0}}}, fh)
+    cfg = load_grpo_config(None, {
+        "sft_path_train": model_yaml, "vocab_path": inputs["vocab"], "merges_file_path": inputs["merges"],
+        "mind_dataset_dir": inputs["data"], "load_sft_checkpoint_train": inputs["hf_dir"],
+        "save_ckpt_dir": os.path.join(work, "ours"), "total_steps": STEPS, "save_steps": 0, "export_hf": False,
+        "progress": False, "batch_size": PROMPTS, "num_generations": G, "max_tokens": NEW, "min_tokens": NEW,
+        "temperature": 1.0, "beta": BETA, "kl_estimator": "k3", "loss_agg": "token-mean", "lr": LR,
+        "lr_schedule": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0, "verifier_function": "digit_share",
+        "verifier_weight": "1.0"})
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(cfg, log=lambda *a, **k: None)
+    setup = time.perf_counter() - t0
+    rows = [trainer.train_one_step() for _ in range(STEPS)]
+    later = rows[2:]
+    phases = {"generation": "time_rollout", "old-policy log-probs": "time_old_logprob",
+              "reference log-probs": "time_ref_logprob", "policy fwd+bwd+AdamW": "time_train",
+              "weight sync": "time_weight_sync"}
+    return {"setup_s": setup, "first_step_s": rows[0]["time_step"], "step_s": median([r["time_step"] for r in later]),
+            "phases": {name: median([r.get(key, 0.0) for r in later]) for name, key in phases.items()},
+            "peak_rss_mb": peak_rss_mb(), "mean_completion_len": median([r["response_len_mean"] for r in later])}
+
+
+# ---- TRL side (the --trl_python) ------------------------------------------------------------------------
+def child_trl(work: str, inputs: dict, dims: dict) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    torch.set_num_threads(os.cpu_count() or 1)
+    tok = PreTrainedTokenizerFast(tokenizer_file=inputs["tokenizer_json"], pad_token="<|endoftext|>",
+                                  eos_token="<|endoftext|>")
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(inputs["hf_dir"], torch_dtype=torch.float32)
+
+    def reward(completions, **kw):
+        return [digit_share(c) for c in completions]
+
+    args = GRPOConfig(output_dir=os.path.join(work, "trl"), per_device_train_batch_size=PROMPTS * G,
+                      num_generations=G, max_completion_length=NEW, learning_rate=LR, lr_scheduler_type="constant",
+                      beta=BETA, loss_type="dapo", num_iterations=1, temperature=1.0, max_steps=STEPS,
+                      logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0, weight_decay=0.0,
+                      max_grad_norm=1.0, generation_kwargs={"min_new_tokens": NEW}, warmup_steps=0,
+                      dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False)
+    data = Dataset.from_list([{"prompt": p} for p in inputs["prompts"]])
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
+    timing = {"step": [], "generation": [], "reference log-probs": [], "policy fwd+bwd+AdamW": []}
+    state = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            state[name] = state.get(name, 0.0) + time.perf_counter() - t
+            return out
+        return wrapper
+
+    trainer._generate = timed("generation", trainer._generate)
+    real_logps = trainer._get_per_token_logps_and_entropies
+
+    def logps(model_arg, *a, **k):
+        t = time.perf_counter()
+        out = real_logps(model_arg, *a, **k)
+        if torch.is_grad_enabled() is False and model_arg is getattr(trainer, "ref_model", None):
+            state["reference log-probs"] = state.get("reference log-probs", 0.0) + time.perf_counter() - t
+        return out
+
+    trainer._get_per_token_logps_and_entropies = logps
+    trainer._compute_loss = timed("loss", trainer._compute_loss)
+
+    lengths = []
+
+    class Clock(TrainerCallback):
+        def on_log(self, args_, state_, control, logs=None, **k):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(logs["completions/mean_length"])
+
+        def on_step_begin(self, *a, **k):
+            state.clear()
+            state["t0"] = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            total = time.perf_counter() - state["t0"]
+            timing["step"].append(total)
+            gen_and_score = state.get("generate_and_score", 0.0)
+            timing["generation"].append(state.get("generation", 0.0))
+            timing["reference log-probs"].append(state.get("reference log-probs", 0.0))
+            timing["policy fwd+bwd+AdamW"].append(total - gen_and_score)
+
+    trainer._generate_and_score_completions = timed("generate_and_score", trainer._generate_and_score_completions)
+    trainer.add_callback(Clock())
+    t0 = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - t0
+    later = {k: v[2:] for k, v in timing.items()}
+    return {"setup_s": 0.0, "first_step_s": timing["step"][0], "step_s": median(later["step"]), "train_s": total,
+            "phases": {k: median(v) for k, v in later.items() if k != "step"}, "peak_rss_mb": peak_rss_mb(),
+            "steps": len(timing["step"]), "mean_completion_len": median(lengths) if lengths else float("nan")}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trl_python", default=sys.executable, help="Python with trl installed (see above)")
+    p.add_argument("--scale", action="store_true", help="4 layers / hidden 512 / 8 heads / intermediate 1408")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    dims = SCALE if args.scale else SMALL
+    if args.child:
+        which, work = args.child
+        with open(os.path.join(work, "inputs.json")) as fh:
+            inputs = json.load(fh)
+        out = child_ours(work, inputs, dims) if which == "ours" else child_trl(work, inputs, dims)
+        print("RESULT " + json.dumps(out), flush=True)
+        return
+    work = tempfile.mkdtemp(prefix="bench_vs_trl_")
+    try:
+        inputs = prepare(work, dims)
+        with open(os.path.join(work, "inputs.json"), "w") as fh:
+            json.dump(inputs, fh)
+        res = {}
+        for which, python in (("ours", sys.executable), ("trl", args.trl_python)):
+            cmd = [python, os.path.abspath(__file__), "--child", which, work] + (["--scale"] if args.scale else [])
+            proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
+            text = proc.stdout.decode(errors="replace")
+            line = next((ln for ln in text.splitlines() if ln.startswith("RESULT ")), None)
+            if proc.returncode or line is None:
+                raise SystemExit(f"{which} failed:\n{text[-4000:]}")
+            res[which] = json.loads(line[len("RESULT "):])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ours, ref = res["ours"], res["trl"]
+    print(f"{'phase (median, steps 3..' + str(STEPS) + ')':34s} {'TRL':>10s} {'mindrlhf':>10s}")
+    print(f"{'whole step':34s} {ref['step_s']:10.3f} {ours['step_s']:10.3f}")
+    for name in ("generation", "old-policy log-probs", "reference log-probs", "policy fwd+bwd+AdamW", "weight sync"):
+        print(f"{name:34s} {ref['phases'].get(name, 0.0):10.3f} {ours['phases'].get(name, 0.0):10.3f}")
+    print(f"{'first step (compile)':34s} {ref['first_step_s']:10.3f} {ours['first_step_s']:10.3f}")
+    print(f"{'peak RSS MB':34s} {ref['peak_rss_mb']:10.0f} {ours['peak_rss_mb']:10.0f}")
+    print(f"{'completion length (tokens)':34s} {ref['mean_completion_len']:10.1f} {ours['mean_completion_len']:10.1f}")
+    print(json.dumps({"bench": "grpo_vs_trl" + ("_scale" if args.scale else ""), "ours": round(ours["step_s"], 4),
+                      "reference": round(ref["step_s"], 4), "ratio": round(ref["step_s"] / ours["step_s"], 3),
+                      "peak_rss_ratio": round(ours["peak_rss_mb"] / ref["peak_rss_mb"], 3),
+                      "first_step_ours": round(ours["first_step_s"], 2), "first_step_reference": round(ref["first_step_s"], 2)}))
+
+
+if __name__ == "__main__":
+    main()
