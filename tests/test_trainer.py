@@ -310,6 +310,7 @@ def _msrun_grpo(assets, tmp_path, extra_flags, env_extra=None, timeout=400):
 
 
 @pytest.mark.msrun
+@pytest.mark.slow       # ~60 s; the default run keeps other msrun tests within its time budget
 def test_an_exception_inside_a_step_ends_every_rank(assets, tmp_path):
     """Rank 1 fails inside step 2's update while rank 0 goes on into a collective: the job still ends,
     non-zero, well before any collective timeout, and the failing worker's log names the error."""
@@ -319,6 +320,7 @@ def test_an_exception_inside_a_step_ends_every_rank(assets, tmp_path):
 
 
 @pytest.mark.msrun
+@pytest.mark.slow       # ~45 s
 def test_too_few_eval_prompts_for_the_infer_replicas_is_a_set_up_error(assets, tmp_path):
     code, logs, _ = _msrun_grpo(assets, tmp_path, {"eval_dataset": assets["mind_dataset_dir"], "eval_steps": 1,
                                                    "eval_prompts": 1})
