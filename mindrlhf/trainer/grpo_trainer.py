@@ -426,12 +426,15 @@ class GRPOTrainer:
         else:
             local_stats = phase("train", self.update, my_samples, train_mask[mine], old_logp, ref_logp,
                                 advantages[mine], self.geometry.token_norms(train_mask))
-        gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.response_mask.astype(bool)]
-        off_policy_gap = [0.0, 0.0] if (self.on_policy or skip) else [gap.sum(), gap.size]
+        off_policy_gap = [0.0, 0.0]          # the on-policy gap comes from the train step itself
+        if not (self.on_policy or skip):
+            gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.response_mask.astype(bool)]
+            off_policy_gap = [gap.sum(), gap.size]
         stats = exchange.mean_over_ranks(list(local_stats) + off_policy_gap)
-        maxima = exchange.max_over_ranks([local_stats[UPDATE_STATS.index(k)] for k in MAX_STATS])
         result = dict(zip(UPDATE_STATS, stats.tolist()))
-        result.update(zip(MAX_STATS, maxima.tolist()))
+        if rl.tis:                           # the only statistics reduced by max (one more collective)
+            maxima = exchange.max_over_ranks([local_stats[UPDATE_STATS.index(k)] for k in MAX_STATS])
+            result.update(zip(MAX_STATS, maxima.tolist()))
         if not (np.isfinite(result["loss"]) and np.isfinite(result["grad_norm"])):
             raise TrainingError(f"step {self.step + 1}: the loss or gradient norm is not finite (NaN/inf) on at least "
                                 f"one rank (loss={result['loss']}, grad_norm={result['grad_norm']}); the last checkpoint "
