@@ -45,9 +45,6 @@ class Nodes:
         """The lowest rank of its node (writes what each node writes once)."""
         return self.node_of_rank.index(self.my_node) == self.rank
 
-    def ranks_of(self, node: int) -> List[int]:
-        return [r for r, n in enumerate(self.node_of_rank) if n == node]
-
 
 def discover_nodes() -> Nodes:
     """Collective over all ranks."""
