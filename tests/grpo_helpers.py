@@ -18,11 +18,14 @@ def digit_fraction(completion, solution):
     return sum(c.isdigit() for c in completion) / max(1, len(completion))
 
 
-def model_yaml(path: str, dp: int = 1, tp: int = 1, vocab_size: int = 416, **model_overrides) -> str:
+def model_yaml(path: str, dp: int = 1, tp: int = 1, vocab_size: int = 416, pp: int = 1, micro_batch_num: int = 1,
+               **model_overrides) -> str:
     with open(os.path.join(REPO, "model_configs", "qwen_grpo", "finetune_qwen2_tiny.yaml")) as fh:
         doc = yaml.safe_load(fh)
     doc["model"]["model_config"].update(vocab_size=vocab_size, **model_overrides)
-    doc["parallel_config"].update(data_parallel=dp, model_parallel=tp)
+    doc["parallel_config"].update(data_parallel=dp, model_parallel=tp, pipeline_stage=pp)
+    if pp > 1:
+        doc["parallel_config"]["micro_batch_num"] = micro_batch_num
     with open(path, "w") as fh:
         yaml.safe_dump(doc, fh)
     return path

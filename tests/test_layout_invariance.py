@@ -4,8 +4,9 @@ Three steps with beta > 0, num_iterations = 2, two global mini-batches, ragged r
 T = 0.8 with top_p = 0.9, reference solutions longer than 255 bytes, and the GRPO variants on (DAPO's dynamic
 sampling over a reward that is constant for half the prompts, truncated completions masked, TIS; the
 overlong penalty, host numpy on every rank's copy of the samples, would make every group informative here),
-in three layouts:
-single process; train dp1 x tp2 / infer dp2 x tp1; train dp2 x tp1 / infer dp1 x tp2 (2 msrun workers).
+in these layouts: single process; train dp1 x tp2 / infer dp2 x tp1; train dp2 x tp1 / infer dp1 x tp2 (2 msrun
+workers, tied embeddings as the tiny Qwen2 YAML); and, with untied embeddings (pipeline stages need them),
+single process against train pp2 (two stages, 2 micro-batches per mini-batch, 1F1B) / infer dp2.
 Per-step metrics agree to 1e-5 relative (KL: or 1e-7 absolute) and the final weights to 1e-5 relative in
 norm over the whole model (per tensor: see the bounds below); each exported HF policy equals its checkpoint
 exactly and gives the policy's logits under `transformers`.
@@ -27,8 +28,7 @@ from mindrlhf.checkpoint.model_io import model_state, read_checkpoint, save_chec
 from mindrlhf.configs import load_model_yaml
 from mindrlhf.data.convert import build_parser, convert
 from mindrlhf.data.mindrecord_io import read_columns
-from mindrlhf.models.qwen2 import CausalLM, param_specs
-from mindrlhf.parallel.layouts import role_layouts
+from mindrlhf.models.qwen2 import CausalLM, layouts_for
 from mindrlhf.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.msrun
@@ -43,12 +43,17 @@ COMPARED = ("reward_mean", "reward/solution_length_test", "loss", "pg_loss", "kl
 # (per-rank token normalisation, a wrong reference) moves it by 1e-5 or more.
 ABS_TOL = {"kl": 1e-7}
 STEPS = 3
-# name: (train dp, tp), (infer dp, tp), prompts per infer-DP rank, sequences per train-DP rank per mini-batch
+# name: (train dp, tp, pp), (infer dp, tp), prompts per infer-DP rank, sequences per train-DP rank per mini-batch,
+# tied embeddings
 LAYOUTS = {
-    "single": ((1, 1), (1, 1), 4, 8),
-    "train_tp2_infer_dp2": ((1, 2), (2, 1), 2, 8),
-    "train_dp2_infer_tp2": ((2, 1), (1, 2), 4, 4),
+    "single": ((1, 1, 1), (1, 1), 4, 8, True),
+    "train_tp2_infer_dp2": ((1, 2, 1), (2, 1), 2, 8, True),
+    "train_dp2_infer_tp2": ((2, 1, 1), (1, 2), 4, 4, True),
+    "single_untied": ((1, 1, 1), (1, 1), 4, 8, False),
+    "train_pp2_infer_dp2": ((1, 1, 2), (2, 1), 2, 8, False),
 }
+REFERENCE = {True: "single", False: "single_untied"}
+MICRO_BATCHES = 2
 
 
 @pytest.fixture(scope="module")
@@ -63,19 +68,24 @@ def assets(tmp_path_factory):
     convert(build_parser().parse_args(["--vocab_path", vocab, "--merges_file_path", merges, "--file_path", src,
                                        "--output_path", data, "--max_prompt_length", "16", "--seq_length", "48",
                                        "--prompt_template", "plain", "--no_progress"]))
-    yamls = {}
-    for dp, tp in {(1, 1), (1, 2), (2, 1)}:
-        yamls[(dp, tp)] = model_yaml(os.path.join(root, f"m_{dp}x{tp}.yaml"), dp=dp, tp=tp, eos_token_id=EOS)
-    init = os.path.join(root, "init.safetensors")     # one initial policy for every layout
-    save_checkpoint(model_state(CausalLM(load_model_yaml(yamls[(1, 1)]).model)), init)
-    return {"root": root, "vocab": vocab, "merges": merges, "data": data, "yamls": yamls, "init": init}
+    yamls, inits = {}, {}
+    for train, infer, _, _, tie in LAYOUTS.values():
+        for dp, tp, pp in (train, infer + (1,)):
+            yamls[(dp, tp, pp, tie)] = model_yaml(os.path.join(root, f"m_{dp}x{tp}x{pp}_{tie}.yaml"), dp=dp, tp=tp,
+                                                  pp=pp, micro_batch_num=MICRO_BATCHES, eos_token_id=EOS,
+                                                  tie_word_embeddings=tie)
+    for tie in (True, False):                 # one initial policy for every layout of a model
+        inits[tie] = os.path.join(root, f"init_{tie}.safetensors")
+        save_checkpoint(model_state(CausalLM(load_model_yaml(yamls[(1, 1, 1, tie)]).model)), inits[tie])
+    return {"root": root, "vocab": vocab, "merges": merges, "data": data, "yamls": yamls, "inits": inits}
 
 
 def _args(assets, name, out_dir, **extra):
-    train, infer, batch, mini = LAYOUTS[name]
-    flags = {"sft_path_train": assets["yamls"][train], "sft_path_infer": assets["yamls"][infer],
+    train, infer, batch, mini, tie = LAYOUTS[name]
+    flags = {"sft_path_train": assets["yamls"][train + (tie,)], "sft_path_infer": assets["yamls"][infer + (1, tie)],
              "vocab_path": assets["vocab"], "merges_file_path": assets["merges"],
-             "mind_dataset_dir": assets["data"], "load_sft_checkpoint_train": assets["init"], "save_ckpt_dir": out_dir, "use_parallel": name != "single",
+             "mind_dataset_dir": assets["data"], "load_sft_checkpoint_train": assets["inits"][tie], "save_ckpt_dir": out_dir,
+             "use_parallel": not name.startswith("single"),
              "total_steps": STEPS, "save_steps": 1, "keep_checkpoints": 2, "seed": 7, "batch_size": batch,
              "num_generations": 4, "mini_batch_size": mini, "num_iterations": 2, "beta": 0.04,
              "ref_sync_steps": 2, "temperature": 0.8, "top_p": 0.9, "max_tokens": 8, "lr": 1e-4,
@@ -89,7 +99,7 @@ def _args(assets, name, out_dir, **extra):
 
 def _run(assets, name):
     out = os.path.join(assets["root"], name)
-    if name == "single":
+    if name.startswith("single"):
         env = dict(os.environ, PYTHONPATH=REPO)
         proc = subprocess.run([sys.executable, WORKER] + _args(assets, name, out), env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
@@ -104,21 +114,25 @@ def runs(assets):
     return {name: _run(assets, name) for name in LAYOUTS}
 
 
-def _full_weights(assets, out_dir, train):
+def _full_weights(assets, out_dir, name):
     """The final checkpoint's shards placed into full tensors by their layouts (independent of export)."""
-    cfg = load_model_yaml(assets["yamls"][(1, 1)]).model
-    layouts = role_layouts(param_specs(cfg), *train)
+    train, tie = LAYOUTS[name][0], LAYOUTS[name][4]
+    cfg = load_model_yaml(assets["yamls"][(1, 1, 1, tie)]).model
+    layouts = layouts_for(cfg, *train)
     step = os.path.join(out_dir, f"step_{STEPS:06d}")
     full = {n: np.zeros(l.full_shape, np.float32) for n, l in layouts.items()}
-    for rank in range(train[0] * train[1]):
+    filled = set()
+    for rank in range(int(np.prod(train))):
         shards = read_checkpoint(os.path.join(step, f"rank_{rank}", "policy.safetensors"))
         for n, arr in shards.items():
             full[n][layouts[n].shard_slices(rank)] = arr
+            filled.add(n)
+    assert filled == set(layouts)          # every parameter is in some rank's shard (pipeline stages included)
     return full, cfg
 
 
-def test_trajectory_is_layout_invariant(assets, runs):
-    ref = read_metrics(os.path.join(runs["single"], "metrics.jsonl"))
+def _check_reference(assets, runs, single):
+    ref = read_metrics(os.path.join(runs[single], "metrics.jsonl"))
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
     assert all(r["response_len_mean"] < r["response_len_max"] for r in ref)     # responses are ragged
     assert ref[-1]["kl"] != 0.0                                         # the reference model is active
@@ -126,18 +140,24 @@ def test_trajectory_is_layout_invariant(assets, runs):
     assert all(r["dynamic_sampling/kept_groups"] == 4 for r in ref)     # the step's batch is exact
     assert min(r["response_clipped_frac"] for r in ref) > 0              # some rows are masked as truncated
     assert all(abs(r["loss"]) > 1e-3 and r["grad_norm"] > 1e-2 for r in ref)    # signal far above float noise
-    ref_weights, _ = _full_weights(assets, runs["single"], LAYOUTS["single"][0])
-    init = read_checkpoint(assets["init"])
+    ref_weights, _ = _full_weights(assets, runs[single], single)
+    init = read_checkpoint(assets["inits"][LAYOUTS[single][4]])
     moved = sum(np.linalg.norm(w - init[n]) ** 2 for n, w in ref_weights.items()) ** 0.5
     assert moved > 1e-3 * sum(np.linalg.norm(w) ** 2 for w in ref_weights.values()) ** 0.5   # >> the tolerance
+    return ref, ref_weights
+
+
+def test_trajectory_is_layout_invariant(assets, runs):
+    refs = {single: _check_reference(assets, runs, single) for single in REFERENCE.values()}
     for name in LAYOUTS:
+        ref, ref_weights = refs[REFERENCE[LAYOUTS[name][4]]]
         rows = read_metrics(os.path.join(runs[name], "metrics.jsonl"))
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), name
         for a, b in zip(rows, ref):
             for key in COMPARED:
                 assert a[key] == pytest.approx(b[key], rel=1e-5, abs=ABS_TOL.get(key, 1e-8)), (name, a["step"], key)
             assert a["rollout_train_logprob_gap"] <= 1e-4, (name, a["step"])   # same T for rollout and train
-        weights, _ = _full_weights(assets, runs[name], LAYOUTS[name][0])
+        weights, _ = _full_weights(assets, runs[name], name)
         # Whole model, relative in norm: <= 1e-5 (measured <= 1e-6). Per tensor, Adam turns float noise in
         # near-zero gradients into ~lr-sized steps, so small-gradient tensors drift more: <= 1e-4 (measured
         # <= 5e-6), and attention.wk.bias, whose gradient is 0 in exact arithmetic (softmax ignores the q.b_k
@@ -165,7 +185,7 @@ def test_export_equals_checkpoint_and_matches_transformers(assets, runs):
     from mindrlhf.checkpoint.model_io import load_full_weights
     ids = np.random.RandomState(0).randint(3, 390, (2, 12))
     for name in LAYOUTS:
-        full, cfg = _full_weights(assets, runs[name], LAYOUTS[name][0])
+        full, cfg = _full_weights(assets, runs[name], name)
         hf_dir = os.path.join(runs[name], "hf_policy")
         exported = dict(iter_hf_as_ms(hf_dir))
         assert set(exported) == set(full), name
@@ -181,10 +201,10 @@ def test_export_equals_checkpoint_and_matches_transformers(assets, runs):
 
 
 def test_sigkill_inside_a_checkpoint_save_then_resume_is_exact(assets, runs, tmp_path):
-    """Kill every process of a 2-worker job while rank 0 is inside step 2's checkpoint save (weights half
-    written), resume: final weights, metrics.jsonl (each step once, equal values) and the rollout log equal
+    """Kill every process of a 2-worker job (train layout: two pipeline stages) while rank 0 is inside step 2's
+    checkpoint save (weights half written), resume: final weights, metrics.jsonl (each step once, equal values) and the rollout log equal
     the uninterrupted run's."""
-    name = "train_tp2_infer_dp2"
+    name = "train_pp2_infer_dp2"
     out = str(tmp_path / "crash")
     marker = str(tmp_path / "in_save")
     log_dir = str(tmp_path / "log")
@@ -204,8 +224,8 @@ def test_sigkill_inside_a_checkpoint_save_then_resume_is_exact(assets, runs, tmp
         not os.path.exists(os.path.join(out, "step_000002", "COMPLETE"))
     run_msrun(WORKER, _args(assets, name, out, resume=True), 2, str(tmp_path / "log2"))
 
-    weights, _ = _full_weights(assets, out, LAYOUTS[name][0])
-    expected, _ = _full_weights(assets, runs[name], LAYOUTS[name][0])
+    weights, _ = _full_weights(assets, out, name)
+    expected, _ = _full_weights(assets, runs[name], name)
     for n, w in expected.items():
         np.testing.assert_allclose(weights[n], w, rtol=0, atol=1e-6, err_msg=n)
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))

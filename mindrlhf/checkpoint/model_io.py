@@ -31,13 +31,15 @@ def load_full_weights(model, tensors: Iterable[Tuple[str, np.ndarray]], source: 
     for name, arr in tensors:
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # a tied model reads its head from the embedding
-        if name not in params:
+        if name not in layouts:
             raise CheckpointError(f"{source}: unexpected parameter {name} (the model has no such weight; "
                                   f"wrong model config?)")
         layout = layouts[name]
         if tuple(arr.shape) != layout.full_shape:
             raise CheckpointError(f"{source}: parameter {name} has shape {tuple(arr.shape)}, the model "
                                   f"expects {layout.full_shape}")
+        if rank not in layout.ranks:
+            continue  # held by another pipeline stage
         shard = layout.shard(arr, rank)
         write_param(params[name], shard)
         loaded.add(name)

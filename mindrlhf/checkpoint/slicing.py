@@ -22,7 +22,7 @@ from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, SafeTensorsStrea
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel.layouts import Layout, split_counts
 from mindrlhf.parallel.plan import full_layout, plan_tensor
-from mindrlhf.parallel.strategy import StrategyEntry, find_strategy_file, read_strategy
+from mindrlhf.parallel.strategy import StrategyEntry, load_strategy
 from mindrlhf.utils.atomic import atomic_dir
 from mindrlhf.utils.bf16 import BF16, contiguous
 
@@ -62,8 +62,9 @@ class ShardedSource:
     def __init__(self, path: str, strategy: Dict[str, StrategyEntry]):
         self.path = path
         self.strategy = strategy
-        any_entry = next(iter(strategy.values()))
-        self.num_ranks = int(np.prod(any_entry.dev_matrix))
+        self.num_ranks = max((e.stage + 1) * int(np.prod(e.dev_matrix)) for e in strategy.values())
+        # under pipeline parallelism each stage's first rank lists that stage's parameters
+        self.stage_heads = sorted({e.stage * int(np.prod(e.dev_matrix)) for e in strategy.values()})
         self.files = {}
         for r in range(self.num_ranks):
             self.files[r] = rank_checkpoint_file(path, r, f"rank {r} of the source strategy ({self.num_ranks} ranks)")
@@ -76,11 +77,17 @@ class ShardedSource:
         return self._open[rank]
 
     def names_and_shapes(self) -> Dict[str, Tuple[int, ...]]:
-        r0 = self._reader(0)
+        out = {}
+        for head in self.stage_heads:
+            out.update(self._names_and_shapes(head))
+        return out
+
+    def _names_and_shapes(self, rank: int) -> Dict[str, Tuple[int, ...]]:
+        r0 = self._reader(rank)
         out = {}
         for name in r0.keys():
             if name not in self.strategy:
-                raise CheckpointError(f"{self.files[0]}: parameter {name} is not in the source strategy")
+                raise CheckpointError(f"{self.files[rank]}: parameter {name} is not in the source strategy")
             entry = self.strategy[name]
             shard = r0.shape(name)
             counts = split_counts(entry.dev_matrix, entry.tensor_map)
@@ -144,12 +151,12 @@ class _Plan:
 
     @property
     def num_dst(self) -> int:
-        return next(iter(self.dst_layouts.values())).num_ranks
+        return max(layout.ranks.stop for layout in self.dst_layouts.values())
 
 
 def _plan(src_checkpoint: str, dst_strategy: Optional[str], src_strategy: Optional[str]) -> _Plan:
     if src_strategy:
-        source = ShardedSource(src_checkpoint, read_strategy(find_strategy_file(src_strategy)))
+        source = ShardedSource(src_checkpoint, load_strategy(src_strategy))
         src_layout_of = lambda n, shape: source.strategy[n].layout(shape, n)  # noqa: E731
     else:
         if holds_rank_dirs(src_checkpoint):
@@ -157,7 +164,7 @@ def _plan(src_checkpoint: str, dst_strategy: Optional[str], src_strategy: Option
         source = FullSource(src_checkpoint)
         src_layout_of = lambda n, shape: full_layout(shape)  # noqa: E731
     shapes = source.names_and_shapes()
-    dst = read_strategy(find_strategy_file(dst_strategy)) if dst_strategy else None
+    dst = load_strategy(dst_strategy) if dst_strategy else None
     if dst is not None:
         missing = sorted(set(shapes) - set(dst))
         if missing:
@@ -184,7 +191,8 @@ def _write_ranks(plan: _Plan, dirs: Dict[int, str], prefix: str, ext: str, progr
         bytes_in += full.nbytes
         cut = plan_tensor(full_layout(full.shape), plan.dst_layouts[name])
         for r in dirs:
-            outputs.put(r, name, contiguous(full[cut[r][0].src_slice]))
+            if r in cut:                   # under pipeline parallelism only the parameter's stage holds it
+                outputs.put(r, name, contiguous(full[cut[r][0].src_slice]))
         if progress:
             progress(i + 1, len(plan.shapes), name)
     outputs.finish()
@@ -268,13 +276,18 @@ def _open_outputs(dirs: Dict[int, str], prefix, ext, plan: _Plan) -> _Outputs:
     if ext == ".safetensors":
         codes = _source_dtype_codes(plan.source, plan.shapes)
         writers = {r: SafeTensorsStreamWriter(paths[r], [(n, codes[n], plan.dst_layouts[n].shard_shape)
-                                                         for n in plan.shapes]) for r in dirs}
+                                                         for n in plan.shapes if r in plan.dst_layouts[n].ranks])
+                   for r in dirs}
         return _Outputs(paths, writers, None)
     return _Outputs(paths, None, {r: dict() for r in dirs})
 
 
 def _source_dtype_codes(source, shapes) -> Dict[str, str]:
     if isinstance(source, ShardedSource):
-        r0 = source._reader(0)
-        return {n: (r0.dtype_code(n) if hasattr(r0, "dtype_code") else dtype_code(r0.get(n))) for n in shapes}
+        out = {}
+        for head in source.stage_heads:
+            r0 = source._reader(head)
+            out.update({n: (r0.dtype_code(n) if hasattr(r0, "dtype_code") else dtype_code(r0.get(n)))
+                        for n in r0.keys() if n in shapes})
+        return out
     return {n: dtype_code(a) for n, a in source.full_tensors()}

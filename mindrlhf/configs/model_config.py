@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+import numpy as np
 import yaml
 
 from mindrlhf.configs import upstream
@@ -46,6 +47,7 @@ class ModelConfig:
     bos_token_id: int = 1
     eos_token_id: Union[int, List[int]] = 2
     initializer_range: float = 0.02
+    offset: Union[int, List[int]] = 0      # MindFormers' layer split between pipeline stages (layer_split)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -91,12 +93,43 @@ class ModelConfig:
             raise ConfigError(f"{where}.theta: expected > 0, got {self.theta!r}")
 
 
+def layer_split(num_layers: int, pp: int, offset: Union[int, List[int]] = 0,
+                where: str = "model.model_config.offset") -> List[range]:
+    """The decoder layers each pipeline stage holds, as MindFormers assigns them: with a list `offset`, stage
+    s holds num_layers // pp + offset[s] layers (the list must add up to num_layers); with an int, layer l
+    goes to stage floor((l + offset) / (num_layers / pp)), clipped to [0, pp - 1]. So 5 layers over 2
+    stages with offset 0 split 3 + 2. Every stage must hold at least one layer."""
+    if pp == 1:
+        return [range(num_layers)]
+    if isinstance(offset, (list, tuple)):
+        if len(offset) != pp or not all(isinstance(o, int) and not isinstance(o, bool) for o in offset):
+            raise ConfigError(f"{where}: expected {pp} integers (one per pipeline stage), got {offset!r}")
+        counts = [num_layers // pp + o for o in offset]
+        if sum(counts) != num_layers:
+            raise ConfigError(f"{where}: {offset!r} gives stages {counts} layers, {sum(counts)} in all, but "
+                              f"num_layers is {num_layers} (the offsets must add up to num_layers - "
+                              f"{pp} x {num_layers // pp} = {num_layers - pp * (num_layers // pp)})")
+    elif isinstance(offset, int) and not isinstance(offset, bool):
+        counts = [0] * pp
+        for layer in range(num_layers):
+            counts[min(max(int((layer + offset) // (num_layers / pp)), 0), pp - 1)] += 1
+    else:
+        raise ConfigError(f"{where}: expected an integer or a list of {pp} integers, got {offset!r}")
+    if min(counts) < 1:
+        raise ConfigError(f"{where}: {offset!r} leaves a pipeline stage without decoder layers (stages get "
+                          f"{counts} of num_layers={num_layers}); every stage needs at least one")
+    starts = np.cumsum([0] + counts)
+    return [range(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+
+
 @dataclass
 class ParallelConfig:
-    """How one role's ranks are arranged (MindFormers `parallel_config` names)."""
+    """How one role's ranks are arranged (MindFormers `parallel_config` names). `micro_batch_num`: pipeline
+    micro-batches per mini-batch (used when pipeline_stage > 1, as in MindFormers)."""
     data_parallel: int = 1
     model_parallel: int = 1
     pipeline_stage: int = 1
+    micro_batch_num: int = 1
 
     def __post_init__(self):
         self.validate()
@@ -106,16 +139,19 @@ class ParallelConfig:
         return self.data_parallel * self.model_parallel * self.pipeline_stage
 
     def validate(self, where: str = "parallel_config"):
-        for name in ("data_parallel", "model_parallel", "pipeline_stage"):
+        for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{where}.{name}: expected a positive integer, got {value!r}")
-        if self.pipeline_stage != 1:
-            raise ConfigError(f"{where}.pipeline_stage: pipeline parallelism is not supported by mindrlhf "
-                              f"yet; got {self.pipeline_stage}, expected 1 (use model_parallel/data_parallel)")
 
     def check_model(self, model: ModelConfig, where: str = "parallel_config"):
         tp = self.model_parallel
+        if self.pipeline_stage > 1:
+            if model.tie_word_embeddings:
+                raise ConfigError(f"{where}.pipeline_stage: {self.pipeline_stage} stages with "
+                                  f"model.model_config.tie_word_embeddings True is not supported (the first and "
+                                  f"last stage would share the embedding); use pipeline_stage 1")
+            layer_split(model.num_layers, self.pipeline_stage, model.offset)
         for name in ("num_heads", "n_kv_heads", "intermediate_size", "vocab_size"):
             if getattr(model, name) % tp:
                 raise ConfigError(f"{where}.model_parallel={tp} does not divide "
@@ -213,6 +249,12 @@ def load_model_yaml(path: str) -> ModelYaml:
         generation = _generation_fields(model_raw, "model.model_config")
         parallel = parallel_config_from_dict(raw.get("parallel_config") or {}, ignored=ignored)
         parallel.check_model(model)
+        if parallel.pipeline_stage == 1:      # pipeline settings mean nothing without stages (as in MindFormers)
+            if "micro_batch_num" in (raw.get("parallel_config") or {}):
+                ignored.append(("parallel_config.micro_batch_num", "pipeline micro-batches; pipeline_stage is 1"))
+            if "offset" in model_raw:
+                ignored.append(("model.model_config.offset", "layer split between pipeline stages; "
+                                                              "pipeline_stage is 1"))
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     return ModelYaml(model=model, parallel=parallel, path=path, generation=generation, ignored=ignored)

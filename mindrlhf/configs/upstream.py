@@ -208,7 +208,6 @@ for _names, _why in (
          "use_flash_attention_in_eval input_sliced_sig pp_interleave_num residual_dtype parallel_optimizer",
          "kernel / cache implementation choice; same results"),
         ("emb_dropout_prob", "dropout is off in RL fine-tuning"),
-        ("offset", "layer split between pipeline stages; pipeline_stage is 1"),
         ("do_sample", "rollouts always sample, as upstream's generate(do_sample=True); temperature 0 is greedy"),
         ("max_position_embeddings", "HF spelling that MindFormers' LlamaConfig does not read "
                                     "(it reads max_position_embedding)"),
@@ -227,12 +226,19 @@ MODEL_CHECKED = {
 PARALLEL_INERT: Dict[str, str] = {
     "use_seq_parallel": "sequence parallelism splits activations to save memory; not implemented yet, so "
                         "activations are kept whole (same results, more memory)",
-    "micro_batch_num": "pipeline micro-batches; used only with pipeline_stage > 1, as upstream",
     "micro_batch_interleave_num": "overlaps TP communication with compute on Ascend; same results",
     "vocab_emb_dp": "embedding placement; the embedding is vocab-split over model_parallel either way",
     "gradient_aggregation_group": "Ascend gradient fusion; same results",
     "optimizer_shard": "parallel-optimizer sharding on Ascend; same results",
     "expert_parallel": "MoE experts; the Qwen2 decoders here have none",
+}
+# keys that our model/parallel config fields read under their MindFormers names (listed for the reference table)
+MAPPED_PARALLEL = {
+    "model.model_config.offset": "decoder layers per pipeline stage, as MindFormers splits them (configs.model_config."
+                                 "layer_split); reported as inert when pipeline_stage is 1",
+    "parallel_config.pipeline_stage": "pipeline stages of the train layout (1F1B schedule); the infer layout must be 1",
+    "parallel_config.micro_batch_num": "micro-batches per mini-batch through the pipeline; reported as inert when "
+                                       "pipeline_stage is 1",
 }
 PARALLEL_CHECKED = {"context_parallel": (lambda v, raw: int(v) == 1, "1"),
                     "use_ring_attention": (lambda v, raw: not v, "False")}
@@ -253,6 +259,7 @@ def table_markdown() -> str:
     out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in MODEL_CHECKED.items()]
     out += [f"| `{k}` | inert | {why} |" for k, why in MODEL_INERT.items()]
     out += ["", "### model YAML: parallel_config", "", "| key | status | here |", "| --- | --- | --- |"]
+    out += [f"| `{k.split('.')[-1]}` | mapped | {why} |" for k, why in MAPPED_PARALLEL.items()]
     out += [f"| `{k}` | inert | {why} |" for k, why in PARALLEL_INERT.items()]
     out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in PARALLEL_CHECKED.items()]
     out += ["", "### model YAML: top-level sections", "", "| key | status | here |", "| --- | --- | --- |"]

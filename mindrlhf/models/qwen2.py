@@ -6,6 +6,10 @@ MindFormers (`model.layers.0.attention.wq.weight`, ...) so checkpoints travel be
 
 Shapes: B batch, T query length, S key length, H hidden, nh/nkv local heads on this TP rank, hd head dim,
 Vl = vocab/tp. The residual stream (B, T, H) is replicated across TP ranks.
+
+Under pipeline parallelism (mesh.pp > 1) a rank builds only its stage: a contiguous run of decoder layers
+(configs.model_config.layer_split), the embedding on the first stage, the final norm and LM head on the
+last. Parameter names keep the global layer index, so checkpoints and strategy files read the same.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import One, initializer
 
-from mindrlhf.configs.model_config import ModelConfig, ParallelConfig
+from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, expand_as, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import copy_to_tp, gather_from_tp
@@ -180,16 +184,20 @@ class DecoderLayer(nn.Cell):
 
 
 class DecoderModel(nn.Cell):
-    """Embedding, decoder layers and final norm (MindFormers' `model.*`)."""
+    """Embedding, decoder layers and final norm (MindFormers' `model.*`); under PP, this stage's part."""
 
     def __init__(self, cfg: ModelConfig, mesh: Mesh):
         super().__init__()
         pdt = MS_DTYPES[cfg.param_init_type]
         self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
-        self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
-                                                     cfg.initializer_range)
-        self.layers = nn.CellList([DecoderLayer(cfg, mesh) for _ in range(cfg.num_layers)])
-        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type])
+        self.first, self.last = mesh.is_first_stage, mesh.is_last_stage
+        self.layer_ids = layer_split(cfg.num_layers, mesh.pp, cfg.offset)[mesh.stage]
+        if self.first:
+            self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
+                                                         cfg.initializer_range)
+        self.layers = nn.CellList([DecoderLayer(cfg, mesh) for _ in self.layer_ids])
+        if self.last:
+            self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type])
         cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embedding, cfg.theta)
         rdt = MS_DTYPES[cfg.rotary_dtype]
         self.cos_table = Tensor(cos).astype(rdt)
@@ -202,11 +210,17 @@ class DecoderModel(nn.Cell):
         return cos, sin
 
     def construct(self, input_ids, position_ids, bias):
-        x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)     # (B, T, H)
+        return self.stage_forward(input_ids, position_ids, bias)
+
+    def stage_forward(self, x, position_ids, bias):
+        """This stage's part of the forward: token ids (B, T) in on the first stage, else the residual stream
+        (B, T, H); out the residual stream, normed on the last stage. Without PP: the whole model."""
+        if self.first:
+            x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H)
         cos, sin = self.rope(position_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, bias)
-        return self.norm_out(x)
+        return self.norm_out(x) if self.last else x
 
     def prefill(self, input_ids, position_ids, bias, caches_k, caches_v, n_samples):
         x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
@@ -255,19 +269,21 @@ class CausalLM(nn.Cell):
     def __init__(self, cfg: ModelConfig, mesh: Optional[Mesh] = None):
         super().__init__()
         mesh = mesh or Mesh(1, 1, 0)
-        ParallelConfig(data_parallel=mesh.dp, model_parallel=mesh.tp).check_model(cfg)
+        ParallelConfig(data_parallel=mesh.dp, model_parallel=mesh.tp, pipeline_stage=mesh.pp).check_model(cfg)
         self.config = cfg
         self.mesh = mesh
         self.model = DecoderModel(cfg, mesh)
         self.tie = cfg.tie_word_embeddings
         self.enter_head = copy_to_tp(mesh)
-        if not self.tie:
+        if not self.tie and mesh.is_last_stage:
             self.lm_head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, mesh, False,
                                                 MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype],
                                                 cfg.initializer_range)
         self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
         self.logprob_fn = VocabParallelLogProb(cfg.vocab_size, mesh)
         self.gather_vocab = gather_from_tp(mesh)
+        if mesh.pp > 1:
+            _global_layer_names(self, self.model.layer_ids.start)
 
     def head(self, hidden):
         hidden = self.enter_head(hidden)
@@ -279,8 +295,8 @@ class CausalLM(nn.Cell):
         return self.head(self.model(input_ids, position_ids, bias))
 
     def layouts(self) -> Dict[str, Layout]:
-        """Every parameter's layout in this model's mesh."""
-        return layouts_for(self.config, self.mesh.dp, self.mesh.tp)
+        """Every parameter's layout in this model's mesh (under PP, also those other stages hold)."""
+        return layouts_for(self.config, self.mesh.dp, self.mesh.tp, self.mesh.pp)
 
     def weights(self) -> RoleWeights:
         """This rank's parameters with their layouts: what a weight transfer (sync, export) needs."""
@@ -296,12 +312,25 @@ class CausalLM(nn.Cell):
         head never runs on the positions nobody reads (in GRPO, the prompt: the head is most of a small
         model's FLOPs and its largest activations). The head is linear without bias, so the temperature
         scales its input (hidden size) instead of the vocabulary-sized logits."""
-        hidden = self.model(input_ids, position_ids, bias)
+        return self.logprobs_of_hidden(self.model(input_ids, position_ids, bias), labels, last_n, temperature)
+
+    def logprobs_of_hidden(self, hidden, labels, last_n: int = 0, temperature: float = 1.0):
+        """token_logprobs from the final (normed) hidden states: the last pipeline stage's part."""
         if last_n:
             hidden, labels = hidden[:, -last_n:], labels[:, -last_n:]
         if temperature != 1.0:
             hidden = hidden * (1.0 / temperature)
         return self.logprob_fn(self.head(hidden), labels)
+
+
+def _global_layer_names(model: nn.Cell, first_layer: int):
+    """A pipeline stage's layers are built as layers.0.. of its CellList; name their parameters by their
+    global index (model.layers.{first_layer + i}.*), as the whole model and MindFormers do."""
+    prefix = "model.layers."
+    for p in model.get_parameters():
+        if p.name.startswith(prefix):
+            local, rest = p.name[len(prefix):].split(".", 1)
+            p.name = f"{prefix}{first_layer + int(local)}.{rest}"
 
 
 def param_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], Optional[int]]]:
@@ -334,6 +363,20 @@ def param_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], Optional[i
     return specs
 
 
-def layouts_for(cfg: ModelConfig, dp: int, tp: int) -> Dict[str, Layout]:
-    """Every parameter's layout for a role arranged [dp, tp] (strategy files, slicing, re-layout)."""
-    return role_layouts(param_specs(cfg), dp, tp)
+def param_stages(cfg: ModelConfig, pp: int) -> Dict[str, int]:
+    """The pipeline stage that holds each parameter: the embedding on the first, the final norm and LM head on
+    the last, each decoder layer where layer_split puts it."""
+    split = layer_split(cfg.num_layers, pp, cfg.offset)
+    stage_of_layer = {layer: s for s, layers in enumerate(split) for layer in layers}
+    out = {}
+    for name in param_specs(cfg):
+        if name.startswith("model.layers."):
+            out[name] = stage_of_layer[int(name.split(".")[2])]
+        else:
+            out[name] = 0 if name.startswith("model.tok_embeddings") else pp - 1
+    return out
+
+
+def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1) -> Dict[str, Layout]:
+    """Every parameter's layout for a role arranged [pp, dp, tp] (strategy files, slicing, re-layout)."""
+    return role_layouts(param_specs(cfg), dp, tp, param_stages(cfg, pp) if pp > 1 else None)

@@ -3,7 +3,8 @@
 Conventions (MindSpore's): the device matrix arranges a role's ranks row-major (for us [dp, tp], so
 rank = dp_index * tp + tp_index); `tensor_map[d]` names the device-matrix axis that splits tensor dim d,
 counting axes from the right (tp = 0, dp = 1), or -1 for "not split". Device-matrix axes that split no
-dimension replicate the tensor across them (here: dp).
+dimension replicate the tensor across them (here: dp). Under pipeline parallelism a parameter lives on one
+stage: its device matrix covers that stage's ranks, which start at `rank_offset` (stage x dp x tp).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Layout:
     full_shape: Tuple[int, ...]
     dev_matrix: Tuple[int, ...]
     tensor_map: Tuple[int, ...]
+    rank_offset: int = 0            # first global rank of the stage that holds the tensor
 
     def __post_init__(self):
         if len(self.tensor_map) != len(self.full_shape):
@@ -47,6 +49,11 @@ class Layout:
     def num_ranks(self) -> int:
         return int(np.prod(self.dev_matrix))
 
+    @property
+    def ranks(self) -> range:
+        """The global ranks that hold a shard."""
+        return range(self.rank_offset, self.rank_offset + self.num_ranks)
+
     def split_count(self, dim: int) -> int:
         m = self.tensor_map[dim]
         return split_counts(self.dev_matrix, (m,))[0]
@@ -56,7 +63,10 @@ class Layout:
         return tuple(s // self.split_count(d) for d, s in enumerate(self.full_shape))
 
     def coords(self, rank: int) -> Tuple[int, ...]:
-        return tuple(int(c) for c in np.unravel_index(rank, self.dev_matrix))
+        if rank not in self.ranks:
+            raise ValueError(f"rank {rank} holds no shard of this tensor (its ranks: {self.ranks.start}.."
+                             f"{self.ranks.stop - 1})")
+        return tuple(int(c) for c in np.unravel_index(rank - self.rank_offset, self.dev_matrix))
 
     def shard_slices(self, rank: int) -> Tuple[slice, ...]:
         """Which part of the full tensor `rank` holds."""
@@ -79,19 +89,21 @@ class Layout:
 @dataclass
 class RoleWeights:
     """One role's parameters on this rank and every parameter's layout: all a weight transfer needs."""
-    params: Dict[str, Any]          # name -> this rank's Parameter (its shard)
-    layouts: Dict[str, "Layout"]    # name -> layout in the role's mesh
+    params: Dict[str, Any]          # name -> this rank's Parameter (its shard); under PP only its stage's
+    layouts: Dict[str, "Layout"]    # name -> layout in the role's mesh, for every parameter of the model
     rank: int
 
 
-def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Optional[int]]], dp: int, tp: int
-                 ) -> Dict[str, Layout]:
-    """Layouts of every parameter for a role arranged [dp, tp], from `param_specs` (shape, TP-split dim)."""
+def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Optional[int]]], dp: int, tp: int,
+                 stages: Optional[Dict[str, int]] = None) -> Dict[str, Layout]:
+    """Layouts of every parameter for a role arranged [pp, dp, tp], from `param_specs` (shape, TP-split dim)
+    and, under pipeline parallelism, each parameter's stage."""
     out = {}
     for name, (shape, split) in specs.items():
         tmap = tuple(0 if d == split and tp > 1 else -1 for d in range(len(shape)))
+        offset = (stages or {}).get(name, 0) * dp * tp
         try:
-            out[name] = Layout(tuple(shape), (dp, tp), tmap)
+            out[name] = Layout(tuple(shape), (dp, tp), tmap, offset)
         except ValueError as err:
             raise CheckpointError(f"parameter {name}: {err}") from None
     return out

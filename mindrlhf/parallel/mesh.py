@@ -1,7 +1,8 @@
-"""Process mesh: which ranks form a role's data-parallel and tensor-parallel groups.
+"""Process mesh: which ranks form a role's pipeline stages and its data- and tensor-parallel groups.
 
-Ranks are laid out [dp, tp] with tp fastest (rank = dp_index * tp + tp_index), as in Megatron and in
-MindSpore's device matrices, so a TP group is a run of consecutive ranks (one host, fast links).
+Ranks are laid out [pp, dp, tp] with tp fastest (rank = stage * dp * tp + dp_index * tp + tp_index), as in
+MindSpore (a stage holds `rank // (world / pipeline_stage)`, its device matrix is [dp, tp]) and Megatron,
+so a TP group is a run of consecutive ranks (one host, fast links) and a stage a run of dp x tp ranks.
 """
 from __future__ import annotations
 
@@ -56,35 +57,60 @@ def group_for(ranks: Tuple[int, ...]) -> str:
 
 @dataclass(frozen=True)
 class Mesh:
-    """One role's arrangement of `dp * tp` ranks and this rank's place in it."""
+    """One role's arrangement of `pp * dp * tp` ranks and this rank's place in it."""
     dp: int
     tp: int
     rank: int = 0
+    pp: int = 1
 
     def __post_init__(self):
-        if not 0 <= self.rank < self.dp * self.tp:
-            raise ConfigError(f"rank {self.rank} is outside a mesh of data_parallel={self.dp} x "
-                              f"model_parallel={self.tp}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} is outside a mesh of pipeline_stage={self.pp} x data_parallel="
+                              f"{self.dp} x model_parallel={self.tp}")
 
     @property
     def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def stage_size(self) -> int:
+        """Ranks per pipeline stage (dp x tp)."""
         return self.dp * self.tp
 
     @property
+    def stage(self) -> int:
+        return self.rank // self.stage_size
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.stage == self.pp - 1
+
+    @property
     def dp_index(self) -> int:
-        return self.rank // self.tp
+        return self.rank % self.stage_size // self.tp
 
     @property
     def tp_index(self) -> int:
         return self.rank % self.tp
 
-    def tp_ranks(self, dp_index: Optional[int] = None) -> Tuple[int, ...]:
+    def rank_at(self, stage: int, dp_index: Optional[int] = None, tp_index: Optional[int] = None) -> int:
         d = self.dp_index if dp_index is None else dp_index
-        return tuple(d * self.tp + t for t in range(self.tp))
+        t = self.tp_index if tp_index is None else tp_index
+        return stage * self.stage_size + d * self.tp + t
+
+    def tp_ranks(self, dp_index: Optional[int] = None) -> Tuple[int, ...]:
+        return tuple(self.rank_at(self.stage, dp_index, t) for t in range(self.tp))
 
     def dp_ranks(self, tp_index: Optional[int] = None) -> Tuple[int, ...]:
-        t = self.tp_index if tp_index is None else tp_index
-        return tuple(d * self.tp + t for d in range(self.dp))
+        return tuple(self.rank_at(self.stage, d, tp_index) for d in range(self.dp))
+
+    def pp_ranks(self) -> Tuple[int, ...]:
+        """This rank's counterparts (same dp and tp index) on every stage, in stage order."""
+        return tuple(self.rank_at(s) for s in range(self.pp))
 
     @property
     def tp_group(self) -> Optional[str]:
@@ -95,11 +121,15 @@ class Mesh:
     def dp_group(self) -> Optional[str]:
         return group_for(self.dp_ranks()) if self.dp > 1 else None
 
+    @property
+    def pp_group(self) -> Optional[str]:
+        return group_for(self.pp_ranks()) if self.pp > 1 else None
+
 
 def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:
     """Mesh of a role from its parallel config; the role must use every rank of the process group."""
     if parallel.world_size != world_size:
         raise ConfigError(f"{role} parallel_config: data_parallel={parallel.data_parallel} x "
-                          f"model_parallel={parallel.model_parallel} = {parallel.world_size} ranks, but the "
-                          f"job has {world_size} (msrun --worker_num)")
-    return Mesh(dp=parallel.data_parallel, tp=parallel.model_parallel, rank=rank)
+                          f"model_parallel={parallel.model_parallel} x pipeline_stage={parallel.pipeline_stage} = "
+                          f"{parallel.world_size} ranks, but the job has {world_size} (msrun --worker_num)")
+    return Mesh(dp=parallel.data_parallel, tp=parallel.model_parallel, rank=rank, pp=parallel.pipeline_stage)

@@ -37,10 +37,10 @@ def plan_tensor(src: Layout, dst: Layout) -> Dict[int, List[Piece]]:
     if src.full_shape != dst.full_shape:
         raise ValueError(f"layouts disagree on the full shape: {src.full_shape} vs {dst.full_shape}")
     distinct: Dict[Box, int] = {}
-    for r in range(src.num_ranks):
+    for r in src.ranks:
         distinct.setdefault(_box(src, r), r)
     plan: Dict[int, List[Piece]] = {}
-    for d in range(dst.num_ranks):
+    for d in dst.ranks:
         dbox = _box(dst, d)
         pieces = []
         for sbox, s in distinct.items():

@@ -112,7 +112,7 @@ class WeightSync:
         self._src, self._dst = src.params, dst.params
         self.bucket_elems = max(1, bucket_bytes // 4)
         self.buckets = self._make_buckets()
-        world = next(iter(src.layouts.values())).num_ranks
+        world = max(layout.ranks.stop for layout in src.layouts.values())
         # where each source rank's shards sit in its shared-memory segment, per bucket (fixed by the plan)
         self.segment_layouts = [{r: _segment_layout(r, bucket) for r in range(world)}
                                 for bucket in self.buckets]

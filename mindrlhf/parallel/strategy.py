@@ -2,13 +2,19 @@
 
 A strategy file records, per parameter, the device matrix and tensor map (not the full shape: that comes
 from the checkpoint being sliced). We write one file per rank of a role (`ckpt_strategy_rank_{r}.ckpt`, as
-MindFormers names them; without pipeline stages all ranks' files are identical) plus a merged file.
+MindFormers names them) plus a merged file. MindSpore's pipeline conventions: a rank's file holds only its
+stage's parameters, with the stage's device matrix ([dp, tp]) and its stage number in the
+`parallel_strategy_item`; the merged file (as `mindspore.parallel.merge_pipeline_strategys` writes it)
+names each parameter `{stage}-{name}` and has current_stage 1. Without pipeline stages every rank's file is
+the same and the merged file equals it.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
+
+import numpy as np
 
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel.layouts import Layout
@@ -21,6 +27,7 @@ class StrategyEntry:
     tensor_map: Tuple[int, ...]
     opt_shard_step: int = 0
     opt_shard_size: int = 0
+    stage: int = 0                  # pipeline stage holding the parameter (its ranks start at stage x devices)
 
     def layout(self, full_shape, name: str = "") -> Layout:
         if self.opt_shard_size > 1:
@@ -30,18 +37,32 @@ class StrategyEntry:
             raise CheckpointError(f"parameter {name}: the strategy's tensor_map {list(self.tensor_map)} has "
                                   f"{len(self.tensor_map)} dims, the checkpoint tensor has shape {tuple(full_shape)}")
         try:
-            return Layout(tuple(full_shape), self.dev_matrix, self.tensor_map)
+            return Layout(tuple(full_shape), self.dev_matrix, self.tensor_map,
+                          self.stage * int(np.prod(self.dev_matrix)))
         except ValueError as err:
             raise CheckpointError(f"parameter {name}: {err}") from None
 
 
-def strategy_bytes(layouts: Dict[str, Layout]) -> bytes:
+def _stage(layout: Layout) -> int:
+    return layout.rank_offset // layout.num_ranks
+
+
+def strategy_bytes(layouts: Dict[str, Layout], merged: bool = False) -> bytes:
+    """One rank's file (the layouts of its stage's parameters), or with `merged` every stage's in MindSpore's
+    merged form."""
     from mindspore.train import node_strategy_pb2 as pb
     smap = pb.ParallelStrategyMap()
-    smap.current_stage = 0
+    stages = sorted({_stage(layout) for layout in layouts.values()})
+    pipelined = merged and stages != [0]
+    smap.current_stage = 1 if pipelined else stages[0]
+    for stage in stages:                  # MindSpore reads a file's stage from its strategy items
+        item = smap.parallel_strategy_item.add()
+        item.node_name = "mindrlhf"
+        item.parallel_strategys.stage = stage
+        item.parallel_strategys.parallel_strategy.add().dim.extend([1])
     for name, layout in layouts.items():
         item = smap.parallel_layout_item.add()
-        item.param_name = name
+        item.param_name = f"{_stage(layout)}-{name}" if pipelined else name
         lay = item.parallel_layouts
         lay.dev_matrix.add().dim.extend(layout.dev_matrix)
         lay.tensor_map.add().dim.extend(layout.tensor_map)
@@ -53,10 +74,10 @@ def strategy_bytes(layouts: Dict[str, Layout]) -> bytes:
     return smap.SerializeToString()
 
 
-def write_strategy(path: str, layouts: Dict[str, Layout]):
+def write_strategy(path: str, layouts: Dict[str, Layout], merged: bool = False):
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
-            fh.write(strategy_bytes(layouts))
+            fh.write(strategy_bytes(layouts, merged))
 
 
 def read_strategy(path: str) -> Dict[str, StrategyEntry]:
@@ -71,6 +92,7 @@ def read_strategy(path: str) -> Dict[str, StrategyEntry]:
             smap.ParseFromString(fh.read())
     except (DecodeError, OSError) as err:
         raise CheckpointError(f"{path}: not a MindSpore strategy file ({err})") from None
+    file_stage = smap.parallel_strategy_item[0].parallel_strategys.stage if smap.parallel_strategy_item else 0
     out = {}
     for item in smap.parallel_layout_item:
         lay = item.parallel_layouts
@@ -81,9 +103,9 @@ def read_strategy(path: str) -> Dict[str, StrategyEntry]:
         if len(maps) != 1:
             raise CheckpointError(f"{path}: parameter {item.param_name} uses a multi-axis tensor map, "
                                   f"which mindrlhf cannot slice yet")
-        name = item.param_name.split("-", 1)[1] if "-" in item.param_name else item.param_name
+        stage, name = item.param_name.split("-", 1) if "-" in item.param_name else (file_stage, item.param_name)
         out[name] = StrategyEntry(tuple(lay.dev_matrix[0].dim), tuple(maps[0]), int(lay.opt_weight_shard_step),
-                                  int(lay.opt_weight_shard_size))
+                                  int(lay.opt_weight_shard_size), int(stage))
     if not out:
         raise CheckpointError(f"{path}: the strategy file lists no parameters")
     return out
@@ -103,6 +125,20 @@ def find_strategy_file(path: str) -> str:
     raise CheckpointError(f"{path}: no strategy file (*.ckpt) found")
 
 
+def load_strategy(path: str) -> Dict[str, StrategyEntry]:
+    """Every parameter's entry from a strategy file, or from a directory: its merged file if it has one, else
+    the union of its per-rank files (under pipeline parallelism each holds one stage's parameters)."""
+    if os.path.isdir(path) and not any("merged" in f for f in os.listdir(path)):
+        out: Dict[str, StrategyEntry] = {}
+        for f in sorted(f for f in os.listdir(path) if f.endswith(".ckpt")):
+            for name, entry in read_strategy(os.path.join(path, f)).items():
+                if out.setdefault(name, entry) != entry:
+                    raise CheckpointError(f"{path}: the per-rank strategy files disagree on parameter {name}")
+        if out:
+            return out
+    return read_strategy(find_strategy_file(path))
+
+
 def role_strategy_paths(out_dir: str, role: str, world: int) -> List[str]:
     return [os.path.join(out_dir, f"{role}_strategy", f"ckpt_strategy_rank_{r}.ckpt") for r in range(world)]
 
@@ -110,8 +146,8 @@ def role_strategy_paths(out_dir: str, role: str, world: int) -> List[str]:
 def save_role_strategy(out_dir: str, role: str, layouts: Dict[str, Layout], world: int) -> List[str]:
     paths = role_strategy_paths(out_dir, role, world)
     os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
-    for p in paths:
-        write_strategy(p, layouts)
+    for rank, p in enumerate(paths):
+        write_strategy(p, {n: lay for n, lay in layouts.items() if rank in lay.ranks})
     merged = os.path.join(out_dir, f"{role}_merged_strategy.ckpt")
-    write_strategy(merged, layouts)
+    write_strategy(merged, layouts, merged=True)
     return paths + [merged]

@@ -54,12 +54,12 @@ def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:
 
 def rows_of_all_replicas(local: np.ndarray, rows: np.ndarray, total: int, mesh) -> np.ndarray:
     """Every rank gets the (total, ...) array whose `rows` each train-DP replica holds in `local` (its TP-0
-    rank contributes; the other rows are zero there, so a sum assembles them)."""
+    rank on the last pipeline stage contributes; the other rows are zero there, so a sum assembles them)."""
     world = comm.world_ranks()
     if len(world) == 1:
         return local
     full = np.zeros((total,) + local.shape[1:], np.float32)
-    if mesh.tp_index == 0:
+    if mesh.tp_index == 0 and mesh.is_last_stage:      # pipeline stages hold the same rows too
         full[rows] = local
     return comm.all_reduce_sum(full, world)
 

@@ -33,6 +33,7 @@ from mindrlhf.data.tokenizer import load_tokenizer
 from mindrlhf.models.qwen2 import CausalLM, left_pad, param_specs
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import init_distributed, mesh_for
+from mindrlhf.parallel.pipeline import bubble_fraction
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.parallel.topology import Nodes, discover_nodes, ranks_not_sharing
@@ -49,6 +50,7 @@ from mindrlhf.trainer.rollout_log import RolloutLog
 from mindrlhf.trainer.samples import SampleBatch, ScoredBatch, training_tensors
 from mindrlhf.trainer.step_geometry import StepGeometry
 from mindrlhf.trainer.swap_schedule import SwapSchedule
+from mindrlhf.trainer.pipeline_step import PipelineLogProb, PipelineTrainStep, micro_batch_count
 from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
 from mindrlhf.utils import memory
 from mindrlhf.utils.params import copy_params
@@ -105,7 +107,12 @@ class GRPOTrainer:
         if not run.use_parallel and (train_yaml.parallel.world_size > 1 or infer_yaml.parallel.world_size > 1):
             raise ConfigError(f"use_parallel is False but {run.sft_path_train} asks for "
                               f"{train_yaml.parallel.world_size} ranks: launch with msrun and --use_parallel True")
+        if infer_yaml.parallel.pipeline_stage > 1:
+            raise ConfigError(f"sft_path_infer {infer_yaml.path}: parallel_config.pipeline_stage="
+                              f"{infer_yaml.parallel.pipeline_stage}; the rollout (infer) layout has no pipeline "
+                              f"stages (as in MindRLHF): use pipeline_stage 1 and data_parallel/model_parallel")
         self.model_cfg = train_yaml.model
+        self.micro_batches = train_yaml.parallel.micro_batch_num
         self.train_mesh = mesh_for(train_yaml.parallel, self.world, self.rank, "train (sft_path_train)")
         self.infer_mesh = mesh_for(infer_yaml.parallel, self.world, self.rank, "infer (sft_path_infer)")
         for path, what in ((run.load_sft_checkpoint_train, "load_sft_checkpoint_train"),
@@ -191,6 +198,13 @@ class GRPOTrainer:
             raise ConfigError(f"run.max_model_len: prompt length {self.prompt_width} + max_tokens {smp.max_tokens} = "
                               f"{need} exceeds max_model_len={run.max_model_len}")
         self.geometry = StepGeometry.from_config(rl, self.infer_mesh.dp, self.train_mesh.dp)
+        if self.train_mesh.pp > 1:
+            where = f"{run.sft_path_train}: parallel_config.micro_batch_num"
+            micro_batch_count(self.geometry.mini_batch, self.micro_batches, where)
+            if self.micro_batches < self.train_mesh.pp:
+                self.log(f"warning: {where}={self.micro_batches} < pipeline_stage={self.train_mesh.pp}: some stages "
+                         f"idle most of each update (1F1B bubble {bubble_fraction(self.train_mesh.pp, self.micro_batches):.0%}"
+                         f"); micro_batch_num >= pipeline_stage is recommended")
         if run.epochs and "run.total_steps" not in self.cfg.explicit:
             per_epoch = self.dataset.num_rows // (rl.batch_size * self.infer_mesh.dp)
             if per_epoch == 0:
@@ -222,7 +236,8 @@ class GRPOTrainer:
         self.policy = CausalLM(self.model_cfg, self.train_mesh)
         if run.load_sft_checkpoint_train:
             load_weights(self.policy, run.load_sft_checkpoint_train)
-        same_layout = (self.train_mesh.dp, self.train_mesh.tp) == (self.infer_mesh.dp, self.infer_mesh.tp)
+        same_layout = (self.train_mesh.dp, self.train_mesh.tp, self.train_mesh.pp) == \
+            (self.infer_mesh.dp, self.infer_mesh.tp, self.infer_mesh.pp)
         if same_layout and self.infer_model_cfg.param_init_type == self.model_cfg.param_init_type:
             self.rollout_model = self.policy           # the seam: one model serves both roles
         else:
@@ -253,10 +268,22 @@ class GRPOTrainer:
         split = [self.train_mesh.tp > 1 and specs[p.name][1] is not None for p in params]
         temperature = self.sampling_params().logprob_temperature    # the log-prob convention (sampling.py)
         self.on_policy = self._one_update_per_rollout()
-        loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy)
-        self.train_step = PolicyTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm)
-        self.policy_logprob = ResponseLogProb(self.policy, smp.max_tokens, temperature)
-        self.ref_logprob = ResponseLogProb(self.ref_model, smp.max_tokens, temperature) if self.ref_model else None
+        if self.train_mesh.pp > 1:
+            m = self.micro_batches
+            loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy, m)
+            self.train_step = PipelineTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm,
+                                                m, self.model_cfg.hidden_size)
+
+            def logprob_cell(model):
+                return PipelineLogProb(model, smp.max_tokens, temperature, m)
+        else:
+            loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy)
+            self.train_step = PolicyTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm)
+
+            def logprob_cell(model):
+                return ResponseLogProb(model, smp.max_tokens, temperature)
+        self.policy_logprob = logprob_cell(self.policy)
+        self.ref_logprob = logprob_cell(self.ref_model) if self.ref_model else None
         self.updates_per_step = rl.num_iterations * self.geometry.minibatches
         sw, separate = self.cfg.swap, self.rollout_model is not self.policy
         self.swap = SwapSchedule({
@@ -490,8 +517,11 @@ class GRPOTrainer:
         return float(total[0] / max(total[1], 1))
 
     def layout_state(self) -> Dict:
-        return {"world_size": self.world, "train": [self.train_mesh.dp, self.train_mesh.tp],
-                "infer": [self.infer_mesh.dp, self.infer_mesh.tp]}
+        state = {"world_size": self.world, "train": [self.train_mesh.dp, self.train_mesh.tp],
+                 "infer": [self.infer_mesh.dp, self.infer_mesh.tp]}
+        if self.train_mesh.pp > 1:
+            state["train_pipeline_stage"] = self.train_mesh.pp
+        return state
 
     def save(self):
         run = self.cfg.run
@@ -531,7 +561,8 @@ class GRPOTrainer:
     def fit(self) -> List[Dict[str, float]]:
         run = self.cfg.run
         history = []
-        self.log(f"GRPO: {self.world} rank(s); train layout dp={self.train_mesh.dp} tp={self.train_mesh.tp}; "
+        self.log(f"GRPO: {self.world} rank(s); train layout dp={self.train_mesh.dp} tp={self.train_mesh.tp}"
+                 f"{f' pp={self.train_mesh.pp} (micro_batch_num {self.micro_batches}, 1F1B)' if self.train_mesh.pp > 1 else ''}; "
                  f"infer layout dp={self.infer_mesh.dp} tp={self.infer_mesh.tp}; "
                  f"{self.cfg.rl.batch_size * self.infer_mesh.dp} prompts x {self.cfg.rl.num_generations} "
                  f"samples per step; steps {self.step}->{run.total_steps}")

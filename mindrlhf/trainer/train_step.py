@@ -45,9 +45,13 @@ class GRPOLossCell(nn.Cell):
     gap comes back as a statistic. `rl.tis`: the policy-gradient term is weighted per token by
     min(exp(old - rollout), tis_cap) (grpo_math.tis_weights); its mean, max and clipped share come back."""
 
-    def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0, on_policy: bool = False):
+    def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0, on_policy: bool = False,
+                 micro_batches: int = 1):
         super().__init__(auto_prefix=False)
         self.model = model
+        # the token-mean terms are normalised by the mini-batch's token count (token_norm), so micro-batch
+        # losses add up to the mini-batch's; the sequence means are per call, hence 1/m
+        self.seq_scale = 1.0 if rl.loss_agg == "token-mean" else 1.0 / micro_batches
         self.response_len = response_len
         self.temperature = temperature
         self.on_policy = on_policy
@@ -77,16 +81,22 @@ class GRPOLossCell(nn.Cell):
                                                  self.clip_high, self.beta, self.kl_estimator, self.agg,
                                                  self.response_len, token_norm, weight)
         entropy = agg_token_mean(ops.stop_gradient(ent), fmask, self.response_len, token_norm)
+        if self.seq_scale != 1.0:
+            loss, pg_loss, kl = loss * self.seq_scale, pg_loss * self.seq_scale, kl * self.seq_scale
         return loss, (pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped)
 
 
 class SplitNormSum(nn.Cell):
-    """Global squared grad norm under TP: split params' squares summed over TP ranks, replicated once."""
+    """Global squared grad norm: TP-split params' squares summed over TP ranks, replicated ones counted once,
+    and under pipeline parallelism the stages' sums added up."""
 
     def __init__(self, split_flags, mesh):
         super().__init__()
         self.split_flags = tuple(split_flags)
         self.reduce = reduce_from_tp(mesh)
+        self.pp = mesh.pp
+        if mesh.pp > 1:
+            self.stage_sum = ops.AllReduce(group=mesh.pp_group)
 
     def construct(self, squares):
         split, replicated = ops.zeros((), ms.float32), ops.zeros((), ms.float32)
@@ -95,7 +105,10 @@ class SplitNormSum(nn.Cell):
                 split = split + squares[i]
             else:
                 replicated = replicated + squares[i]
-        return self.reduce(split) + replicated
+        total = self.reduce(split) + replicated
+        if self.pp > 1:
+            total = self.stage_sum(total)
+        return total
 
 
 class PolicyTrainStep(nn.Cell):

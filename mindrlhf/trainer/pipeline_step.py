@@ -1,0 +1,234 @@
+"""The policy update and the no-grad log-probs under pipeline parallelism (train layout pipeline_stage > 1).
+
+Same calls and outputs as train_step.PolicyTrainStep / ResponseLogProb, so the trainer does not care which
+it holds. A mini-batch is cut into `micro_batch_num` micro-batches that go through the stages on the 1F1B
+schedule (parallel/pipeline.py). Each stage compiles three graphs: its forward (no grad), its backward
+(the forward recomputed under GradOperation with the incoming activation gradient as sensitivity - full
+activation recomputation, so a stage keeps only its micro-batches' inputs between forward and backward)
+and, on the last stage, loss + backward in one. Gradients are summed into per-stage buffers in those
+graphs; once the mini-batch is through, one graph averages over DP, clips by the norm over all stages and
+TP ranks, runs AdamW and clears the buffers. Losses are normalised per mini-batch (token_norm, or 1/m for
+the sequence-mean aggregations, see GRPOLossCell), so the summed micro-batch gradients are the mini-batch's.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.parallel import comm
+from mindrlhf.parallel.grad_sync import DPGradMean
+from mindrlhf.parallel.pipeline import StageIO, make_links, run_1f1b, run_forward_only
+from mindrlhf.parallel.swap import on_ascend
+from mindrlhf.trainer.optim import clip_scale
+from mindrlhf.trainer.train_step import GRPOLossCell, SplitNormSum
+
+N_STATS = 8          # the loss cell's aux outputs
+TIS_MAX = 6          # index among them of the one reduced by max over micro-batches (tis_ratio_max)
+
+
+def micro_batch_count(rows: int, micro_batches: int, where: str) -> int:
+    if rows % micro_batches:
+        raise ConfigError(f"{where}: micro_batch_num={micro_batches} does not divide the {rows} sequences of a "
+                          f"mini-batch on one train data-parallel rank (rl.mini_batch_size)")
+    return micro_batches
+
+
+class _StageFn(nn.Cell):
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, x, position_ids, bias):
+        return self.model.model.stage_forward(x, position_ids, bias)
+
+
+class StageForward(nn.Cell):
+    """A stage that is not the last: its forward, no gradient."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.fn = _StageFn(model)
+
+    @ms.jit
+    def construct(self, x, position_ids, bias):
+        return ops.stop_gradient(self.fn(x, position_ids, bias))
+
+
+class StageBackward(nn.Cell):
+    """A stage that is not the last: recompute the forward, back-propagate `dy`, add the parameter gradients
+    into `acc`; returns the input gradient (zeros on the first stage, whose input is token ids)."""
+
+    def __init__(self, model, params, acc, first: bool):
+        super().__init__(auto_prefix=False)
+        self.fn = _StageFn(model)
+        self.params = ms.ParameterTuple(params)
+        self.acc = acc
+        self.first = first
+        self.grad = ops.GradOperation(get_all=not first, get_by_list=True, sens_param=True)
+
+    @ms.jit
+    def construct(self, x, position_ids, bias, dy):
+        if self.first:
+            grads = self.grad(self.fn, self.params)(x, position_ids, bias, dy)
+            dx = ops.zeros((), ms.float32)
+        else:
+            inputs, grads = self.grad(self.fn, self.params)(x, position_ids, bias, dy)
+            dx = inputs[0]
+        for i in range(len(self.acc)):
+            ops.assign_add(self.acc[i], grads[i])
+        return dx
+
+
+class LastStageStep(nn.Cell):
+    """The last stage: loss of one micro-batch and its backward; parameter gradients added into `acc`;
+    returns (loss, aux, gradient of the incoming activation)."""
+
+    def __init__(self, loss_cell: GRPOLossCell, params, acc):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+        self.acc = acc
+        self.grad_fn = ms.value_and_grad(loss_cell, 0, ms.ParameterTuple(params), has_aux=True)
+
+    @ms.jit
+    def construct(self, x, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                  token_norm):
+        (loss, aux), (dx, grads) = self.grad_fn(x, position_ids, bias, labels, mask, old_logp, rollout_logp,
+                                                ref_logp, advantages, token_norm)
+        for i in range(len(self.acc)):
+            ops.assign_add(self.acc[i], grads[i])
+        return loss, aux, dx
+
+
+class ApplyAccumulated(nn.Cell):
+    """DP mean, global-norm clip (over TP ranks and pipeline stages) and AdamW on the summed gradients,
+    then the buffers are cleared."""
+
+    def __init__(self, optimizer, acc, mesh, split_flags, max_grad_norm: float):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+        self.acc = acc
+        self.dp_mean = DPGradMean(mesh)
+        self.norm_sum = SplitNormSum(split_flags, mesh)
+        self.max_grad_norm = max_grad_norm
+
+    @ms.jit
+    def construct(self, lr):
+        grads = self.dp_mean(tuple(self.acc))
+        scale, grad_norm = clip_scale(grads, self.max_grad_norm, self.norm_sum)
+        done = self.optimizer(grads, lr, scale)
+        for i in range(len(self.acc)):
+            ops.assign(self.acc[i], ops.depend(ops.zeros_like(self.acc[i]), done))
+        return grad_norm
+
+
+class PipelineTrainStep:
+    """PolicyTrainStep for a pipelined train layout: one optimizer update per call (one mini-batch)."""
+
+    def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, split_flags, max_grad_norm: float,
+                 micro_batches: int, hidden_size: int):
+        self.mesh, self.micro_batches, self.hidden = mesh, micro_batches, hidden_size
+        model = loss_cell.model
+        params = list(optimizer.params)
+        self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
+        self.links = make_links(mesh, on_ascend=on_ascend())
+        if mesh.is_last_stage:
+            self.last = LastStageStep(loss_cell, params, self.acc)
+        else:
+            self.forward_cell = StageForward(model)
+            self.backward_cell = StageBackward(model, params, self.acc, mesh.is_first_stage)
+        self.apply = ApplyAccumulated(optimizer, self.acc, mesh, split_flags, max_grad_norm)
+
+    def __call__(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                 token_norm, lr):
+        stats = self.accumulate(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
+                                advantages, token_norm)
+        grad_norm = float(self.apply(lr).asnumpy())
+        loss, pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped = stats.tolist()
+        return tuple(Tensor(np.float32(v)) for v in (loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap, tis_mean,
+                                                     tis_max, tis_clipped))
+
+    def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                   token_norm) -> np.ndarray:
+        """The mini-batch's micro-batches through the 1F1B schedule: this stage's gradients summed into
+        `self.acc`; returns (loss, the loss cell's 8 statistics) on every stage."""
+        m = self.micro_batches
+        n = input_ids.shape[0] // m
+        cut = [slice(i * n, (i + 1) * n) for i in range(m)]
+        io = StageIO(*self.links, (n, input_ids.shape[1], self.hidden))
+        stash: List = [None] * m
+        per_micro = []
+
+        def forward(i, x):
+            stash[i] = input_ids[cut[i]] if self.mesh.is_first_stage else x
+            if self.mesh.is_last_stage:
+                return None
+            return self.forward_cell(stash[i], position_ids[cut[i]], bias[cut[i]])
+
+        def backward(i, dy):
+            c, x = cut[i], stash[i]
+            stash[i] = None
+            if not self.mesh.is_last_stage:
+                dx = self.backward_cell(x, position_ids[c], bias[c], dy)
+                return None if self.mesh.is_first_stage else dx
+            loss, aux, dx = self.last(x, position_ids[c], bias[c], labels[c], mask[c], old_logp[c], rollout_logp[c],
+                                      ref_logp[c], advantages[c], token_norm)
+            per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
+            return dx
+
+        run_1f1b(self.mesh.stage, self.mesh.pp, m, io, forward, backward)
+        # summed over micro-batches (each is normalised by the mini-batch), tis_ratio_max by max; they live on
+        # the last stage, and every stage reports them (the others contribute zeros)
+        stats = np.zeros(1 + N_STATS, np.float32)
+        if per_micro:
+            arr = np.array(per_micro, np.float64)
+            stats[:] = arr.sum(0)
+            stats[1 + TIS_MAX] = arr[:, 1 + TIS_MAX].max()
+        return comm.all_reduce_sum(stats, self.mesh.pp_ranks())
+
+
+class LastStageLogProb(nn.Cell):
+    def __init__(self, model, response_len: int, temperature: float):
+        super().__init__(auto_prefix=False)
+        self.model, self.response_len, self.temperature = model, response_len, temperature
+
+    @ms.jit
+    def construct(self, x, position_ids, bias, labels):
+        logp, ent = self.model.token_logprobs(x, position_ids, bias, labels, self.response_len, self.temperature)
+        return ops.stop_gradient(logp), ops.stop_gradient(ent)
+
+
+class PipelineLogProb:
+    """ResponseLogProb for a pipelined layout: micro-batches flow forward through the stages; every stage
+    gets the last stage's (logprob, entropy)."""
+
+    def __init__(self, model, response_len: int, temperature: float, micro_batches: int):
+        self.mesh, self.micro_batches = model.mesh, micro_batches
+        self.hidden = model.config.hidden_size
+        self.links = make_links(self.mesh, on_ascend=on_ascend())
+        self.cell = LastStageLogProb(model, response_len, temperature) if self.mesh.is_last_stage \
+            else StageForward(model)
+        self.response_len = response_len
+
+    def __call__(self, input_ids, position_ids, bias, labels):
+        rows = input_ids.shape[0]
+        m = self.micro_batches if rows % self.micro_batches == 0 else 1
+        n = rows // m
+        cut = [slice(i * n, (i + 1) * n) for i in range(m)]
+        out = np.zeros((2, rows, self.response_len), np.float32)
+
+        def forward(i, x):
+            c = cut[i]
+            x = input_ids[c] if self.mesh.is_first_stage else x
+            if not self.mesh.is_last_stage:
+                return self.cell(x, position_ids[c], bias[c])
+            logp, ent = self.cell(x, position_ids[c], bias[c], labels[c])
+            out[0, c], out[1, c] = logp.asnumpy(), ent.asnumpy()
+            return None
+
+        run_forward_only(m, StageIO(*self.links, (n, input_ids.shape[1], self.hidden)), forward)
+        out = comm.all_reduce_sum(out, self.mesh.pp_ranks())
+        return Tensor(out[0]), Tensor(out[1])

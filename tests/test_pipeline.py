@@ -1,0 +1,247 @@
+"""Pipeline parallelism: the 1F1B schedule (simulated), layer splits and pipelined layouts (single process),
+and pipelined training against the whole model under msrun (4 CPU workers).
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from msrun_util import run_msrun
+from mindrlhf.configs import ModelConfig
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.model_config import ParallelConfig, layer_split
+from mindrlhf.models.qwen2 import CausalLM, layouts_for, param_specs
+from mindrlhf.parallel.mesh import Mesh
+from mindrlhf.parallel.pipeline import StageIO, bubble_fraction, run_1f1b
+from mindrlhf.parallel.plan import plan_tensor
+
+
+# ---- the schedule, simulated: every link call is a rendezvous of its two ranks -------------------------
+class _Recorder:
+    """A link end that records its calls: (payload sent forward, payload sent backward, wants fwd, wants bwd)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def exchange(self, shape, send_fwd=None, send_bwd=None, want_fwd=False, want_bwd=False):
+        self.calls.append((send_fwd, send_bwd, want_fwd, want_bwd))
+        return ("fwd?", "bwd?")
+
+
+def _programs(pp, m):
+    """Each stage's sequence of (compute op, link calls) from run_1f1b with recording links."""
+    links = {s: (_Recorder() if s > 0 else None, _Recorder() if s < pp - 1 else None) for s in range(pp)}
+    computed = {}
+    for s in range(pp):
+        ops = []
+
+        def forward(i, x, s=s, ops=ops):
+            ops.append(("F", i))
+            return f"act{s}.{i}"
+
+        def backward(i, dy, s=s, ops=ops):
+            ops.append(("B", i))
+            return f"grad{s}.{i}"
+
+        run_1f1b(s, pp, m, StageIO(*links[s], (1,)), forward, backward)
+        computed[s] = ops
+    return links, computed
+
+
+def _pairs_match(pp, m):
+    """Both ends of every link make the same number of calls; in each paired call what one end wants the
+    other sends, and what is sent is the right micro-batch's tensor; and the calls can all complete
+    (simulated as rendezvous: no deadlock)."""
+    links, computed = _programs(pp, m)
+    for s in range(pp - 1):
+        early, late = links[s][1].calls, links[s + 1][0].calls
+        assert len(early) == len(late), (pp, m, s)
+        fwd_sent = [c[0] for c in early if c[0] is not None]
+        bwd_sent = [c[1] for c in late if c[1] is not None]
+        assert fwd_sent == [f"act{s}.{i}" for i in range(m)], (pp, m, s)
+        assert bwd_sent == [f"grad{s + 1}.{i}" for i in range(m)], (pp, m, s)
+        for (f, _, _, want_b), (_, b, want_f, _) in zip(early, late):
+            assert (f is not None) == want_f and (b is not None) == want_b, (pp, m, s)
+    for s in range(pp):
+        assert [op for op in computed[s] if op[0] == "F"] == [("F", i) for i in range(m)]
+        assert [op for op in computed[s] if op[0] == "B"] == [("B", i) for i in range(m)]
+        in_flight = peak = 0
+        for kind, _ in computed[s]:
+            in_flight += 1 if kind == "F" else -1
+            peak = max(peak, in_flight)
+        assert peak <= min(pp - s, m), (pp, m, s)      # 1F1B's memory bound (GPipe would hold all m)
+    # rendezvous simulation: each stage makes its link calls in program order; a call completes when the
+    # other end of its link is at its matching call
+    log = {s: [] for s in range(pp)}
+
+    class Tagged(_Recorder):
+        def __init__(self, stage, side):
+            super().__init__()
+            self.stage, self.side = stage, side
+
+        def exchange(self, *a, **k):
+            log[self.stage].append(self.side)
+            return super().exchange(*a, **k)
+
+    for s in range(pp):
+        run_1f1b(s, pp, m, StageIO(Tagged(s, "prev") if s else None, Tagged(s, "next") if s < pp - 1 else None, (1,)),
+                 lambda i, x: "y", lambda i, dy: "dx")
+    pos = {s: 0 for s in range(pp)}
+    progressed = True
+    while progressed:
+        progressed = False
+        for s in range(pp - 1):
+            if pos[s] < len(log[s]) and pos[s + 1] < len(log[s + 1]) and log[s][pos[s]] == "next" and \
+                    log[s + 1][pos[s + 1]] == "prev":
+                pos[s] += 1
+                pos[s + 1] += 1
+                progressed = True
+    assert all(pos[s] == len(log[s]) for s in range(pp)), ("deadlock", pp, m, pos)
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
+def test_1f1b_schedule_pairs_every_transfer_and_never_deadlocks(pp, m):
+    _pairs_match(pp, m)
+
+
+def test_bubble_theory():
+    assert bubble_fraction(2, 8) == pytest.approx(1 / 9)
+    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
+
+
+# ---- layer splits, as MindFormers assigns them ---------------------------------------------------------
+def test_layer_split_follows_mindformers():
+    assert layer_split(4, 2) == [range(0, 2), range(2, 4)]
+    assert layer_split(5, 2) == [range(0, 3), range(3, 5)]          # floor(l / 2.5): 3 + 2
+    assert layer_split(28, 2, [1, -1]) == [range(0, 15), range(15, 28)]
+    assert layer_split(7, 3, 0) == [range(0, 3), range(3, 5), range(5, 7)]
+    with pytest.raises(ConfigError, match="add up to num_layers"):
+        layer_split(8, 2, [1, 0])
+    with pytest.raises(ConfigError, match="expected 2 integers"):
+        layer_split(8, 2, [1, -1, 0])
+    with pytest.raises(ConfigError, match="without decoder layers"):
+        layer_split(4, 2, [-2, 2])
+    with pytest.raises(ConfigError, match="without decoder layers"):
+        layer_split(1, 2)
+
+
+def test_pipeline_config_errors_name_the_field():
+    cfg = ModelConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, vocab_size=64,
+                      tie_word_embeddings=True)
+    with pytest.raises(ConfigError, match="pipeline_stage.*tie_word_embeddings"):
+        ParallelConfig(pipeline_stage=2).check_model(cfg)
+    with pytest.raises(ConfigError, match="micro_batch_num"):
+        ParallelConfig(micro_batch_num=0)
+
+
+# ---- pipelined layouts: each stage holds its parameters, names stay global ------------------------------
+def _cfg(layers=3):
+    return ModelConfig(hidden_size=32, num_layers=layers, num_heads=4, n_kv_heads=2, intermediate_size=64,
+                       vocab_size=64, seq_length=32)
+
+
+def test_stage_models_hold_their_parameters_under_global_names():
+    cfg = _cfg(3)
+    layouts = layouts_for(cfg, 2, 1, 2)        # dp2 x pp2 (TP would need communication groups)
+    held = {}
+    for rank in range(4):
+        model = CausalLM(cfg, Mesh(2, 1, rank, pp=2))
+        names = {p.name for p in model.get_parameters()}
+        assert names == {n for n, lay in layouts.items() if rank in lay.ranks}, rank
+        for p in model.get_parameters():
+            assert tuple(p.shape) == layouts[p.name].shard_shape, p.name
+        held[rank] = names
+    assert held[0] == held[1] and held[2] == held[3]
+    assert held[0] | held[2] == set(param_specs(cfg)) and not held[0] & held[2]
+    assert "model.tok_embeddings.embedding_weight" in held[0] and "lm_head.weight" in held[2]
+    assert "model.layers.1.attention.wq.weight" in held[0] and "model.layers.2.attention.wq.weight" in held[2]
+
+
+def test_plan_from_pipelined_layout_reads_each_stage():
+    cfg = _cfg(3)
+    src, dst = layouts_for(cfg, 1, 2, 2), layouts_for(cfg, 2, 2, 1)
+    name = "model.layers.2.feed_forward.w1.weight"            # on stage 1: ranks 2 and 3
+    plan = plan_tensor(src[name], dst[name])
+    assert sorted(plan) == [0, 1, 2, 3]
+    assert {p.src_rank for ps in plan.values() for p in ps} == {2, 3}
+    full = np.arange(np.prod(src[name].full_shape), dtype=np.float32).reshape(src[name].full_shape)
+    for d, pieces in plan.items():
+        out = np.zeros(dst[name].shard_shape, np.float32)
+        for p in pieces:
+            out[p.dst_slice] = src[name].shard(full, p.src_rank)[p.src_slice]
+        np.testing.assert_array_equal(out, dst[name].shard(full, d))
+
+
+# ---- pipelined training against the whole model (msrun, 4 CPU workers) ---------------------------------
+WORKER = os.path.join(os.path.dirname(__file__), "workers", "pipeline_worker.py")
+CASES = ["2,1,2,1", "2,1,2,2", "2,1,2,4", "2,2,1,2"]      # pp, dp, tp, micro-batches
+
+
+@pytest.mark.msrun
+def test_pipelined_gradients_equal_the_whole_model(tmp_path):
+    """pp2 x tp2 with 1, 2 and 4 micro-batches and pp2 x dp2: the gradients summed over the 1F1B schedule
+    (and averaged over DP) equal the whole model's to 1e-5 relative per tensor, and so do the loss, the
+    global gradient norm (over stages and TP ranks) and the log-probs; after one AdamW update the weights
+    agree to 1e-5 relative in norm over the rank's tensors (1e-4 per tensor: Adam's first step turns float noise
+    in near-zero gradients into ~lr-sized moves); the gradient buffers are cleared."""
+    out = str(tmp_path)
+    run_msrun(WORKER, [out] + CASES, 4, os.path.join(out, "log"))
+    for case in CASES:
+        rows = [json.load(open(os.path.join(out, f"{case.replace(',', '_')}_rank{r}.json"))) for r in range(4)]
+        pp, dp, tp, m = (int(x) for x in case.split(","))
+        assert [r["stage"] for r in rows] == [r // (dp * tp) for r in range(4)]
+        for r in rows:
+            loss, ref_loss, norm, ref_norm = r["values"]
+            assert abs(ref_loss) > 0.1 and ref_norm > 0.1, r            # far from zero: a real signal
+            assert r["grad"] <= 1e-5 and r["loss"] <= 1e-5 and r["norm"] <= 1e-5, r
+            assert r["weights"] <= 1e-5 and r["weights_tensor"] <= 1e-4, r
+            assert r["logp"] <= 1e-5 and r["cleared"] == 0.0, r
+            assert r["params"] < r["ref_params"]                        # each stage holds part of the model
+            assert sum(r["links"]) == m + min(pp - 1, m), r              # m transfers each way, paired by 1F1B
+
+
+# ---- strategy files of a pipelined layout, checked with MindSpore's own tools ---------------------------
+def test_pipelined_strategy_files_merge_and_transform_like_mindspore(tmp_path):
+    """pp2 x tp2: each rank's file holds its stage's parameters; MindSpore's merge_pipeline_strategys accepts
+    the per-rank files and its result reads as ours does; MindSpore's transform_checkpoints, given either
+    merged file, writes .ckpt shards bit-identical to ours; and our shards merge back to the full tensors."""
+    import mindspore as ms
+    from mindrlhf.checkpoint.model_io import read_checkpoint, save_checkpoint
+    from mindrlhf.checkpoint.slicing import transform
+    from mindrlhf.parallel.strategy import load_strategy, read_strategy, save_role_strategy
+    cfg = _cfg(3)
+    layouts = layouts_for(cfg, 1, 2, 2)
+    save_role_strategy(str(tmp_path), "train", layouts, 4)
+    rank_dir = tmp_path / "train_strategy"
+    stage0 = read_strategy(str(rank_dir / "ckpt_strategy_rank_1.ckpt"))
+    stage1 = read_strategy(str(rank_dir / "ckpt_strategy_rank_2.ckpt"))
+    assert set(stage0) | set(stage1) == set(layouts) and not set(stage0) & set(stage1)
+    assert {e.stage for e in stage0.values()} == {0} and {e.stage for e in stage1.values()} == {1}
+    assert all(e.dev_matrix == (1, 2) for e in stage1.values())          # the stage's device matrix
+    ms_merged = str(tmp_path / "ms_merged.ckpt")
+    ms.parallel.merge_pipeline_strategys(str(rank_dir), ms_merged)
+    ours_merged = str(tmp_path / "train_merged_strategy.ckpt")
+    assert read_strategy(ms_merged) == read_strategy(ours_merged) == load_strategy(str(rank_dir))
+
+    rng = np.random.RandomState(0)
+    full = {n: rng.randn(*lay.full_shape).astype(np.float32) for n, lay in layouts.items()}
+    save_checkpoint(full, str(tmp_path / "full.ckpt"))
+    transform(str(tmp_path / "full.ckpt"), str(tmp_path / "ours"), dst_strategy=ours_merged)
+    src = tmp_path / "ms_src" / "rank_0"
+    src.mkdir(parents=True)
+    save_checkpoint(full, str(src / "full.ckpt"))
+    for which, strategy in (("ms", ms_merged), ("ours", ours_merged)):
+        dst = tmp_path / f"ms_dst_{which}"
+        ms.transform_checkpoints(str(tmp_path / "ms_src"), str(dst), "checkpoint_", src_strategy_file=None,
+                                 dst_strategy_file=strategy)
+        for r in range(4):
+            theirs = read_checkpoint(str(dst / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+            ours = read_checkpoint(str(tmp_path / "ours" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+            assert set(theirs) == set(ours) == {n for n, lay in layouts.items() if r in lay.ranks}, (which, r)
+            for n in ours:
+                assert theirs[n].tobytes() == ours[n].tobytes(), (which, n, r)
+    transform(str(tmp_path / "ours"), str(tmp_path / "back"), src_strategy=str(rank_dir))
+    back = read_checkpoint(str(tmp_path / "back" / "rank_0" / "checkpoint_0.ckpt"))
+    assert set(back) == set(full) and all(back[n].tobytes() == full[n].tobytes() for n in full)
