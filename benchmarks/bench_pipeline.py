@@ -60,8 +60,7 @@ def worker(work: str, case: str):
     specs = param_specs(cfg)
     split = [tp > 1 and specs[p.name][1] is not None for p in params]
     if pp > 1:
-        step = PipelineTrainStep(GRPOLossCell(model, rl, R, 1.0, micro_batches=m), opt, mesh, split, 1.0, m,
-                                 cfg.hidden_size)
+        step = PipelineTrainStep(GRPOLossCell(model, rl, R, 1.0, micro_batches=m), opt, mesh, split, 1.0, m)
         step.profile = True
     else:
         step = PolicyTrainStep(GRPOLossCell(model, rl, R, 1.0), opt, mesh, split, 1.0)

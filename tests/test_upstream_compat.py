@@ -156,9 +156,10 @@ def test_upstream_model_yamls_load_and_report_every_inert_key():
         expected |= {f"model.model_config.{k}" for k in raw["model"]["model_config"] if k in upstream.MODEL_INERT}
         expected |= {f"parallel_config.{k}" for k in raw["parallel_config"] if k in upstream.PARALLEL_INERT}
         if raw["parallel_config"].get("pipeline_stage", 1) == 1:    # pipeline settings without stages
-            expected |= {"parallel_config.micro_batch_num", "model.model_config.offset"}
+            expected |= {"parallel_config.micro_batch_num"}           # (offset 0 is the split without stages)
         assert reported == expected
-    assert "parallel_config.use_seq_parallel" in {k for k, _ in load_model_yaml(FINETUNE).ignored}
+    finetune = load_model_yaml(FINETUNE)            # model_parallel 2: sequence parallelism is on, not reported
+    assert finetune.parallel.use_seq_parallel and "parallel_config.use_seq_parallel" not in dict(finetune.ignored)
     assert load_model_yaml(PREDICT).generation == {"max_tokens": 8, "min_tokens": 2, "temperature": 1.2, "top_k": 50,
                                                    "top_p": 1.0, "repetition_penalty": 1.0}
 

@@ -125,11 +125,14 @@ def layer_split(num_layers: int, pp: int, offset: Union[int, List[int]] = 0,
 @dataclass
 class ParallelConfig:
     """How one role's ranks are arranged (MindFormers `parallel_config` names). `micro_batch_num`: pipeline
-    micro-batches per mini-batch (used when pipeline_stage > 1, as in MindFormers)."""
+    micro-batches per mini-batch (used when pipeline_stage > 1, as in MindFormers). `use_seq_parallel`: the
+    activations outside attention and MLP are split along the sequence over the model_parallel ranks
+    (training layouts; used when model_parallel > 1)."""
     data_parallel: int = 1
     model_parallel: int = 1
     pipeline_stage: int = 1
     micro_batch_num: int = 1
+    use_seq_parallel: bool = False     # Megatron sequence parallelism over the model_parallel ranks
 
     def __post_init__(self):
         self.validate()
@@ -249,10 +252,13 @@ def load_model_yaml(path: str) -> ModelYaml:
         generation = _generation_fields(model_raw, "model.model_config")
         parallel = parallel_config_from_dict(raw.get("parallel_config") or {}, ignored=ignored)
         parallel.check_model(model)
+        if parallel.use_seq_parallel and parallel.model_parallel == 1:
+            ignored.append(("parallel_config.use_seq_parallel", "splits the sequence over model_parallel ranks; "
+                                                                 "model_parallel is 1"))
         if parallel.pipeline_stage == 1:      # pipeline settings mean nothing without stages (as in MindFormers)
             if "micro_batch_num" in (raw.get("parallel_config") or {}):
                 ignored.append(("parallel_config.micro_batch_num", "pipeline micro-batches; pipeline_stage is 1"))
-            if "offset" in model_raw:
+            if "offset" in model_raw and model_raw["offset"] not in (0, None):
                 ignored.append(("model.model_config.offset", "layer split between pipeline stages; "
                                                               "pipeline_stage is 1"))
     except ConfigError as err:

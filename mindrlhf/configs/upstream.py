@@ -224,8 +224,6 @@ MODEL_CHECKED = {
     "scaling_factor": (lambda v, raw: raw.get("extend_method") in (None, "None", "none"), "unused: extend_method None"),
 }
 PARALLEL_INERT: Dict[str, str] = {
-    "use_seq_parallel": "sequence parallelism splits activations to save memory; not implemented yet, so "
-                        "activations are kept whole (same results, more memory)",
     "micro_batch_interleave_num": "overlaps TP communication with compute on Ascend; same results",
     "vocab_emb_dp": "embedding placement; the embedding is vocab-split over model_parallel either way",
     "gradient_aggregation_group": "Ascend gradient fusion; same results",
@@ -239,6 +237,9 @@ MAPPED_PARALLEL = {
     "parallel_config.pipeline_stage": "pipeline stages of the train layout (1F1B schedule); the infer layout must be 1",
     "parallel_config.micro_batch_num": "micro-batches per mini-batch through the pipeline; reported as inert when "
                                        "pipeline_stage is 1",
+    "parallel_config.use_seq_parallel": "Megatron sequence parallelism over model_parallel ranks in the train "
+                                        "layout (and the reference model); the rollout layout keeps whole "
+                                        "activations (reported); nothing to split when model_parallel is 1",
 }
 PARALLEL_CHECKED = {"context_parallel": (lambda v, raw: int(v) == 1, "1"),
                     "use_ring_attention": (lambda v, raw: not v, "False")}

@@ -23,7 +23,7 @@ from mindspore.common.initializer import One, initializer
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, expand_as, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
-from mindrlhf.models.tp_regions import copy_to_tp, gather_from_tp
+from mindrlhf.models.tp_regions import GatherSeq, Identity, copy_to_tp, enter_tp, gather_from_tp
 from mindrlhf.parallel.layouts import Layout, RoleWeights, role_layouts
 from mindrlhf.parallel.mesh import Mesh
 
@@ -32,18 +32,23 @@ _BMM_NT = ops.BatchMatMul(transpose_b=True)   # q @ k^T without materialising k^
 
 
 class RMSNorm(nn.Cell):
-    def __init__(self, dim, eps, param_dtype, compute_dtype=ms.float32):
+    """`sequence_parallel_mesh`: under sequence parallelism each TP rank normalises its part of the sequence,
+    so its weight gradient is partial; the weight enters through copy_to_tp, whose backward sums them."""
+
+    def __init__(self, dim, eps, param_dtype, compute_dtype=ms.float32, sequence_parallel_mesh=None):
         super().__init__()
         self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
         self.eps = eps
         self.compute_dtype = compute_dtype
+        sp = sequence_parallel_mesh is not None and sequence_parallel_mesh.seq_parallel
+        self.enter_weight = copy_to_tp(sequence_parallel_mesh) if sp else Identity()
 
     def construct(self, x):
         dtype = x.dtype
         x32 = ops.cast(x, self.compute_dtype)
         variance = ops.mean(ops.square(x32), -1, keep_dims=True)
         normed = ops.cast(x32 * expand_as(ops.rsqrt(variance + self.eps), x32), dtype)
-        return expand_as(ops.cast(self.weight, dtype), normed) * normed
+        return expand_as(ops.cast(self.enter_weight(self.weight), dtype), normed) * normed
 
 
 def rope_tables(head_dim: int, max_positions: int, theta: float) -> Tuple[np.ndarray, np.ndarray]:
@@ -161,12 +166,12 @@ class DecoderLayer(nn.Cell):
     def __init__(self, cfg: ModelConfig, mesh: Mesh):
         super().__init__()
         pdt, ndt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.layernorm_compute_type]
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt)
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt, mesh)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt, mesh)
         self.attention = Attention(cfg, mesh)
         self.feed_forward = FeedForward(cfg, mesh)
-        self.enter_attn = copy_to_tp(mesh)
-        self.enter_ffn = copy_to_tp(mesh)
+        self.enter_attn = enter_tp(mesh)        # under sequence parallelism: gather the sequence
+        self.enter_ffn = enter_tp(mesh)
 
     def construct(self, x, cos, sin, bias):
         h = x + self.attention(self.enter_attn(self.attention_norm(x)), cos, sin, bias)
@@ -191,13 +196,15 @@ class DecoderModel(nn.Cell):
         pdt = MS_DTYPES[cfg.param_init_type]
         self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
         self.first, self.last = mesh.is_first_stage, mesh.is_last_stage
+        self.sp_pad = mesh.tp if mesh.seq_parallel else 1   # the sequence is padded to a multiple of this
         self.layer_ids = layer_split(cfg.num_layers, mesh.pp, cfg.offset)[mesh.stage]
         if self.first:
             self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
                                                          cfg.initializer_range)
         self.layers = nn.CellList([DecoderLayer(cfg, mesh) for _ in self.layer_ids])
         if self.last:
-            self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type])
+            self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type],
+                                    mesh)
         cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embedding, cfg.theta)
         rdt = MS_DTYPES[cfg.rotary_dtype]
         self.cos_table = Tensor(cos).astype(rdt)
@@ -215,8 +222,13 @@ class DecoderModel(nn.Cell):
     def stage_forward(self, x, position_ids, bias):
         """This stage's part of the forward: token ids (B, T) in on the first stage, else the residual stream
         (B, T, H); out the residual stream, normed on the last stage. Without PP: the whole model."""
+        pad = (-position_ids.shape[1]) % self.sp_pad
+        if pad:
+            position_ids, bias = _pad_sequence(position_ids, bias, pad)
+            if self.first:
+                x = ops.concat((x, ops.zeros((x.shape[0], pad), x.dtype)), 1)
         if self.first:
-            x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H)
+            x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H); under SP (B, T/tp, H)
         cos, sin = self.rope(position_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, bias)
@@ -235,6 +247,16 @@ class DecoderModel(nn.Cell):
         for i in range(len(self.layers)):
             x = self.layers[i].decode(x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
         return self.norm_out(x)
+
+
+def _pad_sequence(position_ids, bias, pad: int):
+    """Sequence parallelism splits the sequence evenly over TP ranks: `pad` positions appended at the end.
+    Real queries never see them (they are later than every real key), the pad queries see nothing."""
+    b, t = position_ids.shape
+    position_ids = ops.concat((position_ids, ops.zeros((b, pad), position_ids.dtype)), 1)
+    bias = ops.concat((bias, ops.full((b, 1, t, pad), NEG_INF, dtype=bias.dtype)), 3)
+    bias = ops.concat((bias, ops.full((b, 1, pad, t + pad), NEG_INF, dtype=bias.dtype)), 2)
+    return position_ids, bias
 
 
 def left_pad(prompts, width: int, pad: int):
@@ -274,7 +296,10 @@ class CausalLM(nn.Cell):
         self.mesh = mesh
         self.model = DecoderModel(cfg, mesh)
         self.tie = cfg.tie_word_embeddings
-        self.enter_head = copy_to_tp(mesh)
+        # under sequence parallelism the final hidden states are gathered along the sequence first, whose
+        # backward already sums over TP ranks: the head then needs no copy_to_tp
+        self.gather_seq = GatherSeq(mesh.tp_group, mesh.tp, mesh.tp_index) if mesh.seq_parallel else Identity()
+        self.enter_head = Identity() if mesh.seq_parallel else copy_to_tp(mesh)
         if not self.tie and mesh.is_last_stage:
             self.lm_head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, mesh, False,
                                                 MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype],
@@ -292,7 +317,20 @@ class CausalLM(nn.Cell):
         return self.lm_head(hidden)
 
     def construct(self, input_ids, position_ids, bias):
-        return self.head(self.model(input_ids, position_ids, bias))
+        return self.head(self.whole_sequence(self.model(input_ids, position_ids, bias), input_ids.shape[1]))
+
+    def whole_sequence(self, hidden, length: int):
+        """The final hidden states of all `length` positions: under sequence parallelism gathered from the TP
+        ranks' parts (padding dropped); otherwise they already are."""
+        if self.mesh.seq_parallel:
+            hidden = self.gather_seq(hidden)[:, :length]
+        return hidden
+
+    def activation_shape(self, rows: int, length: int) -> Tuple[int, int, int]:
+        """The residual stream one pipeline stage passes to the next for `rows` sequences of `length`."""
+        if self.mesh.seq_parallel:
+            length = -(-length // self.mesh.tp)
+        return rows, length, self.config.hidden_size
 
     def layouts(self) -> Dict[str, Layout]:
         """Every parameter's layout in this model's mesh (under PP, also those other stages hold)."""
@@ -304,7 +342,7 @@ class CausalLM(nn.Cell):
 
     def full_logits(self, input_ids, position_ids, bias):
         """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""
-        return self.gather_vocab(self.head(self.model(input_ids, position_ids, bias)))
+        return self.gather_vocab(self(input_ids, position_ids, bias))
 
     def token_logprobs(self, input_ids, position_ids, bias, labels, last_n: int = 0, temperature: float = 1.0):
         """Per-position log p(labels) and entropy (B, T) under softmax(logits / temperature),
@@ -316,6 +354,7 @@ class CausalLM(nn.Cell):
 
     def logprobs_of_hidden(self, hidden, labels, last_n: int = 0, temperature: float = 1.0):
         """token_logprobs from the final (normed) hidden states: the last pipeline stage's part."""
+        hidden = self.whole_sequence(hidden, labels.shape[1])
         if last_n:
             hidden, labels = hidden[:, -last_n:], labels[:, -last_n:]
         if temperature != 1.0:

@@ -16,7 +16,7 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
 
-from mindrlhf.models.tp_regions import max_from_tp, reduce_from_tp
+from mindrlhf.models.tp_regions import leave_tp, max_from_tp, reduce_from_tp
 
 MS_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -89,7 +89,7 @@ class RowParallelLinear(nn.Cell):
                                             param_dtype), name="weight")
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias")
-        self.reduce = reduce_from_tp(mesh)
+        self.reduce = leave_tp(mesh)          # under sequence parallelism: reduce-scatter along the sequence
 
     def construct(self, x):
         y = self.reduce(linear(x, self.weight, self.compute_dtype))
@@ -111,7 +111,7 @@ class VocabParallelEmbedding(nn.Cell):
         self.tp = mesh.tp
         self.embedding_weight = Parameter(initializer(Normal(init_std), (local, hidden_size), param_dtype),
                                           name="embedding_weight")
-        self.reduce = reduce_from_tp(mesh)
+        self.reduce = leave_tp(mesh)
 
     def construct(self, input_ids):
         if self.tp == 1:

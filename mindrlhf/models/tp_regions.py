@@ -10,7 +10,15 @@ crossing between "replicated across TP" and "split across TP" is one of these ce
     gather_from_tp    forward all-gather(last dim),  backward keep own slice
     scatter_to_tp     forward keep own slice,        backward all-gather(last dim)
 
-With tp == 1 each is the identity and issues no collective.
+and, under sequence parallelism (Megatron's; activations outside attention/MLP split along the sequence):
+
+    gather_seq        forward all-gather(sequence),  backward reduce-scatter(sequence)
+    reduce_scatter_seq forward reduce-scatter(sequence), backward all-gather(sequence)
+
+With tp == 1 each is the identity and issues no collective. MindSpore's CPU backend has neither AllGather on
+a subgroup nor ReduceScatter, so both sequence regions are composed from AllReduce(sum): a gather places the
+local part in a zero buffer and sums, a reduce-scatter sums and keeps this rank's part. Same values, more
+traffic (Ascend would use AllGather / ReduceScatter; not done here).
 """
 from __future__ import annotations
 
@@ -138,12 +146,68 @@ class MaxFromTP(nn.Cell):
         return ops.stop_gradient(ops.max(stacked, axis=0)[0])
 
 
+def _gather_seq(all_reduce, x, tp, index):
+    """Concatenate each TP rank's x along dim 1 (the sequence) in rank order, through a sum all-reduce."""
+    t = x.shape[1]
+    before = ops.zeros((x.shape[0], index * t) + x.shape[2:], x.dtype)
+    after = ops.zeros((x.shape[0], (tp - 1 - index) * t) + x.shape[2:], x.dtype)
+    return all_reduce(ops.concat((before, x, after), 1))
+
+
+class GatherSeq(nn.Cell):
+    """Enter a TP region under sequence parallelism: the sequence parts of all TP ranks, concatenated; the
+    gradient of this rank's part is the sum of every rank's gradient for it (reduce-scatter)."""
+
+    def __init__(self, group, tp, tp_index):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(group=group)
+        self.tp, self.index = tp, tp_index
+
+    def construct(self, x):
+        return _gather_seq(self.all_reduce, x, self.tp, self.index)
+
+    def bprop(self, x, out, dout):
+        t = x.shape[1]
+        return (self.all_reduce(dout)[:, self.index * t:(self.index + 1) * t],)
+
+
+class ReduceScatterSeq(nn.Cell):
+    """Leave a TP region under sequence parallelism: sum the partial results, keep this rank's sequence part;
+    the gradient of the partial result is every rank's part, gathered."""
+
+    def __init__(self, group, tp, tp_index):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(group=group)
+        self.tp, self.index = tp, tp_index
+
+    def construct(self, x):
+        t = x.shape[1] // self.tp
+        return self.all_reduce(x)[:, self.index * t:(self.index + 1) * t]
+
+    def bprop(self, x, out, dout):
+        return (_gather_seq(self.all_reduce, dout, self.tp, self.index),)
+
+
 def copy_to_tp(mesh):
     return CopyToTP(mesh.tp_group) if mesh.tp > 1 else Identity()
 
 
 def reduce_from_tp(mesh):
     return ReduceFromTP(mesh.tp_group) if mesh.tp > 1 else Identity()
+
+
+def enter_tp(mesh):
+    """Into a TP region: the sequence gathered under sequence parallelism, else copy_to_tp."""
+    if mesh.seq_parallel:
+        return GatherSeq(mesh.tp_group, mesh.tp, mesh.tp_index)
+    return copy_to_tp(mesh)
+
+
+def leave_tp(mesh):
+    """Out of a TP region: reduce-scattered along the sequence under sequence parallelism, else reduce_from_tp."""
+    if mesh.seq_parallel:
+        return ReduceScatterSeq(mesh.tp_group, mesh.tp, mesh.tp_index)
+    return reduce_from_tp(mesh)
 
 
 def gather_from_tp(mesh):

@@ -62,6 +62,7 @@ class Mesh:
     tp: int
     rank: int = 0
     pp: int = 1
+    seq_parallel: bool = False      # activations outside attention/MLP split along the sequence over TP ranks
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
@@ -132,4 +133,5 @@ def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:
         raise ConfigError(f"{role} parallel_config: data_parallel={parallel.data_parallel} x "
                           f"model_parallel={parallel.model_parallel} x pipeline_stage={parallel.pipeline_stage} = "
                           f"{parallel.world_size} ranks, but the job has {world_size} (msrun --worker_num)")
-    return Mesh(dp=parallel.data_parallel, tp=parallel.model_parallel, rank=rank, pp=parallel.pipeline_stage)
+    return Mesh(dp=parallel.data_parallel, tp=parallel.model_parallel, rank=rank, pp=parallel.pipeline_stage,
+                seq_parallel=parallel.use_seq_parallel and parallel.model_parallel > 1)

@@ -103,6 +103,9 @@ class GRPOTrainer:
                 raise ConfigError(f"{flag} {other.path}: model.model_config describes another model than "
                                   f"{run.sft_path_train} (shapes must match; dtypes may differ)")
         self._apply_generation_fields(infer_yaml)
+        if infer_yaml.parallel.use_seq_parallel and infer_yaml is not train_yaml:
+            infer_yaml.ignored.append(("parallel_config.use_seq_parallel", "sequence parallelism applies to the "
+                                       "train layout; the rollout keeps whole activations"))
         self._report_ignored([train_yaml, infer_yaml] + ([ref_yaml] if ref_yaml else []))
         if not run.use_parallel and (train_yaml.parallel.world_size > 1 or infer_yaml.parallel.world_size > 1):
             raise ConfigError(f"use_parallel is False but {run.sft_path_train} asks for "
@@ -114,7 +117,9 @@ class GRPOTrainer:
         self.model_cfg = train_yaml.model
         self.micro_batches = train_yaml.parallel.micro_batch_num
         self.train_mesh = mesh_for(train_yaml.parallel, self.world, self.rank, "train (sft_path_train)")
-        self.infer_mesh = mesh_for(infer_yaml.parallel, self.world, self.rank, "infer (sft_path_infer)")
+        # the rollout runs prefill/decode on whole sequences: sequence parallelism is a training layout's
+        self.infer_mesh = mesh_for(dataclasses.replace(infer_yaml.parallel, use_seq_parallel=False), self.world,
+                                   self.rank, "infer (sft_path_infer)")
         for path, what in ((run.load_sft_checkpoint_train, "load_sft_checkpoint_train"),
                            (run.load_sft_checkpoint_infer, "load_sft_checkpoint_infer"),
                            (run.load_ref_checkpoint, "load_ref_checkpoint")):
@@ -271,8 +276,7 @@ class GRPOTrainer:
         if self.train_mesh.pp > 1:
             m = self.micro_batches
             loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy, m)
-            self.train_step = PipelineTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm,
-                                                m, self.model_cfg.hidden_size)
+            self.train_step = PipelineTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm, m)
 
             def logprob_cell(model):
                 return PipelineLogProb(model, smp.max_tokens, temperature, m)

@@ -12,6 +12,7 @@ the sequence-mean aggregations, see GRPOLossCell), so the summed micro-batch gra
 """
 from __future__ import annotations
 
+import time
 from typing import List
 
 import numpy as np
@@ -129,9 +130,9 @@ class PipelineTrainStep:
     """PolicyTrainStep for a pipelined train layout: one optimizer update per call (one mini-batch)."""
 
     def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, split_flags, max_grad_norm: float,
-                 micro_batches: int, hidden_size: int):
-        self.mesh, self.micro_batches, self.hidden = mesh, micro_batches, hidden_size
-        model = loss_cell.model
+                 micro_batches: int):
+        self.mesh, self.micro_batches = mesh, micro_batches
+        self.model = model = loss_cell.model
         params = list(optimizer.params)
         self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
         self.links = make_links(mesh, on_ascend=on_ascend())
@@ -141,6 +142,17 @@ class PipelineTrainStep:
             self.forward_cell = StageForward(model)
             self.backward_cell = StageBackward(model, params, self.acc, mesh.is_first_stage)
         self.apply = ApplyAccumulated(optimizer, self.acc, mesh, split_flags, max_grad_norm)
+        # benchmarks: time inside this stage's compute graphs (synchronised) vs the whole schedule
+        self.profile, self.busy_seconds, self.schedule_seconds = False, 0.0, 0.0
+
+    def _timed(self, fn, *args):
+        if not self.profile:
+            return fn(*args)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        ms.runtime.synchronize()
+        self.busy_seconds += time.perf_counter() - t0
+        return out
 
     def __call__(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                  token_norm, lr):
@@ -158,7 +170,7 @@ class PipelineTrainStep:
         m = self.micro_batches
         n = input_ids.shape[0] // m
         cut = [slice(i * n, (i + 1) * n) for i in range(m)]
-        io = StageIO(*self.links, (n, input_ids.shape[1], self.hidden))
+        io = StageIO(*self.links, self.model.activation_shape(n, input_ids.shape[1]))
         stash: List = [None] * m
         per_micro = []
 
@@ -166,20 +178,22 @@ class PipelineTrainStep:
             stash[i] = input_ids[cut[i]] if self.mesh.is_first_stage else x
             if self.mesh.is_last_stage:
                 return None
-            return self.forward_cell(stash[i], position_ids[cut[i]], bias[cut[i]])
+            return self._timed(self.forward_cell, stash[i], position_ids[cut[i]], bias[cut[i]])
 
         def backward(i, dy):
             c, x = cut[i], stash[i]
             stash[i] = None
             if not self.mesh.is_last_stage:
-                dx = self.backward_cell(x, position_ids[c], bias[c], dy)
+                dx = self._timed(self.backward_cell, x, position_ids[c], bias[c], dy)
                 return None if self.mesh.is_first_stage else dx
-            loss, aux, dx = self.last(x, position_ids[c], bias[c], labels[c], mask[c], old_logp[c], rollout_logp[c],
-                                      ref_logp[c], advantages[c], token_norm)
+            loss, aux, dx = self._timed(self.last, x, position_ids[c], bias[c], labels[c], mask[c], old_logp[c],
+                                        rollout_logp[c], ref_logp[c], advantages[c], token_norm)
             per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
             return dx
 
+        t0 = time.perf_counter()
         run_1f1b(self.mesh.stage, self.mesh.pp, m, io, forward, backward)
+        self.schedule_seconds += time.perf_counter() - t0
         # summed over micro-batches (each is normalised by the mini-batch), tis_ratio_max by max; they live on
         # the last stage, and every stage reports them (the others contribute zeros)
         stats = np.zeros(1 + N_STATS, np.float32)
@@ -206,8 +220,7 @@ class PipelineLogProb:
     gets the last stage's (logprob, entropy)."""
 
     def __init__(self, model, response_len: int, temperature: float, micro_batches: int):
-        self.mesh, self.micro_batches = model.mesh, micro_batches
-        self.hidden = model.config.hidden_size
+        self.mesh, self.micro_batches, self.model = model.mesh, micro_batches, model
         self.links = make_links(self.mesh, on_ascend=on_ascend())
         self.cell = LastStageLogProb(model, response_len, temperature) if self.mesh.is_last_stage \
             else StageForward(model)
@@ -229,6 +242,6 @@ class PipelineLogProb:
             out[0, c], out[1, c] = logp.asnumpy(), ent.asnumpy()
             return None
 
-        run_forward_only(m, StageIO(*self.links, (n, input_ids.shape[1], self.hidden)), forward)
+        run_forward_only(m, StageIO(*self.links, self.model.activation_shape(n, input_ids.shape[1])), forward)
         out = comm.all_reduce_sum(out, self.mesh.pp_ranks())
         return Tensor(out[0]), Tensor(out[1])

@@ -1,7 +1,8 @@
 """msrun worker: pipelined train layouts against one process holding the whole model, on the same weights.
 
-argv: out_dir case [case ...], each case "pp,dp,tp,m" (pipeline stages, data parallel, tensor parallel,
-micro-batches; pp x dp x tp = the worker count). Per case and rank, out_dir/{case}_rank{r}.json holds the
+argv: out_dir case [case ...], each case "pp,dp,tp,m[,sp]" (pipeline stages, data parallel, tensor parallel,
+micro-batches, sequence parallelism; pp x dp x tp = the worker count). The sequences are P + R - 1 = 11 long:
+under sequence parallelism they are padded to a multiple of tp. Per case and rank, out_dir/{case}_rank{r}.json holds the
 largest relative differences (gradients summed over the schedule and averaged over DP, loss, gradient
 norm, weights after one AdamW update, log-probs) against the single-model reference computed in the same
 process with the plain (unpipelined) train step.
@@ -97,26 +98,39 @@ def reference(cfg, weights, data):
 
 
 def run_case(out_dir, case, rank, cfg, weights, data, ref):
-    pp, dp, tp, m = (int(x) for x in case.split(","))
+    pp, dp, tp, m = (int(x) for x in case.split(",")[:4])
+    sp = case.endswith(",sp")
     inputs, pos, in_mask, labels, extra = data
     rl, tokens = rl_config(), extra["mask"].sum()
-    mesh = Mesh(dp, tp, rank, pp)
+    mesh = Mesh(dp, tp, rank, pp, seq_parallel=sp)
     model = CausalLM(cfg, mesh)
     load_full_weights(model, weights.items(), "init")
     params = list(model.trainable_params())
     layouts = model.layouts()
     specs = param_specs(cfg)
-    step = PipelineTrainStep(GRPOLossCell(model, rl, R, TEMPERATURE, micro_batches=m), AdamW(params, 0.01), mesh,
-                             [tp > 1 and specs[p.name][1] is not None for p in params], 1.0, m, cfg.hidden_size)
+    split = [tp > 1 and specs[p.name][1] is not None for p in params]
+    opt = AdamW(params, 0.01)
     rows = np.arange(N)[mesh.dp_index * (N // dp):(mesh.dp_index + 1) * (N // dp)]
     local = tensors(rows, *data, tokens / dp)
-    stats = step.accumulate(*local)
-    loss = comm.all_reduce_sum(np.array([stats[0]], np.float32), mesh.dp_ranks())[0] / dp
+    if pp > 1:
+        step = PipelineTrainStep(GRPOLossCell(model, rl, R, TEMPERATURE, micro_batches=m), opt, mesh, split, 1.0, m)
+        loss = step.accumulate(*local)[0]
+        grads = [acc.asnumpy() for acc in step.acc]
+    else:                      # sequence parallelism without stages: the plain train step
+        loss_cell = GRPOLossCell(model, rl, R, TEMPERATURE)
+        (loss, _), grads = ms.value_and_grad(loss_cell, None, params, has_aux=True)(*local)
+        loss, grads = float(loss.asnumpy()), [g.asnumpy() for g in grads]
+        step = PolicyTrainStep(loss_cell, opt, mesh, split, 1.0)
+        step.links, step.acc = (None, None), []
+    loss = comm.all_reduce_sum(np.array([loss], np.float32), mesh.dp_ranks())[0] / dp
     grad_err = 0.0
-    for p, acc in zip(params, step.acc):
-        g = comm.all_reduce_sum(acc.asnumpy(), mesh.dp_ranks()) / dp
+    for p, g in zip(params, grads):
+        g = comm.all_reduce_sum(g, mesh.dp_ranks()) / dp
         grad_err = max(grad_err, rel(g, layouts[p.name].shard(ref["grads"][p.name], rank)))
-    norm = float(step.apply(Tensor(np.float32(LR))).asnumpy())
+    if pp > 1:
+        norm = float(step.apply(Tensor(np.float32(LR))).asnumpy())
+    else:
+        norm = float(step(*local, Tensor(np.float32(LR)))[5].asnumpy())
     # weights after one AdamW update, relative in norm: per tensor (Adam's first step is ~lr x sign(g), so float
     # noise in near-zero gradient elements moves single elements by up to ~2 lr, see test_layout_invariance)
     # and over all of this rank's tensors
@@ -124,9 +138,10 @@ def run_case(out_dir, case, rank, cfg, weights, data, ref):
     per_tensor = max(float(np.linalg.norm(a - b) / np.linalg.norm(b)) for a, b in after.values())
     whole = float(np.sqrt(sum(np.linalg.norm(a - b) ** 2 for a, b in after.values()) /
                           sum(np.linalg.norm(b) ** 2 for _, b in after.values())))
-    cleared = max(float(np.abs(a.asnumpy()).max()) for a in step.acc)
+    cleared = max([float(np.abs(a.asnumpy()).max()) for a in step.acc] + [0.0])
     # log-probs through the pipeline, with the updated weights against the updated reference
-    logp = PipelineLogProb(model, R, TEMPERATURE, m)(*local[:4])[0].asnumpy()
+    logprob = PipelineLogProb(model, R, TEMPERATURE, m) if pp > 1 else ResponseLogProb(model, R, TEMPERATURE)
+    logp = logprob(*local[:4])[0].asnumpy()
     result = {"case": case, "rank": rank, "stage": mesh.stage, "grad": grad_err,
               "loss": abs(loss - ref["loss"]) / abs(ref["loss"]), "norm": abs(norm - ref["norm"]) / ref["norm"],
               "values": [loss, ref["loss"], norm, ref["norm"]], "weights_tensor": per_tensor, "weights": whole,
