@@ -165,8 +165,8 @@ def test_world_size_mismatch_under_msrun_exits_cleanly(assets, tmp_path):
     assert proc.returncode != 0
     for r in range(2):
         log = (tmp_path / "log" / f"worker_{r}.log").read_text(errors="replace")
-        assert "error: train (sft_path_train) parallel_config: data_parallel=4 x model_parallel=1 = 4 ranks, " \
-               "but the job has 2" in log
+        assert "error: train (sft_path_train) parallel_config: data_parallel=4 x model_parallel=1 x pipeline_stage=1 " \
+               "= 4 ranks, but the job has 2" in log
 
 
 def test_reference_sync_every_n_steps(assets, tmp_path):

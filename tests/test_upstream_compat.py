@@ -152,7 +152,7 @@ def test_upstream_model_yamls_load_and_report_every_inert_key():
         with open(path) as fh:
             raw = yaml.safe_load(fh)
         reported = {k for k, _ in y.ignored}
-        expected = {k for k in raw if k not in ("model", "parallel_config")}
+        expected = {k for k in raw if k not in ("model", "parallel_config", "micro_batch_interleave_num")}
         expected |= {f"model.model_config.{k}" for k in raw["model"]["model_config"] if k in upstream.MODEL_INERT}
         expected |= {f"parallel_config.{k}" for k in raw["parallel_config"] if k in upstream.PARALLEL_INERT}
         if raw["parallel_config"].get("pipeline_stage", 1) == 1:    # pipeline settings without stages
@@ -199,8 +199,9 @@ def test_flat_config_and_predict_yaml_reach_the_trainer(assets, tmp_path):
     assert (params.max_tokens, params.min_tokens, params.temperature, params.top_k, params.top_p) == (8, 2, 1.2, 50, 1.0)
     text = "\n".join(lines)
     for key in ("grpo_epochs", "ppo_epochs", "lr (never read", "auto_tune", "use_seq_parallel", "micro_batch_num",
-                "micro_batch_interleave_num", "model.model_config.do_sample", "max_position_embeddings"):
+                "model.model_config.do_sample", "max_position_embeddings"):
         assert key in text, key
+    assert trainer.micro_batches == 2          # micro_batch_interleave_num 2 (top level): honoured, not inert
     # 8 sequences (2 prompts x 4 samples), 4 per update: 2 updates per step at upstream's schedule (update 0 has
     # lr 0: its warmup starts at 0), so the policy leaves the reference only in step 2
     history = [trainer.train_one_step() for _ in range(2)]

@@ -127,12 +127,16 @@ class ParallelConfig:
     """How one role's ranks are arranged (MindFormers `parallel_config` names). `micro_batch_num`: pipeline
     micro-batches per mini-batch (used when pipeline_stage > 1, as in MindFormers). `use_seq_parallel`: the
     activations outside attention and MLP are split along the sequence over the model_parallel ranks
-    (training layouts; used when model_parallel > 1)."""
+    (training layouts; used when model_parallel > 1). `micro_batch_interleave_num` (MindFormers' top-level key,
+    also accepted here): each micro-batch is cut into that many parts that run one after another, gradients
+    summed - the same update with a smaller activation peak. MindSpore on Ascend also overlaps one part's
+    communication with the other's compute; here collectives are synchronous, so there is no overlap."""
     data_parallel: int = 1
     model_parallel: int = 1
     pipeline_stage: int = 1
     micro_batch_num: int = 1
     use_seq_parallel: bool = False     # Megatron sequence parallelism over the model_parallel ranks
+    micro_batch_interleave_num: int = 1   # each micro-batch cut in this many parts, run one after another
 
     def __post_init__(self):
         self.validate()
@@ -142,7 +146,8 @@ class ParallelConfig:
         return self.data_parallel * self.model_parallel * self.pipeline_stage
 
     def validate(self, where: str = "parallel_config"):
-        for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):
+        for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
+                     "micro_batch_interleave_num"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{where}.{name}: expected a positive integer, got {value!r}")
@@ -238,7 +243,7 @@ def load_model_yaml(path: str) -> ModelYaml:
     ignored: List[Tuple[str, str]] = []
     try:
         for key in raw:
-            if key in ("model", "parallel_config"):
+            if key in ("model", "parallel_config", "micro_batch_interleave_num"):
                 continue
             if key not in upstream.TOP_LEVEL_INERT:
                 raise ConfigError(f"{key}: unknown top-level section (the MindFormers sections accepted are "
@@ -250,7 +255,14 @@ def load_model_yaml(path: str) -> ModelYaml:
         model_raw = model_section["model_config"]
         model = model_config_from_dict(model_raw, ignored=ignored)
         generation = _generation_fields(model_raw, "model.model_config")
-        parallel = parallel_config_from_dict(raw.get("parallel_config") or {}, ignored=ignored)
+        parallel_raw = dict(raw.get("parallel_config") or {})
+        if "micro_batch_interleave_num" in raw:       # MindFormers' place for it: the top level
+            if parallel_raw.get("micro_batch_interleave_num", raw["micro_batch_interleave_num"]) != \
+                    raw["micro_batch_interleave_num"]:
+                raise ConfigError("micro_batch_interleave_num: given at the top level and in parallel_config "
+                                  "with different values")
+            parallel_raw["micro_batch_interleave_num"] = raw["micro_batch_interleave_num"]
+        parallel = parallel_config_from_dict(parallel_raw, ignored=ignored)
         parallel.check_model(model)
         if parallel.use_seq_parallel and parallel.model_parallel == 1:
             ignored.append(("parallel_config.use_seq_parallel", "splits the sequence over model_parallel ranks; "

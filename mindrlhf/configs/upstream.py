@@ -189,7 +189,7 @@ for _names, _why in (
          "eval_dataset eval_dataset_task do_eval eval_step_interval eval_epoch_interval callbacks metric "
          "eval_callbacks processor wrapper layer_scale layer_decay lr_scale lr_scale_factor",
          "MindFormers trainer setting; the GRPO config sets the optimizer, schedule, data and tokenizer"),
-        ("context parallel recompute_config swap_config moe_config micro_batch_interleave_num",
+        ("context parallel recompute_config swap_config moe_config",
          "Ascend graph/memory setting; results are the same without it"),
         ("profile profile_start_step profile_stop_step init_start_profile profile_communication profile_memory "
          "auto_tune filepath_prefix autotune_per_step remote_save_url",
@@ -224,7 +224,6 @@ MODEL_CHECKED = {
     "scaling_factor": (lambda v, raw: raw.get("extend_method") in (None, "None", "none"), "unused: extend_method None"),
 }
 PARALLEL_INERT: Dict[str, str] = {
-    "micro_batch_interleave_num": "overlaps TP communication with compute on Ascend; same results",
     "vocab_emb_dp": "embedding placement; the embedding is vocab-split over model_parallel either way",
     "gradient_aggregation_group": "Ascend gradient fusion; same results",
     "optimizer_shard": "parallel-optimizer sharding on Ascend; same results",
@@ -237,6 +236,10 @@ MAPPED_PARALLEL = {
     "parallel_config.pipeline_stage": "pipeline stages of the train layout (1F1B schedule); the infer layout must be 1",
     "parallel_config.micro_batch_num": "micro-batches per mini-batch through the pipeline; reported as inert when "
                                        "pipeline_stage is 1",
+    "micro_batch_interleave_num": "(top level or parallel_config) each micro-batch cut into that many parts run "
+                                  "one after another, gradients summed: the same update, a smaller activation "
+                                  "peak; Ascend's overlap of one part's communication with the other's compute "
+                                  "is not done (CPU collectives are synchronous)",
     "parallel_config.use_seq_parallel": "Megatron sequence parallelism over model_parallel ranks in the train "
                                         "layout (and the reference model); the rollout layout keeps whole "
                                         "activations (reported); nothing to split when model_parallel is 1",

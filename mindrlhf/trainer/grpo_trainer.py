@@ -115,7 +115,9 @@ class GRPOTrainer:
                               f"{infer_yaml.parallel.pipeline_stage}; the rollout (infer) layout has no pipeline "
                               f"stages (as in MindRLHF): use pipeline_stage 1 and data_parallel/model_parallel")
         self.model_cfg = train_yaml.model
-        self.micro_batches = train_yaml.parallel.micro_batch_num
+        par = train_yaml.parallel
+        # micro-batches per update: the pipeline's, each cut into micro_batch_interleave_num parts
+        self.micro_batches = (par.micro_batch_num if par.pipeline_stage > 1 else 1) * par.micro_batch_interleave_num
         self.train_mesh = mesh_for(train_yaml.parallel, self.world, self.rank, "train (sft_path_train)")
         # the rollout runs prefill/decode on whole sequences: sequence parallelism is a training layout's
         self.infer_mesh = mesh_for(dataclasses.replace(infer_yaml.parallel, use_seq_parallel=False), self.world,
@@ -203,10 +205,10 @@ class GRPOTrainer:
             raise ConfigError(f"run.max_model_len: prompt length {self.prompt_width} + max_tokens {smp.max_tokens} = "
                               f"{need} exceeds max_model_len={run.max_model_len}")
         self.geometry = StepGeometry.from_config(rl, self.infer_mesh.dp, self.train_mesh.dp)
-        if self.train_mesh.pp > 1:
-            where = f"{run.sft_path_train}: parallel_config.micro_batch_num"
+        if self.micro_batches > 1:
+            where = f"{run.sft_path_train}: parallel_config.micro_batch_num x micro_batch_interleave_num"
             micro_batch_count(self.geometry.mini_batch, self.micro_batches, where)
-            if self.micro_batches < self.train_mesh.pp:
+            if 1 < self.train_mesh.pp and self.micro_batches < self.train_mesh.pp:
                 self.log(f"warning: {where}={self.micro_batches} < pipeline_stage={self.train_mesh.pp}: some stages "
                          f"idle most of each update (1F1B bubble {bubble_fraction(self.train_mesh.pp, self.micro_batches):.0%}"
                          f"); micro_batch_num >= pipeline_stage is recommended")
@@ -273,12 +275,14 @@ class GRPOTrainer:
         split = [self.train_mesh.tp > 1 and specs[p.name][1] is not None for p in params]
         temperature = self.sampling_params().logprob_temperature    # the log-prob convention (sampling.py)
         self.on_policy = self._one_update_per_rollout()
-        if self.train_mesh.pp > 1:
+        if self.micro_batches > 1 or self.train_mesh.pp > 1:
             m = self.micro_batches
             loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy, m)
             self.train_step = PipelineTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm, m)
 
             def logprob_cell(model):
+                if self.train_mesh.pp == 1:
+                    return ResponseLogProb(model, smp.max_tokens, temperature)
                 return PipelineLogProb(model, smp.max_tokens, temperature, m)
         else:
             loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy)
@@ -562,11 +566,16 @@ class GRPOTrainer:
             export_hf(full, out_dir, self.model_cfg)
         comm.barrier()
 
+    def _train_layout_text(self) -> str:
+        m = self.train_mesh
+        text = f"dp={m.dp} tp={m.tp}" + (f" pp={m.pp} (1F1B)" if m.pp > 1 else "")
+        text += " sequence parallel" if m.seq_parallel else ""
+        return text + (f", {self.micro_batches} micro-batches per update" if self.micro_batches > 1 else "")
+
     def fit(self) -> List[Dict[str, float]]:
         run = self.cfg.run
         history = []
-        self.log(f"GRPO: {self.world} rank(s); train layout dp={self.train_mesh.dp} tp={self.train_mesh.tp}"
-                 f"{f' pp={self.train_mesh.pp} (micro_batch_num {self.micro_batches}, 1F1B)' if self.train_mesh.pp > 1 else ''}; "
+        self.log(f"GRPO: {self.world} rank(s); train layout {self._train_layout_text()}; "
                  f"infer layout dp={self.infer_mesh.dp} tp={self.infer_mesh.tp}; "
                  f"{self.cfg.rl.batch_size * self.infer_mesh.dp} prompts x {self.cfg.rl.num_generations} "
                  f"samples per step; steps {self.step}->{run.total_steps}")

@@ -33,7 +33,7 @@ TIS_MAX = 6          # index among them of the one reduced by max over micro-bat
 
 def micro_batch_count(rows: int, micro_batches: int, where: str) -> int:
     if rows % micro_batches:
-        raise ConfigError(f"{where}: micro_batch_num={micro_batches} does not divide the {rows} sequences of a "
+        raise ConfigError(f"{where}: {micro_batches} micro-batches do not divide the {rows} sequences of a "
                           f"mini-batch on one train data-parallel rank (rl.mini_batch_size)")
     return micro_batches
 
@@ -86,19 +86,26 @@ class StageBackward(nn.Cell):
 
 class LastStageStep(nn.Cell):
     """The last stage: loss of one micro-batch and its backward; parameter gradients added into `acc`;
-    returns (loss, aux, gradient of the incoming activation)."""
+    returns (loss, aux, gradient of the incoming activation; zeros when it is also the first stage, whose
+    input is token ids)."""
 
-    def __init__(self, loss_cell: GRPOLossCell, params, acc):
+    def __init__(self, loss_cell: GRPOLossCell, params, acc, first: bool):
         super().__init__(auto_prefix=False)
         self.loss_cell = loss_cell
         self.acc = acc
-        self.grad_fn = ms.value_and_grad(loss_cell, 0, ms.ParameterTuple(params), has_aux=True)
+        self.first = first
+        self.grad_fn = ms.value_and_grad(loss_cell, None if first else 0, ms.ParameterTuple(params), has_aux=True)
 
     @ms.jit
     def construct(self, x, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                   token_norm):
-        (loss, aux), (dx, grads) = self.grad_fn(x, position_ids, bias, labels, mask, old_logp, rollout_logp,
-                                                ref_logp, advantages, token_norm)
+        if self.first:
+            (loss, aux), grads = self.grad_fn(x, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
+                                              advantages, token_norm)
+            dx = ops.zeros((), ms.float32)
+        else:
+            (loss, aux), (dx, grads) = self.grad_fn(x, position_ids, bias, labels, mask, old_logp, rollout_logp,
+                                                    ref_logp, advantages, token_norm)
         for i in range(len(self.acc)):
             ops.assign_add(self.acc[i], grads[i])
         return loss, aux, dx
@@ -127,7 +134,8 @@ class ApplyAccumulated(nn.Cell):
 
 
 class PipelineTrainStep:
-    """PolicyTrainStep for a pipelined train layout: one optimizer update per call (one mini-batch)."""
+    """PolicyTrainStep for a pipelined train layout, or for micro-batches without stages
+    (micro_batch_interleave_num): one optimizer update per call (one mini-batch)."""
 
     def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, split_flags, max_grad_norm: float,
                  micro_batches: int):
@@ -137,7 +145,7 @@ class PipelineTrainStep:
         self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
         self.links = make_links(mesh, on_ascend=on_ascend())
         if mesh.is_last_stage:
-            self.last = LastStageStep(loss_cell, params, self.acc)
+            self.last = LastStageStep(loss_cell, params, self.acc, mesh.is_first_stage)
         else:
             self.forward_cell = StageForward(model)
             self.backward_cell = StageBackward(model, params, self.acc, mesh.is_first_stage)
