@@ -19,11 +19,11 @@ def digit_fraction(completion, solution):
 
 
 def model_yaml(path: str, dp: int = 1, tp: int = 1, vocab_size: int = 416, pp: int = 1, micro_batch_num: int = 1,
-               **model_overrides) -> str:
+               seq_parallel: bool = False, **model_overrides) -> str:
     with open(os.path.join(REPO, "model_configs", "qwen_grpo", "finetune_qwen2_tiny.yaml")) as fh:
         doc = yaml.safe_load(fh)
     doc["model"]["model_config"].update(vocab_size=vocab_size, **model_overrides)
-    doc["parallel_config"].update(data_parallel=dp, model_parallel=tp, pipeline_stage=pp)
+    doc["parallel_config"].update(data_parallel=dp, model_parallel=tp, pipeline_stage=pp, use_seq_parallel=seq_parallel)
     if pp > 1:
         doc["parallel_config"]["micro_batch_num"] = micro_batch_num
     with open(path, "w") as fh:

@@ -53,6 +53,9 @@ LAYOUTS = {
     "train_pp2_infer_dp2": ((1, 1, 2), (2, 1), 2, 8, False),
 }
 REFERENCE = {True: "single", False: "single_untied"}
+# 4 workers (slow): two stages x TP2 with sequence parallelism, rollout on 4 data-parallel replicas
+SLOW_LAYOUTS = {"train_pp2_tp2_sp_infer_dp4": ((1, 2, 2), (4, 1), 1, 8, False)}
+ALL_LAYOUTS = {**LAYOUTS, **SLOW_LAYOUTS}
 MICRO_BATCHES = 2
 
 
@@ -69,11 +72,11 @@ def assets(tmp_path_factory):
                                        "--output_path", data, "--max_prompt_length", "16", "--seq_length", "48",
                                        "--prompt_template", "plain", "--no_progress"]))
     yamls, inits = {}, {}
-    for train, infer, _, _, tie in LAYOUTS.values():
+    for train, infer, _, _, tie in ALL_LAYOUTS.values():
         for dp, tp, pp in (train, infer + (1,)):
             yamls[(dp, tp, pp, tie)] = model_yaml(os.path.join(root, f"m_{dp}x{tp}x{pp}_{tie}.yaml"), dp=dp, tp=tp,
                                                   pp=pp, micro_batch_num=MICRO_BATCHES, eos_token_id=EOS,
-                                                  tie_word_embeddings=tie)
+                                                  tie_word_embeddings=tie, seq_parallel=pp > 1 and tp > 1)
     for tie in (True, False):                 # one initial policy for every layout of a model
         inits[tie] = os.path.join(root, f"init_{tie}.safetensors")
         save_checkpoint(model_state(CausalLM(load_model_yaml(yamls[(1, 1, 1, tie)]).model)), inits[tie])
@@ -81,7 +84,7 @@ def assets(tmp_path_factory):
 
 
 def _args(assets, name, out_dir, **extra):
-    train, infer, batch, mini, tie = LAYOUTS[name]
+    train, infer, batch, mini, tie = ALL_LAYOUTS[name]
     flags = {"sft_path_train": assets["yamls"][train + (tie,)], "sft_path_infer": assets["yamls"][infer + (1, tie)],
              "vocab_path": assets["vocab"], "merges_file_path": assets["merges"],
              "mind_dataset_dir": assets["data"], "load_sft_checkpoint_train": assets["inits"][tie], "save_ckpt_dir": out_dir,
@@ -105,7 +108,7 @@ def _run(assets, name):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
         assert proc.returncode == 0, proc.stdout.decode(errors="replace")[-4000:]
     else:
-        run_msrun(WORKER, _args(assets, name, out), 2, os.path.join(out, "log"))
+        run_msrun(WORKER, _args(assets, name, out), int(np.prod(ALL_LAYOUTS[name][0])), os.path.join(out, "log"))
     return out
 
 
@@ -116,7 +119,7 @@ def runs(assets):
 
 def _full_weights(assets, out_dir, name):
     """The final checkpoint's shards placed into full tensors by their layouts (independent of export)."""
-    train, tie = LAYOUTS[name][0], LAYOUTS[name][4]
+    train, tie = ALL_LAYOUTS[name][0], ALL_LAYOUTS[name][4]
     cfg = load_model_yaml(assets["yamls"][(1, 1, 1, tie)]).model
     layouts = layouts_for(cfg, *train)
     step = os.path.join(out_dir, f"step_{STEPS:06d}")
@@ -147,27 +150,41 @@ def _check_reference(assets, runs, single):
     return ref, ref_weights
 
 
+def _check_layout(assets, out_dir, name, ref, ref_weights):
+    rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), name
+    for a, b in zip(rows, ref):
+        for key in COMPARED:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=ABS_TOL.get(key, 1e-8)), (name, a["step"], key)
+        assert a["rollout_train_logprob_gap"] <= 1e-4, (name, a["step"])   # same T for rollout and train
+    weights, _ = _full_weights(assets, out_dir, name)
+    # Whole model, relative in norm: <= 1e-5 (measured <= 1e-6). Per tensor, Adam turns float noise in
+    # near-zero gradients into ~lr-sized steps, so small-gradient tensors drift more: <= 1e-4 (measured
+    # <= 5e-6), and attention.wk.bias, whose gradient is 0 in exact arithmetic (softmax ignores the q.b_k
+    # added to a whole row of scores), follows float noise alone: <= 1e-3 (measured up to 1.1e-4). A real
+    # layout bug (a factor on a replicated weight, a lost shard) is orders of magnitude above these.
+    diff = sum(np.linalg.norm(weights[n] - w) ** 2 for n, w in ref_weights.items()) ** 0.5
+    assert diff <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in ref_weights.values()) ** 0.5, name
+    for n, w in ref_weights.items():
+        bound = 1e-3 if n.endswith("attention.wk.bias") else 1e-4
+        assert np.linalg.norm(weights[n] - w) <= bound * np.linalg.norm(w), (name, n)
+
+
 def test_trajectory_is_layout_invariant(assets, runs):
     refs = {single: _check_reference(assets, runs, single) for single in REFERENCE.values()}
     for name in LAYOUTS:
-        ref, ref_weights = refs[REFERENCE[LAYOUTS[name][4]]]
-        rows = read_metrics(os.path.join(runs[name], "metrics.jsonl"))
-        assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), name
-        for a, b in zip(rows, ref):
-            for key in COMPARED:
-                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=ABS_TOL.get(key, 1e-8)), (name, a["step"], key)
-            assert a["rollout_train_logprob_gap"] <= 1e-4, (name, a["step"])   # same T for rollout and train
-        weights, _ = _full_weights(assets, runs[name], name)
-        # Whole model, relative in norm: <= 1e-5 (measured <= 1e-6). Per tensor, Adam turns float noise in
-        # near-zero gradients into ~lr-sized steps, so small-gradient tensors drift more: <= 1e-4 (measured
-        # <= 5e-6), and attention.wk.bias, whose gradient is 0 in exact arithmetic (softmax ignores the q.b_k
-        # added to a whole row of scores), follows float noise alone: <= 1e-3 (measured up to 1.1e-4). A real
-        # layout bug (a factor on a replicated weight, a lost shard) is orders of magnitude above these.
-        diff = sum(np.linalg.norm(weights[n] - w) ** 2 for n, w in ref_weights.items()) ** 0.5
-        assert diff <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in ref_weights.values()) ** 0.5, name
-        for n, w in ref_weights.items():
-            bound = 1e-3 if n.endswith("attention.wk.bias") else 1e-4
-            assert np.linalg.norm(weights[n] - w) <= bound * np.linalg.norm(w), (name, n)
+        _check_layout(assets, runs[name], name, *refs[REFERENCE[LAYOUTS[name][4]]])
+
+
+@pytest.mark.slow
+def test_pipeline_and_sequence_parallel_trajectory_on_four_workers(assets, runs, tmp_path):
+    """Train pp2 x tp2 with sequence parallelism (2 micro-batches, 1F1B) / infer dp4 on 4 workers: the same
+    3-step trajectory as the single process; killed inside step 2's checkpoint save and resumed, the same
+    final weights as the uninterrupted run."""
+    name = "train_pp2_tp2_sp_infer_dp4"
+    out = _run(assets, name)
+    _check_layout(assets, out, name, *_check_reference(assets, runs, "single_untied"))
+    _crash_and_resume(assets, name, out, tmp_path)
 
 
 def test_long_solutions_reach_the_verifier_on_every_layout(runs):
@@ -202,13 +219,18 @@ def test_export_equals_checkpoint_and_matches_transformers(assets, runs):
 
 def test_sigkill_inside_a_checkpoint_save_then_resume_is_exact(assets, runs, tmp_path):
     """Kill every process of a 2-worker job (train layout: two pipeline stages) while rank 0 is inside step 2's
-    checkpoint save (weights half written), resume: final weights, metrics.jsonl (each step once, equal values) and the rollout log equal
-    the uninterrupted run's."""
+    checkpoint save (weights half written), resume: final weights, metrics.jsonl (each step once, equal values)
+    and the rollout log equal the uninterrupted run's."""
     name = "train_pp2_infer_dp2"
+    _crash_and_resume(assets, name, runs[name], tmp_path)
+
+
+def _crash_and_resume(assets, name, uninterrupted, tmp_path):
     out = str(tmp_path / "crash")
     marker = str(tmp_path / "in_save")
     log_dir = str(tmp_path / "log")
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+    workers = int(np.prod(ALL_LAYOUTS[name][0]))
+    cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", "--join=True", f"--log_dir={log_dir}", WORKER] + _args(assets, name, out)
     env = dict(os.environ, PYTHONPATH=REPO, MINDRLHF_TEST_PAUSE_IN_SAVE=f"2:{marker}")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -222,20 +244,20 @@ def test_sigkill_inside_a_checkpoint_save_then_resume_is_exact(assets, runs, tmp
         proc.wait()
     assert os.path.isdir(os.path.join(out, "step_000001")) and \
         not os.path.exists(os.path.join(out, "step_000002", "COMPLETE"))
-    run_msrun(WORKER, _args(assets, name, out, resume=True), 2, str(tmp_path / "log2"))
+    run_msrun(WORKER, _args(assets, name, out, resume=True), workers, str(tmp_path / "log2"))
 
     weights, _ = _full_weights(assets, out, name)
-    expected, _ = _full_weights(assets, runs[name], name)
+    expected, _ = _full_weights(assets, uninterrupted, name)
     for n, w in expected.items():
         np.testing.assert_allclose(weights[n], w, rtol=0, atol=1e-6, err_msg=n)
     rows = read_metrics(os.path.join(out, "metrics.jsonl"))
-    ref = read_metrics(os.path.join(runs[name], "metrics.jsonl"))
+    ref = read_metrics(os.path.join(uninterrupted, "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for a, b in zip(rows, ref):
         for key in COMPARED:
             assert a[key] == pytest.approx(b[key], rel=0, abs=1e-6), (a["step"], key)
     cols = ["step", "prompt", "response", "reward", "solution"]
     got = read_columns(os.path.join(out, "rollouts.mindrecord"), cols)
-    want = read_columns(os.path.join(runs[name], "rollouts.mindrecord"), cols)
+    want = read_columns(os.path.join(uninterrupted, "rollouts.mindrecord"), cols)
     for c in cols:
         assert [str(v) for v in got[c]] == [str(v) for v in want[c]], c
