@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, peak_rss_mb  # noqa: E402
 
-MODEL = dict(hidden_size=256, num_layers=4, num_heads=8, n_kv_heads=2, intermediate_size=704, vocab_size=4096,
+MODEL = dict(hidden_size=256, num_layers=4, num_heads=8, n_kv_heads=4, intermediate_size=704, vocab_size=4096,
              qkv_has_bias=True, seq_length=128)
 ROWS, P, R = 16, 32, 32                # sequences per update (global), prompt and response widths
 WARMUP, TIMED = 2, 5
