@@ -51,6 +51,8 @@ class RunConfig:
     use_parallel: bool = _f(False, "run under msrun with the layouts of the model YAMLs")
     only_save_strategy: bool = _f(False, "write the train and infer strategy files, then exit")
     save_strategy_dir: str = _f("", "where strategy files go (default: save_ckpt_dir/strategy)")
+    cpu_threads: int = _f(0, "CPU kernel threads per rank (MindSpore's op_tuning.threads_num, whose default is 25); 0: "
+                             "the cores this process may use divided by the ranks on its node. Ignored on Ascend")
     enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache (MindSpore "
                                      "enable_compile_cache) to start faster next time")
     resume: bool = _f(False, "continue from the newest checkpoint complete on every node (agreed by all ranks)")
@@ -214,7 +216,7 @@ class GRPOConfig:
         nonneg = [("optim.warmup_steps", self.optim.warmup_steps), ("optim.decay_steps", self.optim.decay_steps),
                   ("run.epochs", self.run.epochs), ("run.max_num_seqs", self.run.max_num_seqs),
                   ("run.max_model_len", self.run.max_model_len), ("rl.mini_batch_size", self.rl.mini_batch_size),
-                  ("rl.ref_sync_steps", self.rl.ref_sync_steps)]
+                  ("rl.ref_sync_steps", self.rl.ref_sync_steps), ("run.cpu_threads", self.run.cpu_threads)]
         for name, value in nonneg:
             if value < 0:
                 raise ConfigError(f"{name}: expected >= 0, got {value}")

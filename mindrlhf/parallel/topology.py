@@ -41,6 +41,11 @@ class Nodes:
         return self.node_of_rank[self.rank]
 
     @property
+    def local_ranks(self) -> int:
+        """Ranks on this rank's node."""
+        return self.node_of_rank.count(self.my_node)
+
+    @property
     def leader(self) -> bool:
         """The lowest rank of its node (writes what each node writes once)."""
         return self.node_of_rank.index(self.my_node) == self.rank
