@@ -1,4 +1,5 @@
-"""The policy update and the no-grad log-probs under pipeline parallelism (train layout pipeline_stage > 1).
+"""The policy update and the no-grad log-probs under pipeline parallelism (train layout pipeline_stage > 1), and
+the update in parts without stages (micro_batch_interleave_num > 1: one stage that is first and last).
 
 Same calls and outputs as train_step.PolicyTrainStep / ResponseLogProb, so the trainer does not care which
 it holds. A mini-batch is cut into `micro_batch_num` micro-batches that go through the stages on the 1F1B
@@ -20,6 +21,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.models.tp_layers import MS_DTYPES
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.parallel.pipeline import StageIO, make_links, run_1f1b, run_forward_only
@@ -143,7 +145,7 @@ class PipelineTrainStep:
         self.model = model = loss_cell.model
         params = list(optimizer.params)
         self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
-        self.links = make_links(mesh, on_ascend=on_ascend())
+        self.links = make_links(mesh, MS_DTYPES[model.config.compute_dtype], on_ascend())
         if mesh.is_last_stage:
             self.last = LastStageStep(loss_cell, params, self.acc, mesh.is_first_stage)
         else:
@@ -229,7 +231,7 @@ class PipelineLogProb:
 
     def __init__(self, model, response_len: int, temperature: float, micro_batches: int):
         self.mesh, self.micro_batches, self.model = model.mesh, micro_batches, model
-        self.links = make_links(self.mesh, on_ascend=on_ascend())
+        self.links = make_links(self.mesh, MS_DTYPES[model.config.compute_dtype], on_ascend())
         self.cell = LastStageLogProb(model, response_len, temperature) if self.mesh.is_last_stage \
             else StageForward(model)
         self.response_len = response_len
