@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BENCH_MODEL, hf_model_dir, peak_rss_mb, run_child  # noqa: E402
+from common import BENCH_MODEL, hf_model_dir, ours_kernel_threads, peak_rss_mb, run_child  # noqa: E402
 
 BATCH, SEQ, WARMUP, STEPS = 8, 256, 2, 6
 
@@ -29,6 +29,7 @@ def ours(hf_dir):
     from mindrlhf.models.qwen2 import CausalLM, causal_bias
     from mindrlhf.trainer.optim import AdamW
     from mindrlhf.trainer.sft import _SFTStep
+    ours_kernel_threads()
     model = CausalLM(ModelConfig(**BENCH_MODEL))
     load_weights(model, hf_dir)
     step = _SFTStep(model, AdamW(list(model.trainable_params()), weight_decay=0.0), max_grad_norm=0.0)

@@ -15,6 +15,12 @@ BENCH_MODEL = dict(hidden_size=512, num_layers=4, num_heads=8, n_kv_heads=2, int
                    max_position_embedding=512, theta=10000.0, rms_norm_eps=1e-6)
 
 
+def ours_kernel_threads() -> int:
+    """Our side's MindSpore CPU kernel threads, chosen as the trainer chooses them (run.cpu_threads auto)."""
+    from mindrlhf.utils.cpu_threads import auto_threads, set_kernel_threads
+    return set_kernel_threads(auto_threads(1)[0])
+
+
 def peak_rss_mb() -> float:
     with open("/proc/self/status") as fh:
         for line in fh:

@@ -45,7 +45,7 @@ def test_gradients_match_hf(tmp_path, rng, bias, tie, kv):
     ours = load_ours(str(tmp_path), ModelConfig(**tiny_model_kwargs(bias, tie, kv)))
     names = ["model.layers.0.attention.wq.weight", "model.layers.1.feed_forward.w2.weight",
              "model.layers.0.attention_norm.weight", "model.tok_embeddings.embedding_weight",
-             "model.norm_out.weight"]
+             "model.norm_out.weight", "model.layers.1.ffn_norm.weight"]
     if bias:
         names.append("model.layers.1.attention.wk.bias")
     ids = rng.randint(0, 160, (2, 12))

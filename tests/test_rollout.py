@@ -218,3 +218,23 @@ def test_samples_depend_on_their_key_not_on_the_batch(models):
     np.testing.assert_allclose(both.logprobs[3:], alone.logprobs, atol=1e-5)
     other_step = eng.generate([b], params, keys=[(3, 1)])
     assert not np.array_equal(other_step.response_ids, alone.response_ids)
+
+
+def test_finished_rows_leave_the_decode_batch(models):
+    """Once at most half of the decoded rows still run, their caches move into a smaller batch: fewer rows
+    are decoded, and every sample (tokens, log-probs, finish reason) is the one decoding all rows gives."""
+    _, ours = models
+    params = SamplingParams(temperature=1.0, max_tokens=12, n=8, eos_token_ids=list(range(3, 23)), seed=7,
+                            repetition_penalty=1.1)
+    prompts = _prompts(4, lengths=(5, 9))
+    every_row = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8, compact_below=0)
+    compacting = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8, compact_below=2)
+    a, b = every_row.generate(prompts, params), compacting.generate(prompts, params)
+    lengths = a.response_lengths
+    assert lengths.min() <= 3 and lengths.max() >= 9, lengths      # ragged, or the test means nothing
+    assert np.array_equal(a.response_ids, b.response_ids)
+    assert np.array_equal(a.response_mask, b.response_mask)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert a.finish_reason == b.finish_reason
+    assert every_row.decoded_rows == 16 * (lengths.max() - 1)
+    assert compacting.decoded_rows < 0.7 * every_row.decoded_rows, (compacting.decoded_rows, every_row.decoded_rows)

@@ -5,8 +5,9 @@ left-padded to a bucket length P, every prompt is prefilled once and its cache r
 samples, and each decode step writes its new keys/values in place (`scatter_nd_update` on Parameters laid
 out [row, kv head, slot, head dim], the layout attention reads; passing the cache in and out of a graph
 instead costs a full copy per step). Sampling runs on host numpy over the
-gathered logits. Sequences that finished keep their slot but stop producing tokens; the loop ends when all
-have finished.
+gathered logits. The loop ends when every sequence has finished; before that, once at most half of the
+decoded rows are still running (`compact_below`), the running rows' caches are gathered into a smaller batch
+(row counts halve: R, R/2, R/4, ..., each a graph compiled once), so finished rows stop costing compute.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.qwen2 import NEG_INF, CausalLM, causal_bias, left_pad, position_ids
@@ -64,36 +65,91 @@ class _Decode(nn.Cell):
         return self.lm.gather_vocab(self.lm.head(h))[:, 0, :]
 
 
+class _Compact(nn.Cell):
+    """Gather the given cache rows of one batch size into the caches of a smaller one."""
+
+    def __init__(self, src_k, src_v, dst_k, dst_v):
+        super().__init__(auto_prefix=False)
+        self.src_k, self.src_v, self.dst_k, self.dst_v = src_k, src_v, dst_k, dst_v
+
+    @ms.jit
+    def construct(self, rows):
+        for i in range(len(self.src_k)):
+            ops.assign(self.dst_k[i], ops.gather(self.src_k[i], rows, 0))
+            ops.assign(self.dst_v[i], ops.gather(self.src_v[i], rows, 0))
+        return rows
+
+
 class GenerationEngine:
     """Batched generation on one model replica (one DP rank of the infer layout, TP inside the model)."""
 
-    def __init__(self, model: CausalLM, pad_token_id: int = 0, prompt_bucket: int = 16, max_num_seqs: int = 0):
+    def __init__(self, model: CausalLM, pad_token_id: int = 0, prompt_bucket: int = 16, max_num_seqs: int = 0,
+                 compact_below: int = 8):
         self.model = model
         self.pad_token_id = pad_token_id
         self.prompt_bucket = prompt_bucket
         self.max_num_seqs = max_num_seqs      # most rows decoded at once (vLLM's name); 0 = no bound
-        self._compiled = {}     # (rows, P, L, n) -> (prefill, decode, caches)
+        # smallest batch finished rows are compacted into (0: never compact); below it a graph launch costs
+        # more than the rows it would drop
+        self.compact_below = compact_below
+        # Compiled graphs (and their caches) are kept for the engine's lifetime: a jit graph holds its
+        # Parameters' buffers even after the Python objects are dropped, so rebuilding would only leak.
+        self._caches = {}       # (rows, L) -> (k caches, v caches)
+        self._prefills = {}     # (prompts, P, L, n) -> _Prefill
+        self._decodes = {}      # (rows, L) -> _Decode
+        self._compacts = {}     # (rows, to rows, L) -> _Compact
+        self.decoded_rows = 0   # rows x decode steps run so far (what compaction saves shows here)
 
     def cache_parameters(self) -> List[Parameter]:
         """Every KV-cache Parameter allocated so far (for host swap between rollouts)."""
-        return [p for _, _, ck, cv in self._compiled.values() for p in list(ck) + list(cv)]
+        return [p for ck, cv in self._caches.values() for p in list(ck) + list(cv)]
 
-    def _runners(self, batch: int, p: int, length: int, n: int):
-        # Compiled graphs (and their caches) are kept for the engine's lifetime: a jit graph holds its
-        # Parameters' buffers even after the Python objects are dropped, so rebuilding would only leak.
-        key = (batch, p, length, n)
-        if key not in self._compiled:
+    def _cache(self, rows: int, length: int):
+        if (rows, length) not in self._caches:
             cfg, mesh = self.model.config, self.model.mesh
-            shape = (batch * n, cfg.n_kv_heads // mesh.tp, length, cfg.head_dim)
+            shape = (rows, cfg.n_kv_heads // mesh.tp, length, cfg.head_dim)
             dtype = self.model.compute_dtype
-            ck = ms.ParameterTuple([Parameter(Tensor(np.zeros(shape, np.float32)).astype(dtype),
-                                              name=f"kv_cache.k.{i}", requires_grad=False)
-                                    for i in range(cfg.num_layers)])
-            cv = ms.ParameterTuple([Parameter(Tensor(np.zeros(shape, np.float32)).astype(dtype),
-                                              name=f"kv_cache.v.{i}", requires_grad=False)
-                                    for i in range(cfg.num_layers)])
-            self._compiled[key] = (_Prefill(self.model, ck, cv, n), _Decode(self.model, ck, cv), ck, cv)
-        return self._compiled[key][:2]
+            self._caches[(rows, length)] = tuple(
+                ms.ParameterTuple([Parameter(Tensor(np.zeros(shape, np.float32)).astype(dtype),
+                                             name=f"kv_cache.{kind}.{i}.rows{rows}", requires_grad=False)
+                                   for i in range(cfg.num_layers)]) for kind in "kv")
+        return self._caches[(rows, length)]
+
+    def _prefill(self, batch: int, p: int, length: int, n: int) -> _Prefill:
+        key = (batch, p, length, n)
+        if key not in self._prefills:
+            self._prefills[key] = _Prefill(self.model, *self._cache(batch * n, length), n)
+        return self._prefills[key]
+
+    def _decode(self, rows: int, length: int) -> _Decode:
+        if (rows, length) not in self._decodes:
+            self._decodes[(rows, length)] = _Decode(self.model, *self._cache(rows, length))
+        return self._decodes[(rows, length)]
+
+    def _compact(self, rows: int, to_rows: int, length: int) -> _Compact:
+        key = (rows, to_rows, length)
+        if key not in self._compacts:
+            self._compacts[key] = _Compact(*self._cache(rows, length), *self._cache(to_rows, length))
+        return self._compacts[key]
+
+    def _kv_index(self, rows: int, slot: int) -> np.ndarray:
+        """Where a decode step writes each new key/value vector: [row, kv head, slot], (rows * nkv, 3)."""
+        nkv = self.model.config.n_kv_heads // self.model.mesh.tp
+        index = np.empty((rows * nkv, 3), np.int32)
+        index[:, 0] = np.repeat(np.arange(rows), nkv)
+        index[:, 1] = np.tile(np.arange(nkv), rows)
+        index[:, 2] = slot
+        return index
+
+    def _smaller_batch(self, rows: int, running: int) -> int:
+        """The batch to decode `running` rows in when the current one has `rows`: halved while the running
+        rows fit and it stays >= compact_below; `rows` itself when no halving applies."""
+        if not self.compact_below:
+            return rows
+        to = rows
+        while -(-to // 2) >= max(running, self.compact_below):
+            to = -(-to // 2)
+        return to
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  keys: Optional[Sequence[Sequence[int]]] = None) -> RolloutOutput:
@@ -133,52 +189,63 @@ class GenerationEngine:
         t0 = time.time()
         b, n = len(prompts), params.n
         rows = b * n
-        prefill, decode = self._runners(b, p_len, total, n)
-
         ids, mask = left_pad(prompts, p_len, self.pad_token_id)
-        logits = prefill(Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)),
-                         causal_bias(Tensor(mask.astype(np.int32)))).asnumpy()
+        logits = self._prefill(b, p_len, total, n)(Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)),
+                                                   causal_bias(Tensor(mask.astype(np.int32)))).asnumpy()
         logits = np.repeat(logits, n, axis=0)                                      # (rows, V)
 
-        # key validity over the cache for each row: real prompt tokens, then generated slots as they fill
-        key_ok = np.zeros((rows, total), bool)
-        key_ok[:, :p_len] = np.repeat(mask, n, axis=0).astype(bool)
         seen = None
         if params.repetition_penalty != 1.0:
             seen = np.zeros((rows, cfg.vocab_size), bool)
             for i, p in enumerate(prompts):
                 seen[i * n:(i + 1) * n, p] = True
-        next_pos = np.repeat(lengths, n).astype(np.int32)
         out_ids = np.full((rows, params.max_tokens), self.pad_token_id, np.int64)
         out_mask = np.zeros((rows, params.max_tokens), np.int64)
         out_logp = np.zeros((rows, params.max_tokens), np.float32)
         done = np.zeros(rows, bool)
         eos = np.array(params.eos_token_ids, np.int64)
-        nkv = cfg.n_kv_heads // self.model.mesh.tp
-        kv_index = np.zeros((rows * nkv, 3), np.int32)           # [row, kv head, slot] per written vector
-        kv_index[:, 0] = np.repeat(np.arange(rows), nkv)
-        kv_index[:, 1] = np.tile(np.arange(nkv), rows)
+        # per decoded row ("slot"): which sequence it carries (`real` False: a filler after compaction), its
+        # key validity over the cache (real prompt tokens, then generated positions as they fill) and the
+        # position of its next token
+        seq_of = np.arange(rows)
+        real = np.ones(rows, bool)
+        key_ok = np.zeros((rows, total), bool)
+        key_ok[:, :p_len] = np.repeat(mask, n, axis=0).astype(bool)
+        next_pos = np.repeat(lengths, n).astype(np.int32)
+        batch = rows
         for t in range(params.max_tokens):
+            running = real & ~done[seq_of]
+            seqs = seq_of[running]
             suppress_eos = t < params.min_tokens
-            scores = process_logits(logits, params, seen, suppress_eos=suppress_eos)
-            tokens, logp = sample(scores, params, None if uniforms is None else uniforms[:, t])
+            scores = process_logits(logits[running], params, None if seen is None else seen[seqs],
+                                    suppress_eos=suppress_eos)
+            tokens, logp = sample(scores, params, None if uniforms is None else uniforms[seqs, t])
             if params.reshapes_distribution(suppress_eos):     # report the log-prob convention's value
-                logp = token_logprobs(logits, tokens, params.logprob_temperature)
-            active = ~done
-            out_ids[active, t] = tokens[active]
-            out_mask[active, t] = 1
-            out_logp[active, t] = logp[active]
+                logp = token_logprobs(logits[running], tokens, params.logprob_temperature)
+            out_ids[seqs, t] = tokens
+            out_mask[seqs, t] = 1
+            out_logp[seqs, t] = logp
             if seen is not None:
-                seen[np.arange(rows)[active], tokens[active]] = True
-            done |= active & np.isin(tokens, eos)
+                seen[seqs, tokens] = True
+            done[seqs] |= np.isin(tokens, eos)
             if done.all() or t == params.max_tokens - 1:
                 break
+            feed = np.full(batch, self.pad_token_id, np.int32)
+            feed[running] = np.where(done[seqs], self.pad_token_id, tokens)
+            still = np.flatnonzero(real & ~done[seq_of])
+            smaller = self._smaller_batch(batch, len(still))
+            if smaller < batch:            # gather the running rows' caches into a smaller batch
+                keep = np.concatenate([still, np.full(smaller - len(still), still[0])]).astype(np.int32)
+                self._compact(batch, smaller, total)(Tensor(keep))
+                seq_of, key_ok, next_pos, feed = seq_of[keep], key_ok[keep], next_pos[keep], feed[keep]
+                real = np.arange(smaller) < len(still)
+                batch = smaller
             slot = p_len + t
             key_ok[:, slot] = True
             bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]
-            feed = np.where(done, self.pad_token_id, tokens).astype(np.int32)[:, None]
-            kv_index[:, 2] = slot
-            logits = decode(Tensor(feed), Tensor(next_pos[:, None]), Tensor(bias), Tensor(kv_index)).asnumpy()
+            logits = self._decode(batch, total)(Tensor(feed[:, None]), Tensor(next_pos[:, None]), Tensor(bias),
+                                                Tensor(self._kv_index(batch, slot))).asnumpy()
+            self.decoded_rows += batch
             next_pos = next_pos + 1
         reasons = ["stop" if d else "length" for d in done]
         prompt_rows = [list(prompts[i]) for i in range(b) for _ in range(n)]

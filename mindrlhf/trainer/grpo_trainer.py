@@ -52,7 +52,7 @@ from mindrlhf.trainer.step_geometry import StepGeometry
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.pipeline_step import PipelineLogProb, PipelineTrainStep, micro_batch_count
 from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
-from mindrlhf.utils import memory
+from mindrlhf.utils import cpu_threads, memory
 from mindrlhf.utils.params import copy_params
 
 # what each update reports (the train step's outputs, then the learning rate), averaged over a step's updates
@@ -62,7 +62,6 @@ MAX_STATS = ("tis_ratio_max",)          # reduced by max over updates and ranks;
 TIS_STATS = ("tis_ratio_mean", "tis_ratio_max", "tis_clipped_frac")
 
 
-_CPU_THREADS = None      # what this process set MindSpore's CPU kernel threads to (it can be set once)
 
 
 class TrainingError(RuntimeError):
@@ -153,21 +152,17 @@ class GRPOTrainer:
                      f"marks its shards complete; metrics, rollout log and HF export are written on node 0")
 
     def _set_cpu_threads(self):
-        """MindSpore's CPU kernels default to 25 threads per process: with several ranks on a few cores they
-        fight over them (measured on a 2-core AMD EPYC, demo setup, 2 ranks: 1.20-1.28 s per GRPO step at
-        the default, 0.76 s at one thread each). Auto: this process's cores / ranks on its node."""
+        """MindSpore's CPU kernels default to 25 threads per process; utils.cpu_threads says why and what
+        we use instead."""
         if on_ascend():
             return
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        global _CPU_THREADS
-        threads = self.cfg.run.cpu_threads or max(1, cores // self.nodes.local_ranks)
-        why = "run.cpu_threads" if self.cfg.run.cpu_threads else \
-            f"{cores} core(s) / {self.nodes.local_ranks} rank(s) on this node"
-        if _CPU_THREADS is None:               # MindSpore takes it once per process
-            ms.device_context.cpu.op_tuning.threads_num(threads)
-            _CPU_THREADS = threads
-        elif _CPU_THREADS != threads:
-            self.log(f"note: CPU kernel threads stay {_CPU_THREADS} (set earlier in this process; MindSpore takes "
+        if self.cfg.run.cpu_threads:
+            threads, why = self.cfg.run.cpu_threads, "run.cpu_threads"
+        else:
+            threads, why = cpu_threads.auto_threads(self.nodes.local_ranks)
+        in_force = cpu_threads.set_kernel_threads(threads)
+        if in_force != threads:
+            self.log(f"note: CPU kernel threads stay {in_force} (set earlier in this process; MindSpore takes "
                      f"it once), not {threads}")
             return
         self.log(f"CPU kernel threads per rank: {threads} ({why})")
