@@ -51,7 +51,7 @@ def test_sampled_logprobs_equal_train_model_logprobs(models):
                         out.prompt_index, np.zeros(len(ids), np.int64))
     from mindrlhf.trainer.samples import training_tensors
     t = training_tensors(batch)
-    logp, _ = ResponseLogProb(ours, 10)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
+    logp = ResponseLogProb(ours, 10)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
     m = out.response_mask.astype(bool)
     assert np.abs(logp.asnumpy()[m] - out.logprobs[m]).max() <= 1e-4
     # n samples of one prompt differ (sampling), but share the prompt
@@ -180,7 +180,7 @@ def test_logprob_convention_at_temperature_with_filters(models):
     batch = SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs, out.prompt_index,
                         np.zeros(len(ids), np.int64))
     t = training_tensors(batch)
-    train, _ = ResponseLogProb(ours, 10, temperature=0.7)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
+    train = ResponseLogProb(ours, 10, temperature=0.7)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
     m = out.response_mask.astype(bool)
     reference = _numpy_logprobs(ours, ids, out.response_ids, 0.7)
     assert np.abs(out.logprobs[m] - reference[m]).max() <= 1e-4

@@ -368,8 +368,7 @@ class GRPOTrainer:
         mb = self.geometry.mini_batch
         for start in range(0, len(samples), mb):
             t = training_tensors(samples.rows(start, start + mb))
-            logp, _ = cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
-            out.append(logp.asnumpy())
+            out.append(cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"]).asnumpy())
         return np.concatenate(out)
 
     def update(self, samples: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norms) -> np.ndarray:

@@ -221,13 +221,13 @@ class LastStageLogProb(nn.Cell):
 
     @ms.jit
     def construct(self, x, position_ids, bias, labels):
-        logp, ent = self.model.token_logprobs(x, position_ids, bias, labels, self.response_len, self.temperature)
-        return ops.stop_gradient(logp), ops.stop_gradient(ent)
+        logp, _ = self.model.token_logprobs(x, position_ids, bias, labels, self.response_len, self.temperature)
+        return ops.stop_gradient(logp)
 
 
 class PipelineLogProb:
     """ResponseLogProb for a pipelined layout: micro-batches flow forward through the stages; every stage
-    gets the last stage's (logprob, entropy)."""
+    gets the last stage's log-probs."""
 
     def __init__(self, model, response_len: int, temperature: float, micro_batches: int):
         self.mesh, self.micro_batches, self.model = model.mesh, micro_batches, model
@@ -241,17 +241,16 @@ class PipelineLogProb:
         m = self.micro_batches if rows % self.micro_batches == 0 else 1
         n = rows // m
         cut = [slice(i * n, (i + 1) * n) for i in range(m)]
-        out = np.zeros((2, rows, self.response_len), np.float32)
+        out = np.zeros((rows, self.response_len), np.float32)
 
         def forward(i, x):
             c = cut[i]
             x = input_ids[c] if self.mesh.is_first_stage else x
             if not self.mesh.is_last_stage:
                 return self.cell(x, position_ids[c], bias[c])
-            logp, ent = self.cell(x, position_ids[c], bias[c], labels[c])
-            out[0, c], out[1, c] = logp.asnumpy(), ent.asnumpy()
+            out[c] = self.cell(x, position_ids[c], bias[c], labels[c]).asnumpy()
             return None
 
         run_forward_only(m, StageIO(*self.links, self.model.activation_shape(n, input_ids.shape[1])), forward)
         out = comm.all_reduce_sum(out, self.mesh.pp_ranks())
-        return Tensor(out[0]), Tensor(out[1])
+        return Tensor(out)

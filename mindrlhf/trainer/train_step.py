@@ -23,7 +23,8 @@ def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, re
 
 
 class ResponseLogProb(nn.Cell):
-    """No-grad logprobs (old policy, reference, rollout-vs-train check)."""
+    """No-grad log-probs (old policy, reference, rollout-vs-train check), (N, R). The entropy is the train
+    step's statistic: left out here, the compiler drops its two passes over the logits."""
 
     def __init__(self, model: CausalLM, response_len: int, temperature: float = 1.0):
         super().__init__(auto_prefix=False)
@@ -33,9 +34,9 @@ class ResponseLogProb(nn.Cell):
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias, labels):
-        logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
-                                      self.temperature)
-        return ops.stop_gradient(logp), ops.stop_gradient(ent)
+        logp, _ = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
+                                    self.temperature)
+        return ops.stop_gradient(logp)
 
 
 class GRPOLossCell(nn.Cell):

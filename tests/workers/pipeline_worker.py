@@ -91,7 +91,7 @@ def reference(cfg, weights, data):
     step = PolicyTrainStep(GRPOLossCell(ref, rl, R, TEMPERATURE), AdamW(params, 0.01), Mesh(1, 1, 0),
                            [False] * len(params), 1.0)
     out = step(*tensors(rows, *data, tokens), Tensor(np.float32(LR)))
-    logp = ResponseLogProb(ref, R, TEMPERATURE)(*tensors(rows, *data, tokens)[:4])[0].asnumpy()
+    logp = ResponseLogProb(ref, R, TEMPERATURE)(*tensors(rows, *data, tokens)[:4]).asnumpy()
     return {"loss": float(loss.asnumpy()), "grads": {p.name: g.asnumpy() for p, g in zip(params, grads)},
             "norm": float(out[5].asnumpy()), "after": {p.name: param_as_f32(p).copy() for p in params},
             "logp": logp, "params": len(params)}
@@ -141,7 +141,7 @@ def run_case(out_dir, case, rank, cfg, weights, data, ref):
     cleared = max([float(np.abs(a.asnumpy()).max()) for a in step.acc] + [0.0])
     # log-probs through the pipeline, with the updated weights against the updated reference
     logprob = PipelineLogProb(model, R, TEMPERATURE, m) if pp > 1 else ResponseLogProb(model, R, TEMPERATURE)
-    logp = logprob(*local[:4])[0].asnumpy()
+    logp = logprob(*local[:4]).asnumpy()
     result = {"case": case, "rank": rank, "stage": mesh.stage, "grad": grad_err,
               "loss": abs(loss - ref["loss"]) / abs(ref["loss"]), "norm": abs(norm - ref["norm"]) / ref["norm"],
               "values": [loss, ref["loss"], norm, ref["norm"]], "weights_tensor": per_tensor, "weights": whole,

@@ -50,7 +50,7 @@ def rollout_gap(policy, rollout_model, mesh_infer, rank):
                         np.zeros(len(ids), np.int64))
     allb = gather_samples(local, mesh_infer)
     t = training_tensors(allb)
-    logp, _ = ResponseLogProb(policy, 6)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
+    logp = ResponseLogProb(policy, 6)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
     m = allb.response_mask.astype(bool)
     return float(np.abs(logp.asnumpy()[m] - allb.rollout_logp[m]).max())
 
