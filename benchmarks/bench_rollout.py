@@ -101,9 +101,9 @@ def main():
     args = p.parse_args()
     if args.child:
         which, hf_dir, batches = args.child
-        bs = [] if batches == "early" else [int(x) for x in batches.split(",")]
         early = batches == "early"
-        res = (ours if which == "ours" else reference)(hf_dir, [] if early else bs, early)
+        bs = [] if early else [int(x) for x in batches.split(",")]
+        res = (ours if which == "ours" else reference)(hf_dir, bs, early)
         print(json.dumps({"tokens_per_s": res, "peak_rss_mb": peak_rss_mb()}))
         return
     hf_dir = hf_model_dir(os.path.join(tempfile.gettempdir(), "mindrlhf_bench_model"))

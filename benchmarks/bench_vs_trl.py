@@ -6,7 +6,8 @@ safetensors and loaded by both; a byte-level BPE tokenizer trained on the bundle
 merges.txt, read by both); 8 prompts x 8 completions of exactly 16 new tokens per step (EOS suppressed until
 then on both sides); beta 0.04 (k3 KL to the initial weights), lr 1e-4 constant, token-mean loss (TRL's
 "dapo"), AdamW, one update per rollout (TRL's num_iterations 1; mindrlhf then skips the old-policy pass),
-temperature 1, the same dense reward (share of digits in the completion). 20 steps; medians of steps 3..20.
+temperature 1, the same dense reward (share of digits in the completion), no TensorBoard on either side (TRL's
+report_to=[]; importing torch for ours would add ~200 MB). 20 steps; medians of steps 3..20.
 
 The TRL side runs in the Python given by --trl_python (default: this one), because trl's dependencies may
 want numpy 2 beside mindspore's numpy < 2. A second environment that worked here:
@@ -107,7 +108,7 @@ def child_ours(work: str, inputs: dict, dims: dict) -> dict:
         "progress": False, "batch_size": PROMPTS, "num_generations": G, "max_tokens": NEW, "min_tokens": NEW,
         "temperature": 1.0, "beta": BETA, "kl_estimator": "k3", "loss_agg": "token-mean", "lr": LR,
         "lr_schedule": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0, "verifier_function": "digit_share",
-        "verifier_weight": "1.0"})
+        "verifier_weight": "1.0", "tensorboard": False})
     t0 = time.perf_counter()
     trainer = GRPOTrainer(cfg, log=lambda *a, **k: None)
     setup = time.perf_counter() - t0

@@ -288,6 +288,16 @@ def test_tensorboard_events_are_written(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("reward_mean")] == [(1, 0.25), (2, 0.5)]
 
 
+def test_tensorboard_off_writes_no_events(tmp_path):
+    """run.tensorboard False: metrics JSONL only, no event files (and no writer import)."""
+    from mindrlhf.trainer.metrics import MetricsLogger
+    logger = MetricsLogger(str(tmp_path), tensorboard=False)
+    logger.log(1, {"reward_mean": 0.25}, echo=None)
+    logger.close()
+    assert logger._tb is None and not (tmp_path / "tensorboard").exists()
+    assert (tmp_path / "metrics.jsonl").read_text().count("reward_mean") == 1
+
+
 def _msrun_grpo(assets, tmp_path, extra_flags, env_extra=None, timeout=400):
     import subprocess
     import time

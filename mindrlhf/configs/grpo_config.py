@@ -70,6 +70,8 @@ class RunConfig:
     eval_steps: int = _f(0, "greedy-accuracy eval on eval_dataset every N steps (and at start/end); 0 = off")
     eval_prompts: int = _f(64, "how many eval prompts (per run, split over DP)")
     log_dir: str = _f("", "metrics JSONL / TensorBoard directory (default: save_ckpt_dir)")
+    tensorboard: bool = _f(True, "also write TensorBoard events when a writer is installed (torch's, else "
+                                 "tensorboardX); torch's costs ~200 MB of memory on rank 0 for the import alone")
     export_hf: bool = _f(True, "export the final policy as HF safetensors to save_ckpt_dir/hf_policy")
     progress: bool = _f(True, "show a progress bar over steps (rank 0)")
     rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device) or vllm_mindspore "

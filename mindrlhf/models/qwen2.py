@@ -52,7 +52,7 @@ class RMSNormFunction(nn.Cell):
     Differentiating the forward op by op costs about twice as much on CPU (MindSpore 2.10): the mean's
     backward tiles and divides, and every broadcast's backward is a reduction. By hand: with n = x * r,
     r = rsqrt(mean(x^2) + eps) and g = dy * w, dx = r * (g - n * mean(g * n)) and dw = sum over tokens of
-    dy * n (checked against autodiff and torch in tests/test_model_numerics.py).
+    dy * n (tests/test_model_parity.py checks the gradients against Hugging Face's).
     """
 
     def __init__(self, eps, compute_dtype=ms.float32):

@@ -62,8 +62,6 @@ MAX_STATS = ("tis_ratio_max",)          # reduced by max over updates and ranks;
 TIS_STATS = ("tis_ratio_mean", "tis_ratio_max", "tis_clipped_frac")
 
 
-
-
 class TrainingError(RuntimeError):
     """The run cannot continue (e.g. the loss became NaN); raised on every rank together."""
 
@@ -88,7 +86,7 @@ class GRPOTrainer:
         self._setup_training()
         self.step = 0
         log_dir = cfg.run.log_dir or cfg.run.save_ckpt_dir
-        self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0)
+        self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0, tensorboard=cfg.run.tensorboard)
         self.rollout_log = RolloutLog(cfg.run.rollout_log_file if self.rank == 0 else "")
         if cfg.run.resume:
             self._resume()
