@@ -288,7 +288,7 @@ def test_tensorboard_events_are_written(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("reward_mean")] == [(1, 0.25), (2, 0.5)]
 
 
-def test_tensorboard_off_writes_no_events(tmp_path):
+def test_tensorboard_off_writes_no_events(assets, tmp_path):
     """run.tensorboard False: metrics JSONL only, no event files (and no writer import)."""
     from mindrlhf.trainer.metrics import MetricsLogger
     logger = MetricsLogger(str(tmp_path), tensorboard=False)
@@ -296,6 +296,8 @@ def test_tensorboard_off_writes_no_events(tmp_path):
     logger.close()
     assert logger._tb is None and not (tmp_path / "tensorboard").exists()
     assert (tmp_path / "metrics.jsonl").read_text().count("reward_mean") == 1
+    assert _trainer(assets, tmp_path / "off", tensorboard=False).metrics._tb is None
+    assert _trainer(assets, tmp_path / "on").metrics._tb is not None      # the default, tensorboard installed
 
 
 def _msrun_grpo(assets, tmp_path, extra_flags, env_extra=None, timeout=400):
