@@ -393,3 +393,29 @@ def test_three_column_file_without_final_answers_is_refused(assets, tmp_path):
     with pytest.raises(ConfigError, match=r"no 'solution' column .* 64 of 64 rows have no final answer .* first at "
                                           r"row 0: rewards would all be 0"):
         _trainer(assets, tmp_path, mind_dataset_dir=path)
+
+
+def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
+    """run.share_prompt (each prompt runs once for its group in the reference and training forwards): the same
+    losses, KL, gradient norms and weights as every row run whole; a layout it cannot serve says so."""
+    common = dict(total_steps=2, beta=0.05, verifier_function="digit_fraction_test", temperature=0.7,
+                  num_iterations=2)          # two groups a mini-batch; the old-policy pass runs too
+    shared = _trainer(assets, tmp_path / "shared", **common)
+    assert shared.shared_prompt == (4, shared.prompt_width)
+    whole = _trainer(assets, tmp_path / "whole", share_prompt=False, **common)
+    assert whole.shared_prompt == (0, 0)
+    for a, b in zip(shared.fit(), whole.fit()):
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean", "clip_frac"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    # four AdamW updates at lr 1e-3: an element whose gradient is float noise may move differently by a
+    # sliver of one update (seen: 1.4e-6 on one embedding element); a wrong prompt moves every element by ~lr
+    want, got = model_state(whole.policy), model_state(shared.policy)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-5, err_msg=k)
+    diff = np.sqrt(sum(np.sum((got[k] - want[k]) ** 2) for k in want))
+    assert diff <= 1e-6 * np.sqrt(sum(np.sum(want[k] ** 2) for k in want))
+    logs = []
+    split = GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "split"), mini_batch_size=2)),
+                        log=logs.append)
+    assert split.shared_prompt == (0, 0)
+    assert any("run.share_prompt" in m and "mini-batches of 2 rows split groups of 4" in m for m in logs), logs

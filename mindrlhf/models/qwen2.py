@@ -129,6 +129,10 @@ class Attention(nn.Cell):
 
     def attend(self, q, k, v, bias):
         """q (B, nh, T, hd), k/v (B, nkv, S, hd), bias (B, 1, T, S) additive -> (B, T, H) after wo."""
+        return self.wo(self.attend_heads(q, k, v, bias))
+
+    def attend_heads(self, q, k, v, bias):
+        """attend before wo: the heads' outputs side by side, (B, T, nh * hd)."""
         b, _, t, _ = q.shape
         s = k.shape[2]
         # GQA without materialising repeated k/v: group query heads by their kv head.
@@ -140,11 +144,29 @@ class Attention(nn.Cell):
         probs = ops.cast(ops.softmax(scores, -1), v.dtype)
         out = ops.matmul(ops.reshape(probs, (b, self.nkv, self.rep * t, s)), v)   # (B, nkv, rep*T, hd)
         out = ops.transpose(ops.reshape(out, (b, self.nh, t, self.hd)), (0, 2, 1, 3))
-        return self.wo(ops.reshape(out, (b, t, self.nh * self.hd)))
+        return ops.reshape(out, (b, t, self.nh * self.hd))
 
     def construct(self, x, cos, sin, bias):
         q, k, v = self.project_qkv(x, cos, sin)
         return self.attend(q, k, v, bias)
+
+    def shared_prompt(self, x, cos, sin, bias_p, bias_r, split):
+        """Attention over a token matrix laid out as `split` says (SharedPrompt): each group's prompt tokens
+        attend among themselves, each sample's response tokens to its group's prompt keys and its own.
+        x (M, H), cos/sin (M, 1, hd), bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T) -> (M, H)."""
+        m = x.shape[0]
+        q = apply_rope(ops.reshape(self.wq(x), (m, self.nh, self.hd)), cos, sin)
+        k = apply_rope(ops.reshape(self.wk(x), (m, self.nkv, self.hd)), cos, sin)
+        v = ops.reshape(self.wv(x), (m, self.nkv, self.hd))
+        cut = split.prompt_tokens
+        q_p, k_p, v_p = (split.prompt_heads(z[:cut]) for z in (q, k, v))
+        q_r, k_r, v_r = (split.response_heads(z[cut:]) for z in (q, k, v))
+        out_p = self.attend_heads(q_p, k_p, v_p, bias_p)
+        keys = ops.concat((_repeat_rows(k_p, split.group), k_r), 2)       # (N, nkv, P + T, hd)
+        values = ops.concat((_repeat_rows(v_p, split.group), v_r), 2)
+        out_r = self.attend_heads(q_r, keys, values, bias_r)
+        width = self.nh * self.hd
+        return self.wo(ops.concat((ops.reshape(out_p, (cut, width)), ops.reshape(out_r, (m - cut, width))), 0))
 
     def prefill(self, x, cos, sin, bias, cache_k, cache_v, n_samples):
         """Full-prompt attention that also fills the KV cache, each prompt's entries copied n_samples times.
@@ -166,13 +188,43 @@ class Attention(nn.Cell):
         return self.attend(q, keys, values, bias)
 
 
+def _repeat_rows(x, n: int):
+    """x (B, ...) -> (B*n, ...): each row repeated n times in place (row i*n + j is row i); the backward sums
+    the n copies' gradients."""
+    shape = x.shape
+    rows = ops.broadcast_to(ops.expand_dims(x, 1), (shape[0], n) + shape[1:])
+    return ops.reshape(rows, (shape[0] * n,) + shape[1:])
+
+
 def _cache_rows(kv, n_samples, cache_len):
     """kv (B, nkv, P, hd) -> (B*n, nkv, L, hd): each prompt's rows repeated n times, zero-padded to L."""
-    b, nkv, p, hd = kv.shape
-    rows = ops.broadcast_to(ops.expand_dims(kv, 1), (b, n_samples, nkv, p, hd))
-    rows = ops.reshape(rows, (b * n_samples, nkv, p, hd))
-    pad = ops.zeros((b * n_samples, nkv, cache_len - p, hd), rows.dtype)
-    return ops.concat((rows, pad), 2)
+    rows = _repeat_rows(kv, n_samples)
+    n, nkv, p, hd = rows.shape
+    return ops.concat((rows, ops.zeros((n, nkv, cache_len - p, hd), rows.dtype)), 2)
+
+
+class SharedPrompt:
+    """The token-matrix layout of a batch whose rows come in groups of `group` with one prompt each (GRPO's
+    G samples of a prompt): the Q = N / group prompts' P tokens once each, then the N responses' T tokens,
+    M = Q*P + N*T rows. Every layer but attention works on that matrix row by row, so the prompt's
+    projections and MLP run once per group instead of once per sample; the values are the same as for the
+    [prompt | response] rows of the whole batch (the prompt's tokens never see the responses)."""
+
+    def __init__(self, rows: int, group: int, prompt_len: int, response_len: int, head_dim: int):
+        if rows % group:
+            raise ValueError(f"{rows} rows do not split into groups of {group}")
+        self.rows, self.group, self.prompt_len, self.response_len = rows, group, prompt_len, response_len
+        self.prompts = rows // group
+        self.prompt_tokens = self.prompts * prompt_len
+        self.head_dim = head_dim
+
+    def prompt_heads(self, z):
+        """(Q*P, heads, hd) -> (Q, heads, P, hd)."""
+        return ops.transpose(ops.reshape(z, (self.prompts, self.prompt_len, -1, self.head_dim)), (0, 2, 1, 3))
+
+    def response_heads(self, z):
+        """(N*T, heads, hd) -> (N, heads, T, hd)."""
+        return ops.transpose(ops.reshape(z, (self.rows, self.response_len, -1, self.head_dim)), (0, 2, 1, 3))
 
 
 class FeedForward(nn.Cell):
@@ -204,6 +256,10 @@ class DecoderLayer(nn.Cell):
 
     def construct(self, x, cos, sin, bias):
         h = x + self.attention(self.enter_attn(self.attention_norm(x)), cos, sin, bias)
+        return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
+
+    def shared_prompt(self, x, cos, sin, bias_p, bias_r, split):
+        h = x + self.attention.shared_prompt(self.enter_attn(self.attention_norm(x)), cos, sin, bias_p, bias_r, split)
         return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
 
     def prefill(self, x, cos, sin, bias, cache_k, cache_v, n_samples):
@@ -262,6 +318,31 @@ class DecoderModel(nn.Cell):
         for layer in self.layers:
             x = layer(x, cos, sin, bias)
         return self.norm_out(x) if self.last else x
+
+    def shared_prompt_forward(self, input_ids, position_ids, bias, group: int, prompt_len: int):
+        """The final hidden states that predict the response tokens, (N, T + 1, H), of [prompt | response] rows
+        (input_ids (N, P + T), bias (N, 1, P + T, P + T) as for `construct`) whose groups of `group` rows share
+        their prompt: the prompt runs once per group (SharedPrompt). Position P - 1 (the prompt's last
+        token, which predicts the first response token) is the group's, copied to its rows. Whole model
+        only: no pipeline stages, no sequence parallelism."""
+        rows, length = input_ids.shape
+        split = SharedPrompt(rows, group, prompt_len, length - prompt_len, self.cos_table.shape[-1])
+
+        def tokens(z):
+            """(N, P + T) -> (Q*P + N*T,): each group's prompt once, then every response."""
+            return ops.concat((ops.reshape(z[::group, :prompt_len], (-1,)), ops.reshape(z[:, prompt_len:], (-1,))), 0)
+
+        x = ops.cast(self.tok_embeddings(tokens(input_ids)), self.compute_dtype)       # (M, H)
+        pos = tokens(position_ids)
+        cos = ops.expand_dims(ops.gather(self.cos_table, pos, 0), 1)                    # (M, 1, hd)
+        sin = ops.expand_dims(ops.gather(self.sin_table, pos, 0), 1)
+        bias_p, bias_r = bias[::group, :, :prompt_len, :prompt_len], bias[:, :, prompt_len:, :]
+        for layer in self.layers:
+            x = layer.shared_prompt(x, cos, sin, bias_p, bias_r, split)
+        hidden = x.shape[-1]
+        last = ops.reshape(x[:split.prompt_tokens], (split.prompts, prompt_len, hidden))[:, prompt_len - 1:]
+        responses = ops.reshape(x[split.prompt_tokens:], (rows, split.response_len, hidden))
+        return self.norm_out(ops.concat((_repeat_rows(last, group), responses), 1))
 
     def prefill(self, input_ids, position_ids, bias, caches_k, caches_v, n_samples):
         x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
@@ -373,13 +454,23 @@ class CausalLM(nn.Cell):
         """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""
         return self.gather_vocab(self(input_ids, position_ids, bias))
 
-    def token_logprobs(self, input_ids, position_ids, bias, labels, last_n: int = 0, temperature: float = 1.0):
+    def token_logprobs(self, input_ids, position_ids, bias, labels, last_n: int = 0, temperature: float = 1.0,
+                       group: int = 0, prompt_len: int = 0):
         """Per-position log p(labels) and entropy (B, T) under softmax(logits / temperature),
         vocabulary-parallel; with last_n > 0 only for the last `last_n` positions (B, last_n), and the LM
         head never runs on the positions nobody reads (in GRPO, the prompt: the head is most of a small
         model's FLOPs and its largest activations). The head is linear without bias, so the temperature
-        scales its input (hidden size) instead of the vocabulary-sized logits."""
-        return self.logprobs_of_hidden(self.model(input_ids, position_ids, bias), labels, last_n, temperature)
+        scales its input (hidden size) instead of the vocabulary-sized logits. With `group` > 0 the rows
+        come in groups of that many sharing their first `prompt_len` tokens, and last_n = the rest + 1:
+        the shared prompt runs once per group (DecoderModel.shared_prompt_forward)."""
+        if group:
+            if last_n != input_ids.shape[1] - prompt_len + 1:
+                raise ValueError(f"a shared prompt of {prompt_len} tokens reads the last "
+                                 f"{input_ids.shape[1] - prompt_len + 1} positions, not {last_n}")
+            hidden = self.model.shared_prompt_forward(input_ids, position_ids, bias, group, prompt_len)
+        else:
+            hidden = self.model(input_ids, position_ids, bias)
+        return self.logprobs_of_hidden(hidden, labels, last_n, temperature)
 
     def logprobs_of_hidden(self, hidden, labels, last_n: int = 0, temperature: float = 1.0):
         """token_logprobs from the final (normed) hidden states: the last pipeline stage's part."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -284,6 +284,7 @@ class GRPOTrainer:
 
     def _setup_training(self):
         rl, opt, smp = self.cfg.rl, self.cfg.optim, self.cfg.sampling
+        self.shared_prompt = self._shared_prompt()
         self.engine = make_engine(self.cfg.run.rollout_backend, self.rollout_model, self.pad_id, self.prompt_width,
                                   self.cfg.run.max_num_seqs)
         params = list(self.policy.trainable_params())
@@ -302,11 +303,13 @@ class GRPOTrainer:
                     return ResponseLogProb(model, smp.max_tokens, temperature)
                 return PipelineLogProb(model, smp.max_tokens, temperature, m)
         else:
-            loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy)
+            shared = self.shared_prompt
+            loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy,
+                                     shared_prompt=shared)
             self.train_step = PolicyTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm)
 
             def logprob_cell(model):
-                return ResponseLogProb(model, smp.max_tokens, temperature)
+                return ResponseLogProb(model, smp.max_tokens, temperature, shared)
         self.policy_logprob = logprob_cell(self.policy)
         self.ref_logprob = logprob_cell(self.ref_model) if self.ref_model else None
         self.updates_per_step = rl.num_iterations * self.geometry.minibatches
@@ -327,6 +330,22 @@ class GRPOTrainer:
                      "host copy in the same RAM (device-side footprint drops, process total does not), the rollout "
                      "weights and KV cache keep none (both drop) (mindrlhf/parallel/swap.py)")
         self.total_updates = self.cfg.run.total_steps * self.updates_per_step
+
+    def _shared_prompt(self) -> Tuple[int, int]:
+        """(group, prompt width) when the log-prob and training forwards run each prompt once for its group
+        (run.share_prompt, models/qwen2.SharedPrompt), else (0, 0) - with a note when asked for but not possible."""
+        g, mesh = self.cfg.rl.num_generations, self.train_mesh
+        if not self.cfg.run.share_prompt or g == 1:
+            return 0, 0
+        why = ("pipeline stages" if mesh.pp > 1 else "sequence parallelism" if mesh.seq_parallel
+               else "micro-batches" if self.micro_batches > 1
+               else f"mini-batches of {self.geometry.mini_batch} rows split groups of {g}"
+               if self.geometry.mini_batch % g else
+               "one-token responses" if self.cfg.sampling.max_tokens < 2 else "")
+        if why:
+            self.log(f"note: run.share_prompt: every row runs its prompt itself ({why} in the train layout)")
+            return 0, 0
+        return g, self.prompt_width
 
     def sampling_params(self, greedy=False) -> SamplingParams:
         fields = dict(dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
@@ -459,6 +478,8 @@ class GRPOTrainer:
             train_mask = train_mask * samples.finished[:, None]
         mine = self.geometry.rows_of(self.train_mesh.dp_index)
         my_samples = samples.take(mine)
+        if self.shared_prompt[0]:
+            my_samples.check_groups(self.shared_prompt[0])
         skip = rl.dynamic_sampling and not group_mask.any()      # nothing informative: no update at all
         if self.on_policy or skip:
             old_logp = my_samples.rollout_logp          # the loss cell uses its own detached log-probs

@@ -32,6 +32,14 @@ class SampleBatch:
     def __len__(self):
         return len(self.prompt_ids)
 
+    def check_groups(self, group: int):
+        """Rows i*group .. i*group + group - 1 hold one prompt: what a shared-prompt forward relies on."""
+        for name in ("prompt_ids", "prompt_mask"):
+            rows = getattr(self, name).reshape(-1, group, self.prompt_ids.shape[1])
+            if not (rows == rows[:, :1]).all():
+                raise RuntimeError(f"samples: {name} differ within a group of {group} rows; a shared-prompt "
+                                   f"forward would be wrong (run.share_prompt: false avoids it)")
+
 
 @dataclass
 class ScoredBatch:

@@ -16,26 +16,28 @@ from mindrlhf.trainer.optim import AdamW, clip_scale
 
 
 def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int,
-                      temperature: float):
+                      temperature: float, shared_prompt=(0, 0)):
     """(logprob, entropy) of the last `response_len` label positions under softmax(logits / temperature),
-    each (N, R): the log-prob convention of rollout/sampling.py."""
-    return model.token_logprobs(input_ids, position_ids, bias, labels, response_len, temperature)
+    each (N, R): the log-prob convention of rollout/sampling.py. shared_prompt = (group, prompt width): rows
+    come in groups of `group` with one prompt, which then runs once per group; (0, 0): every row whole."""
+    return model.token_logprobs(input_ids, position_ids, bias, labels, response_len, temperature, *shared_prompt)
 
 
 class ResponseLogProb(nn.Cell):
     """No-grad log-probs (old policy, reference, rollout-vs-train check), (N, R). The entropy is the train
     step's statistic: left out here, the compiler drops its two passes over the logits."""
 
-    def __init__(self, model: CausalLM, response_len: int, temperature: float = 1.0):
+    def __init__(self, model: CausalLM, response_len: int, temperature: float = 1.0, shared_prompt=(0, 0)):
         super().__init__(auto_prefix=False)
         self.model = model
         self.response_len = response_len
         self.temperature = temperature
+        self.shared_prompt = tuple(shared_prompt)
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias, labels):
         logp, _ = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
-                                    self.temperature)
+                                    self.temperature, self.shared_prompt)
         return ops.stop_gradient(logp)
 
 
@@ -47,9 +49,10 @@ class GRPOLossCell(nn.Cell):
     min(exp(old - rollout), tis_cap) (grpo_math.tis_weights); its mean, max and clipped share come back."""
 
     def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0, on_policy: bool = False,
-                 micro_batches: int = 1):
+                 micro_batches: int = 1, shared_prompt=(0, 0)):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.shared_prompt = tuple(shared_prompt)       # see response_logprobs
         # the token-mean terms are normalised by the mini-batch's token count (token_norm), so micro-batch
         # losses add up to the mini-batch's; the sequence means are per call, hence 1/m
         self.seq_scale = 1.0 if rl.loss_agg == "token-mean" else 1.0 / micro_batches
@@ -63,7 +66,7 @@ class GRPOLossCell(nn.Cell):
     def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                   token_norm):
         logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
-                                      self.temperature)
+                                      self.temperature, self.shared_prompt)
         fmask = ops.cast(mask, ms.float32)
         gap = ops.zeros((), ms.float32)
         if self.on_policy:
