@@ -40,6 +40,12 @@ class RolloutOutput:
         return self.response_mask.sum(-1)
 
 
+def _one_position(logits):
+    """(B, 1, V) -> (B, V) as a reshape: the slice [:, 0, :] costs ~1 ms on MindSpore 2.10's CPU (measured,
+    (64, 1, 318)), a tenth of a small model's decode step (qwen2.last_positions)."""
+    return ops.reshape(logits, (logits.shape[0], logits.shape[2]))
+
+
 class _Prefill(nn.Cell):
     def __init__(self, lm: CausalLM, caches_k, caches_v, n_samples: int):
         super().__init__(auto_prefix=False)
@@ -50,7 +56,7 @@ class _Prefill(nn.Cell):
     @ms.jit
     def construct(self, input_ids, position_ids, bias):
         h = self.lm.model.prefill(input_ids, position_ids, bias, self.caches_k, self.caches_v, self.n_samples)
-        return self.lm.gather_vocab(self.lm.head(h[:, -1:, :]))[:, 0, :]
+        return _one_position(self.lm.gather_vocab(self.lm.head(h[:, -1:, :])))
 
 
 class _Decode(nn.Cell):
@@ -62,7 +68,7 @@ class _Decode(nn.Cell):
     @ms.jit
     def construct(self, input_ids, position_ids, bias, kv_index):
         h = self.lm.model.decode(input_ids, position_ids, bias, self.caches_k, self.caches_v, kv_index)
-        return self.lm.gather_vocab(self.lm.head(h))[:, 0, :]
+        return _one_position(self.lm.gather_vocab(self.lm.head(h)))
 
 
 class _Compact(nn.Cell):
