@@ -325,6 +325,9 @@ class DecoderModel(nn.Cell):
         their prompt: the prompt runs once per group (SharedPrompt). Position P - 1 (the prompt's last
         token, which predicts the first response token) is the group's, copied to its rows. Whole model
         only: no pipeline stages, no sequence parallelism."""
+        if self.sp_pad != 1 or not (self.first and self.last):
+            raise ValueError("a shared-prompt forward needs the whole model on one rank's sequence: no pipeline "
+                             "stages, no sequence parallelism")
         rows, length = input_ids.shape
         split = SharedPrompt(rows, group, prompt_len, length - prompt_len, self.cos_table.shape[-1])
 
