@@ -43,7 +43,10 @@ def make_grpo_assets(root: str, rows: int = 64) -> dict:
 
 
 def grpo_overrides(assets: dict, save_dir: str, **extra) -> dict:
+    # share_prompt is on by default for users; these runs check everything else, and its graphs compile ~20%
+    # slower (most of a short test run). Its own tests: test_model_parity (against Hugging Face), test_trainer
+    # (trajectory against whole rows), test_pipeline (micro-batches) and the layout-invariance runs.
     base = dict(assets, save_ckpt_dir=save_dir, total_steps=2, max_tokens=8, num_generations=4, batch_size=2,
-                progress=False, export_hf=False, lr=1e-3)
+                progress=False, export_hf=False, lr=1e-3, share_prompt=False)
     base.update(extra)
     return base

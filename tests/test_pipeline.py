@@ -288,7 +288,8 @@ def test_shipped_tutorial_layout_writes_its_strategy_files(tmp_path):
 def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg):
     """micro_batch_interleave_num 2 (MindFormers' top-level key) cuts each update's mini-batch in two parts run
     one after another: 2 GRPO steps give the same losses, gradient norms and weights as whole mini-batches
-    (<= 1e-5), for the token mean and for a sequence mean (whose parts weigh 1/2 each)."""
+    (<= 1e-5), for the token mean and for a sequence mean (whose parts weigh 1/2 each); each part runs its
+    group's prompt once (run.share_prompt), the whole mini-batch its two groups'."""
     import yaml
     from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
     from mindrlhf.configs.grpo_config import load_grpo_config
@@ -310,9 +311,10 @@ def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg):
     for name, yaml_path in (("whole", assets["sft_path_train"]), ("parts", path)):
         cfg = load_grpo_config(None, grpo_overrides(dict(assets, sft_path_train=yaml_path), str(tmp_path / name),
                                                     loss_agg=agg, beta=0.04, load_sft_checkpoint_train=init,
-                                                    verifier_function="digit_fraction_test"))
+                                                    verifier_function="digit_fraction_test", share_prompt=True))
         trainer = GRPOTrainer(cfg, log=lambda *a: None)
         assert trainer.micro_batches == (2 if name == "parts" else 1)
+        assert trainer.shared_prompt == (4, trainer.prompt_width)     # one group per micro-batch
         history = [trainer.train_one_step() for _ in range(2)]
         results[name] = (history, {p.name: param_as_f32(p).copy() for p in trainer.policy.get_parameters()})
     (h1, w1), (h2, w2) = results["whole"], results["parts"]

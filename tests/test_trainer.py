@@ -400,7 +400,7 @@ def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
     losses, KL, gradient norms and weights as every row run whole; a layout it cannot serve says so."""
     common = dict(total_steps=2, beta=0.05, verifier_function="digit_fraction_test", temperature=0.7,
                   num_iterations=2)          # two groups a mini-batch; the old-policy pass runs too
-    shared = _trainer(assets, tmp_path / "shared", **common)
+    shared = _trainer(assets, tmp_path / "shared", share_prompt=True, **common)
     assert shared.shared_prompt == (4, shared.prompt_width)
     whole = _trainer(assets, tmp_path / "whole", share_prompt=False, **common)
     assert whole.shared_prompt == (0, 0)
@@ -415,7 +415,7 @@ def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
     diff = np.sqrt(sum(np.sum((got[k] - want[k]) ** 2) for k in want))
     assert diff <= 1e-6 * np.sqrt(sum(np.sum(want[k] ** 2) for k in want))
     logs = []
-    split = GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "split"), mini_batch_size=2)),
-                        log=logs.append)
+    split = GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "split"), mini_batch_size=2,
+                                                              share_prompt=True)), log=logs.append)
     assert split.shared_prompt == (0, 0)
     assert any("run.share_prompt" in m and "mini-batches of 2 rows split groups of 4" in m for m in logs), logs

@@ -73,8 +73,8 @@ class RunConfig:
     tensorboard: bool = _f(True, "also write TensorBoard events when a writer is installed (torch's, else "
                                  "tensorboardX); torch's costs ~200 MB of memory on rank 0 for the import alone")
     share_prompt: bool = _f(True, "log-prob and training forwards run each prompt once for its num_generations "
-                            "responses (same values; layouts with pipeline stages, sequence parallelism or "
-                            "micro-batches, or mini-batches that split a group, run every row whole, and say so)")
+                            "responses (same values; layouts with pipeline stages or sequence parallelism, or "
+                            "mini-/micro-batches that split a group, run every row whole, and say so)")
     export_hf: bool = _f(True, "export the final policy as HF safetensors to save_ckpt_dir/hf_policy")
     progress: bool = _f(True, "show a progress bar over steps (rank 0)")
     rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device) or vllm_mindspore "

@@ -159,12 +159,11 @@ class Attention(nn.Cell):
         k = apply_rope(ops.reshape(self.wk(x), (m, self.nkv, self.hd)), cos, sin)
         v = ops.reshape(self.wv(x), (m, self.nkv, self.hd))
         cut = split.prompt_tokens
-        q_p, k_p, v_p = (split.prompt_heads(z[:cut]) for z in (q, k, v))
-        q_r, k_r, v_r = (split.response_heads(z[cut:]) for z in (q, k, v))
-        out_p = self.attend_heads(q_p, k_p, v_p, bias_p)
-        keys = ops.concat((_repeat_rows(k_p, split.group), k_r), 2)       # (N, nkv, P + T, hd)
-        values = ops.concat((_repeat_rows(v_p, split.group), v_r), 2)
-        out_r = self.attend_heads(q_r, keys, values, bias_r)
+        k_p, v_p = split.prompt_heads(k[:cut]), split.prompt_heads(v[:cut])
+        out_p = self.attend_heads(split.prompt_heads(q[:cut]), k_p, v_p, bias_p)
+        keys = ops.concat((_repeat_rows(k_p, split.group), split.response_heads(k[cut:])), 2)   # (N, nkv, P + T, hd)
+        values = ops.concat((_repeat_rows(v_p, split.group), split.response_heads(v[cut:])), 2)
+        out_r = self.attend_heads(split.response_heads(q[cut:]), keys, values, bias_r)
         width = self.nh * self.hd
         return self.wo(ops.concat((ops.reshape(out_p, (cut, width)), ops.reshape(out_r, (m - cut, width))), 0))
 
@@ -217,6 +216,11 @@ class SharedPrompt:
         self.prompts = rows // group
         self.prompt_tokens = self.prompts * prompt_len
         self.head_dim = head_dim
+
+    def tokens(self, z):
+        """(N, P + T) -> (Q*P + N*T,): each group's prompt once, then every response."""
+        return ops.concat((ops.reshape(z[::self.group, :self.prompt_len], (-1,)),
+                           ops.reshape(z[:, self.prompt_len:], (-1,))), 0)
 
     def prompt_heads(self, z):
         """(Q*P, heads, hd) -> (Q, heads, P, hd)."""
@@ -330,13 +334,8 @@ class DecoderModel(nn.Cell):
                              "stages, no sequence parallelism")
         rows, length = input_ids.shape
         split = SharedPrompt(rows, group, prompt_len, length - prompt_len, self.cos_table.shape[-1])
-
-        def tokens(z):
-            """(N, P + T) -> (Q*P + N*T,): each group's prompt once, then every response."""
-            return ops.concat((ops.reshape(z[::group, :prompt_len], (-1,)), ops.reshape(z[:, prompt_len:], (-1,))), 0)
-
-        x = ops.cast(self.tok_embeddings(tokens(input_ids)), self.compute_dtype)       # (M, H)
-        pos = tokens(position_ids)
+        x = ops.cast(self.tok_embeddings(split.tokens(input_ids)), self.compute_dtype)       # (M, H)
+        pos = split.tokens(position_ids)
         cos = ops.expand_dims(ops.gather(self.cos_table, pos, 0), 1)                    # (M, 1, hd)
         sin = ops.expand_dims(ops.gather(self.sin_table, pos, 0), 1)
         bias_p, bias_r = bias[::group, :, :prompt_len, :prompt_len], bias[:, :, prompt_len:, :]

@@ -293,23 +293,18 @@ class GRPOTrainer:
         split = [self.train_mesh.tp > 1 and specs[p.name][1] is not None for p in params]
         temperature = self.sampling_params().logprob_temperature    # the log-prob convention (sampling.py)
         self.on_policy = self._one_update_per_rollout()
-        if self.micro_batches > 1 or self.train_mesh.pp > 1:
-            m = self.micro_batches
-            loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy, m)
+        shared, m, pp = self.shared_prompt, self.micro_batches, self.train_mesh.pp
+        loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy, m, shared)
+        if m > 1 or pp > 1:
             self.train_step = PipelineTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm, m)
-
-            def logprob_cell(model):
-                if self.train_mesh.pp == 1:
-                    return ResponseLogProb(model, smp.max_tokens, temperature)
-                return PipelineLogProb(model, smp.max_tokens, temperature, m)
         else:
-            shared = self.shared_prompt
-            loss_cell = GRPOLossCell(self.policy, rl, smp.max_tokens, temperature, self.on_policy,
-                                     shared_prompt=shared)
             self.train_step = PolicyTrainStep(loss_cell, self.optimizer, self.train_mesh, split, opt.max_grad_norm)
 
-            def logprob_cell(model):
+        def logprob_cell(model):
+            if pp == 1:
                 return ResponseLogProb(model, smp.max_tokens, temperature, shared)
+            return PipelineLogProb(model, smp.max_tokens, temperature, m)
+
         self.policy_logprob = logprob_cell(self.policy)
         self.ref_logprob = logprob_cell(self.ref_model) if self.ref_model else None
         self.updates_per_step = rl.num_iterations * self.geometry.minibatches
@@ -337,10 +332,11 @@ class GRPOTrainer:
         g, mesh = self.cfg.rl.num_generations, self.train_mesh
         if not self.cfg.run.share_prompt or g == 1:
             return 0, 0
+        micro_rows = self.geometry.mini_batch // self.micro_batches
         why = ("pipeline stages" if mesh.pp > 1 else "sequence parallelism" if mesh.seq_parallel
-               else "micro-batches" if self.micro_batches > 1
                else f"mini-batches of {self.geometry.mini_batch} rows split groups of {g}"
                if self.geometry.mini_batch % g else
+               f"micro-batches of {micro_rows} rows split groups of {g}" if micro_rows % g else
                "one-token responses" if self.cfg.sampling.max_tokens < 2 else "")
         if why:
             self.log(f"note: run.share_prompt: every row runs its prompt itself ({why} in the train layout)")
