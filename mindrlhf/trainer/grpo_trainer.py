@@ -332,12 +332,13 @@ class GRPOTrainer:
         g, mesh = self.cfg.rl.num_generations, self.train_mesh
         if not self.cfg.run.share_prompt or g == 1:
             return 0, 0
-        micro_rows = self.geometry.mini_batch // self.micro_batches
-        why = ("pipeline stages" if mesh.pp > 1 else "sequence parallelism" if mesh.seq_parallel
-               else f"mini-batches of {self.geometry.mini_batch} rows split groups of {g}"
-               if self.geometry.mini_batch % g else
-               f"micro-batches of {micro_rows} rows split groups of {g}" if micro_rows % g else
-               "one-token responses" if self.cfg.sampling.max_tokens < 2 else "")
+        mini = self.geometry.mini_batch
+        micro_rows = mini // self.micro_batches
+        obstacles = [(mesh.pp > 1, "pipeline stages"), (mesh.seq_parallel, "sequence parallelism"),
+                     (mini % g, f"mini-batches of {mini} rows split groups of {g}"),
+                     (micro_rows % g, f"micro-batches of {micro_rows} rows split groups of {g}"),
+                     (self.cfg.sampling.max_tokens < 2, "one-token responses")]
+        why = next((reason for present, reason in obstacles if present), "")
         if why:
             self.log(f"note: run.share_prompt: every row runs its prompt itself ({why} in the train layout)")
             return 0, 0
