@@ -217,6 +217,7 @@ def test_export_equals_checkpoint_and_matches_transformers(assets, runs):
         assert np.abs(logits - ref).max() <= 1e-4, name
 
 
+@pytest.mark.slow       # ~100 s; the default run keeps test_trainer's crash inside a save and resume
 def test_sigkill_inside_a_checkpoint_save_then_resume_is_exact(assets, runs, tmp_path):
     """Kill every process of a 2-worker job (train layout: two pipeline stages) while rank 0 is inside step 2's
     checkpoint save (weights half written), resume: final weights, metrics.jsonl (each step once, equal values)

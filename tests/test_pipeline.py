@@ -284,7 +284,8 @@ def test_shipped_tutorial_layout_writes_its_strategy_files(tmp_path):
 
 
 # ---- micro_batch_interleave_num: the same update in parts -------------------------------------------------
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("agg", ["token-mean",        # the sequence mean's weights ~40 s more: slow
+                                 pytest.param("seq-mean-token-mean", marks=pytest.mark.slow)])
 def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg):
     """micro_batch_interleave_num 2 (MindFormers' top-level key) cuts each update's mini-batch in two parts run
     one after another: 2 GRPO steps give the same losses, gradient norms and weights as whole mini-batches

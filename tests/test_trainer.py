@@ -48,6 +48,7 @@ def test_updates_change_the_policy_and_rollout_sees_them(assets, tmp_path):
     assert all(m["rollout_train_logprob_gap"] <= 1e-4 for m in history)
 
 
+@pytest.mark.slow       # ~40 s; test_resume_with_a_moving_reference_is_exact covers it in the default run
 def test_resume_matches_uninterrupted_run(assets, tmp_path):
     from mindrlhf.checkpoint.model_io import save_checkpoint
     from mindrlhf.configs import load_model_yaml

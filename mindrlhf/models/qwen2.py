@@ -21,7 +21,8 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import One, initializer
 
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
-from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, expand_as, linear,
+from mindrlhf.models.graph_ops import expand_as, take
+from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import GatherSeq, Identity, copy_to_tp, enter_tp, gather_from_tp
 from mindrlhf.parallel.layouts import Layout, RoleWeights, role_layouts
@@ -88,14 +89,21 @@ def rope_tables(head_dim: int, max_positions: int, theta: float) -> Tuple[np.nda
     return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
 
 
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return ops.concat((-x[..., half:], x[..., :half]), -1)
+def rope_swap(head_dim: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(index, sign) with x[..., index] * sign == rotate_half(x) == concat(-x[..., half:], x[..., :half])."""
+    half = head_dim // 2
+    index = np.concatenate([np.arange(half, head_dim), np.arange(half)]).astype(np.int32)
+    sign = np.concatenate([-np.ones(half), np.ones(half)]).astype(np.float32)
+    return index, sign
 
 
-def apply_rope(x, cos, sin):
-    """x (B, n, T, hd); cos/sin (B, 1, T, hd)."""
-    return x * expand_as(cos, x) + rotate_half(x) * expand_as(sin, x)
+def apply_rope(x, cos, signed_sin, swap):
+    """x (..., hd) * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as x[..., swap] *
+    signed_sin (sin times rope_swap's sign, folded into the table). A gather instead of two slices and a
+    concat: on MindSpore 2.10's CPU, measured on (16, 4, 64, 32) forward + backward, it compiles in half the
+    time (213 vs 442 ms; each slice costs ~30 ms of type inference, per layer and graph) and runs 8x faster
+    (4.1 vs 32 ms)."""
+    return x * expand_as(cos, x) + ops.gather(x, swap, x.ndim - 1) * expand_as(signed_sin, x)
 
 
 class Attention(nn.Cell):
@@ -115,6 +123,7 @@ class Attention(nn.Cell):
                                        pdt, cdt, std)
         self.wo = RowParallelLinear(cfg.num_heads * self.hd, cfg.hidden_size, mesh, False, pdt, cdt, std)
         self.scale = 1.0 / float(np.sqrt(self.hd))
+        self.rope_swap = Tensor(rope_swap(self.hd)[0])
         self.softmax_dtype = MS_DTYPES[cfg.softmax_compute_type]
 
     def project_qkv(self, x, cos, sin):
@@ -125,7 +134,7 @@ class Attention(nn.Cell):
         v = ops.transpose(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)), (0, 2, 1, 3))
         cos = ops.cast(cos, q.dtype)
         sin = ops.cast(sin, q.dtype)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope(q, cos, sin, self.rope_swap), apply_rope(k, cos, sin, self.rope_swap), v
 
     def attend(self, q, k, v, bias):
         """q (B, nh, T, hd), k/v (B, nkv, S, hd), bias (B, 1, T, S) additive -> (B, T, H) after wo."""
@@ -155,15 +164,15 @@ class Attention(nn.Cell):
         attend among themselves, each sample's response tokens to its group's prompt keys and its own.
         x (M, H), cos/sin (M, 1, hd), bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T) -> (M, H)."""
         m = x.shape[0]
-        q = apply_rope(ops.reshape(self.wq(x), (m, self.nh, self.hd)), cos, sin)
-        k = apply_rope(ops.reshape(self.wk(x), (m, self.nkv, self.hd)), cos, sin)
+        q = apply_rope(ops.reshape(self.wq(x), (m, self.nh, self.hd)), cos, sin, self.rope_swap)
+        k = apply_rope(ops.reshape(self.wk(x), (m, self.nkv, self.hd)), cos, sin, self.rope_swap)
         v = ops.reshape(self.wv(x), (m, self.nkv, self.hd))
         cut = split.prompt_tokens
-        k_p, v_p = split.prompt_heads(k[:cut]), split.prompt_heads(v[:cut])
-        out_p = self.attend_heads(split.prompt_heads(q[:cut]), k_p, v_p, bias_p)
-        keys = ops.concat((_repeat_rows(k_p, split.group), split.response_heads(k[cut:])), 2)   # (N, nkv, P + T, hd)
-        values = ops.concat((_repeat_rows(v_p, split.group), split.response_heads(v[cut:])), 2)
-        out_r = self.attend_heads(split.response_heads(q[cut:]), keys, values, bias_r)
+        k_p, v_p = split.prompt_heads(take(k, 0, 0, cut)), split.prompt_heads(take(v, 0, 0, cut))
+        out_p = self.attend_heads(split.prompt_heads(take(q, 0, 0, cut)), k_p, v_p, bias_p)
+        keys = ops.concat((_repeat_rows(k_p, split.group), split.response_heads(take(k, 0, cut, m))), 2)   # (N, nkv, P + T, hd)
+        values = ops.concat((_repeat_rows(v_p, split.group), split.response_heads(take(v, 0, cut, m))), 2)
+        out_r = self.attend_heads(split.response_heads(take(q, 0, cut, m)), keys, values, bias_r)
         width = self.nh * self.hd
         return self.wo(ops.concat((ops.reshape(out_p, (cut, width)), ops.reshape(out_r, (m - cut, width))), 0))
 
@@ -219,8 +228,9 @@ class SharedPrompt:
 
     def tokens(self, z):
         """(N, P + T) -> (Q*P + N*T,): each group's prompt once, then every response."""
-        return ops.concat((ops.reshape(z[::self.group, :self.prompt_len], (-1,)),
-                           ops.reshape(z[:, self.prompt_len:], (-1,))), 0)
+        prompts = take(take(z, 0, 0, self.rows, self.group), 1, 0, self.prompt_len)
+        responses = take(z, 1, self.prompt_len, self.prompt_len + self.response_len)
+        return ops.concat((ops.reshape(prompts, (-1,)), ops.reshape(responses, (-1,))), 0)
 
     def prompt_heads(self, z):
         """(Q*P, heads, hd) -> (Q, heads, P, hd)."""
@@ -297,12 +307,12 @@ class DecoderModel(nn.Cell):
         cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embedding, cfg.theta)
         rdt = MS_DTYPES[cfg.rotary_dtype]
         self.cos_table = Tensor(cos).astype(rdt)
-        self.sin_table = Tensor(sin).astype(rdt)
+        self.signed_sin_table = Tensor(sin * rope_swap(cfg.head_dim)[1]).astype(rdt)     # see apply_rope
 
     def rope(self, position_ids):
-        """position_ids (B, T) -> cos/sin (B, 1, T, hd)."""
+        """position_ids (B, T) -> cos / signed sin (B, 1, T, hd) (apply_rope)."""
         cos = ops.expand_dims(ops.gather(self.cos_table, position_ids, 0), 1)
-        sin = ops.expand_dims(ops.gather(self.sin_table, position_ids, 0), 1)
+        sin = ops.expand_dims(ops.gather(self.signed_sin_table, position_ids, 0), 1)
         return cos, sin
 
     def construct(self, input_ids, position_ids, bias):
@@ -337,13 +347,15 @@ class DecoderModel(nn.Cell):
         x = ops.cast(self.tok_embeddings(split.tokens(input_ids)), self.compute_dtype)       # (M, H)
         pos = split.tokens(position_ids)
         cos = ops.expand_dims(ops.gather(self.cos_table, pos, 0), 1)                    # (M, 1, hd)
-        sin = ops.expand_dims(ops.gather(self.sin_table, pos, 0), 1)
-        bias_p, bias_r = bias[::group, :, :prompt_len, :prompt_len], bias[:, :, prompt_len:, :]
+        sin = ops.expand_dims(ops.gather(self.signed_sin_table, pos, 0), 1)
+        bias_p = take(take(take(bias, 0, 0, rows, group), 2, 0, prompt_len), 3, 0, prompt_len)
+        bias_r = take(bias, 2, prompt_len, length)
         for layer in self.layers:
             x = layer.shared_prompt(x, cos, sin, bias_p, bias_r, split)
         hidden = x.shape[-1]
-        last = ops.reshape(x[:split.prompt_tokens], (split.prompts, prompt_len, hidden))[:, prompt_len - 1:]
-        responses = ops.reshape(x[split.prompt_tokens:], (rows, split.response_len, hidden))
+        last = take(x, 0, prompt_len - 1, split.prompt_tokens, prompt_len)                   # (Q, H)
+        responses = ops.reshape(take(x, 0, split.prompt_tokens, x.shape[0]), (rows, split.response_len, hidden))
+        last = ops.reshape(last, (split.prompts, 1, hidden))
         return self.norm_out(ops.concat((_repeat_rows(last, group), responses), 1))
 
     def prefill(self, input_ids, position_ids, bias, caches_k, caches_v, n_samples):
@@ -435,7 +447,7 @@ class CausalLM(nn.Cell):
         """The final hidden states of all `length` positions: under sequence parallelism gathered from the TP
         ranks' parts (padding dropped); otherwise they already are."""
         if self.mesh.seq_parallel:
-            hidden = self.gather_seq(hidden)[:, :length]
+            hidden = take(self.gather_seq(hidden), 1, 0, length)
         return hidden
 
     def activation_shape(self, rows: int, length: int) -> Tuple[int, int, int]:
@@ -485,10 +497,8 @@ class CausalLM(nn.Cell):
 
 
 def last_positions(x, n: int):
-    """x[:, -n:], and x itself when that is all of it: MindSpore 2.10's CPU StridedSlice takes milliseconds
-    over a slice that keeps a whole tensor (measured: 6.3 ms for (64, 16, 128), 50x the copy), as it does
-    for an index into an axis of size 1 (`[:, 0, :]`; use a reshape)."""
-    return x if x.shape[1] == n else x[:, -n:]
+    """x[:, -n:] (tp_layers.take), and x itself when that is all of it."""
+    return x if x.shape[1] == n else take(x, 1, x.shape[1] - n, x.shape[1])
 
 
 def _global_layer_names(model: nn.Cell, first_layer: int):

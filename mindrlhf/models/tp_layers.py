@@ -16,28 +16,13 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
 
+from mindrlhf.models.graph_ops import expand_as
 from mindrlhf.models.tp_regions import leave_tp, max_from_tp, reduce_from_tp
 
 MS_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
 _MATMUL_NT = ops.MatMul(transpose_b=True)
-
-
-def expand_as(small, like):
-    """`small` broadcast to `like`'s shape, as its own op, except in a decode step.
-
-    MindSpore 2.10's CPU kernels for broadcasting element-wise arithmetic (x * y[..., :1], x + bias, ...)
-    each keep about four times their output size in memory outside the memory pool, for as long as the
-    compiled graph lives (measured: ~390 MB per node for a 100 MB output). An explicit BroadcastTo followed
-    by a same-shape op stays inside the pool, whose blocks are reused. So every broadcast in the model
-    goes through here. A decode step (one position per sequence: `like.shape[-2] == 1` for hidden states,
-    q/k and scores alike) keeps the implicit broadcast: its tensors are tiny, and the extra kernel cost ~8%
-    of a decode step (measured).
-    """
-    if like.shape[-2] == 1:
-        return small
-    return ops.broadcast_to(small, like.shape)
 
 
 def linear(x, weight, compute_dtype):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from mindspore import nn, ops
 
+from mindrlhf.models.graph_ops import take
 from mindrlhf.parallel.mesh import is_world_group
 
 
@@ -108,7 +109,7 @@ class GatherFromTP(nn.Cell):
     def bprop(self, x, out, dout):
         local = x.shape[-1]
         start = self.tp_index * local
-        return (dout[..., start:start + local],)
+        return (take(dout, dout.ndim - 1, start, start + local),)
 
 
 class ScatterToTP(nn.Cell):
@@ -123,7 +124,7 @@ class ScatterToTP(nn.Cell):
     def construct(self, x):
         local = x.shape[-1] // self.tp
         start = self.tp_index * local
-        return x[..., start:start + local]
+        return take(x, x.ndim - 1, start, start + local)
 
     def bprop(self, x, out, dout):
         return (_gather_last_dim(self.all_gather, dout, self.tp),)
@@ -168,7 +169,7 @@ class GatherSeq(nn.Cell):
 
     def bprop(self, x, out, dout):
         t = x.shape[1]
-        return (self.all_reduce(dout)[:, self.index * t:(self.index + 1) * t],)
+        return (take(self.all_reduce(dout), 1, self.index * t, (self.index + 1) * t),)
 
 
 class ReduceScatterSeq(nn.Cell):
@@ -182,7 +183,7 @@ class ReduceScatterSeq(nn.Cell):
 
     def construct(self, x):
         t = x.shape[1] // self.tp
-        return self.all_reduce(x)[:, self.index * t:(self.index + 1) * t]
+        return take(self.all_reduce(x), 1, self.index * t, (self.index + 1) * t)
 
     def bprop(self, x, out, dout):
         return (_gather_seq(self.all_reduce, dout, self.tp, self.index),)

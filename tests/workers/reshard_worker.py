@@ -38,21 +38,28 @@ def layouts_for(world):
     return cases
 
 
-def rollout_gap(policy, rollout_model, mesh_infer, rank):
-    """Generate on the rollout model, recompute with the policy: max |logprob difference|.
+class RolloutGap:
+    """Generate on the rollout model, recompute with the policy: max |logprob difference|. Built once per case
+    (its graphs compile once; every sync writes the weights they were compiled with in place).
     TP peers of one rollout replica must feed identical prompts, so prompts depend on the DP index."""
-    d = mesh_infer.dp_index
-    prompts = [[5 + d, 9, 3, 17], [11, 2, 40 + 37 * d]]
-    out = GenerationEngine(rollout_model, 0, 8).generate(prompts, SamplingParams(temperature=1.0, max_tokens=6,
-                                                                                   n=2, seed=1))
-    ids, mask = left_pad(out.prompt_ids, 8, 0)
-    local = SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs, out.prompt_index,
-                        np.zeros(len(ids), np.int64))
-    allb = gather_samples(local, mesh_infer)
-    t = training_tensors(allb)
-    logp = ResponseLogProb(policy, 6)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
-    m = allb.response_mask.astype(bool)
-    return float(np.abs(logp.asnumpy()[m] - allb.rollout_logp[m]).max())
+
+    def __init__(self, policy, rollout_model, mesh_infer):
+        self.engine = GenerationEngine(rollout_model, 0, 8)
+        self.logprob = ResponseLogProb(policy, 6)
+        self.mesh = mesh_infer
+
+    def __call__(self):
+        d = self.mesh.dp_index
+        prompts = [[5 + d, 9, 3, 17], [11, 2, 40 + 37 * d]]
+        out = self.engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=6, n=2, seed=1))
+        ids, mask = left_pad(out.prompt_ids, 8, 0)
+        local = SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs, out.prompt_index,
+                            np.zeros(len(ids), np.int64))
+        allb = gather_samples(local, self.mesh)
+        t = training_tensors(allb)
+        logp = self.logprob(t["input_ids"], t["position_ids"], t["bias"], t["labels"])
+        m = allb.response_mask.astype(bool)
+        return float(np.abs(logp.asnumpy()[m] - allb.rollout_logp[m]).max())
 
 
 def main():
@@ -60,23 +67,24 @@ def main():
     rank, world = init_distributed()
     results = []
     for (sdp, stp), (ddp, dtp) in layouts_for(world):
+        src_mesh, dst_mesh = Mesh(sdp, stp, rank), Mesh(ddp, dtp, rank)
+        policy, rollout_model = CausalLM(CFG, src_mesh), CausalLM(CFG, dst_mesh)
+        gap = RolloutGap(policy, rollout_model, dst_mesh)
+        dst_layouts = role_layouts(param_specs(CFG), ddp, dtp)
         for transport in ("shm", "collective"):
-            src_mesh, dst_mesh = Mesh(sdp, stp, rank), Mesh(ddp, dtp, rank)
-            policy, rollout_model = CausalLM(CFG, src_mesh), CausalLM(CFG, dst_mesh)
             w0 = full_weights(0)
             load_full_weights(policy, w0.items(), "w0")
             load_full_weights(rollout_model, full_weights(99).items(), "stale")
             sync = WeightSync(policy.weights(), rollout_model.weights(), transport)
             sync.sync()
-            dst_layouts = role_layouts(param_specs(CFG), ddp, dtp)
             state = model_state(rollout_model)
             exact = all(np.array_equal(state[n], dst_layouts[n].shard(w0[n], rank)) for n in w0)
             # an "optimizer step": new policy weights; a skipped sync must show as a logprob gap
             w1 = {n: a + 0.05 * np.sign(a) for n, a in w0.items()}
             load_full_weights(policy, w1.items(), "w1")
-            stale_gap = rollout_gap(policy, rollout_model, dst_mesh, rank)
+            stale_gap = gap()
             sync.sync()
-            synced_gap = rollout_gap(policy, rollout_model, dst_mesh, rank)
+            synced_gap = gap()
             sync.close()
             results.append({"case": f"dp{sdp}tp{stp}->dp{ddp}tp{dtp}", "transport": transport, "exact": exact,
                             "synced_gap": synced_gap, "stale_gap": stale_gap, "seconds": sync.last_seconds})
