@@ -420,3 +420,42 @@ def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
                                                               share_prompt=True)), log=logs.append)
     assert split.shared_prompt == (0, 0)
     assert any("run.share_prompt" in m and "mini-batches of 2 rows split groups of 4" in m for m in logs), logs
+
+
+# ---- run.enable_compile_cache: one cache directory per job -----------------------------------------------
+def test_compile_cache_directory_changes_with_anything_that_changes_the_graphs(assets, tmp_path):
+    """MindSpore's compile cache hands out graphs by compile order and checks only the Python sources, so
+    a job that compiles other graphs (another temperature baked into the log-prob graphs, another model, a
+    resumed run starting elsewhere) must not read this one's cache; the same job must."""
+    from mindrlhf.trainer.node_check import compile_cache_dir
+
+    def key(**extra):
+        return compile_cache_dir(load_grpo_config(None, grpo_overrides(assets, str(tmp_path), **extra)), 0)
+
+    base = key()
+    assert os.path.dirname(base) == str(tmp_path / "compile_cache") and key() == base
+    assert key(temperature=0.7) != base and key(max_tokens=6) != base and key(num_generations=2) != base
+    other_model = model_yaml(str(tmp_path / "kv1.yaml"), n_kv_heads=1)
+    assert key(sft_path_train=other_model) != base
+    assert compile_cache_dir(load_grpo_config(None, grpo_overrides(assets, str(tmp_path))), 2) != base
+
+
+@pytest.mark.slow       # two subprocess runs, ~40 s
+def test_a_changed_model_does_not_run_the_previous_jobs_cached_graphs(assets, tmp_path):
+    """With enable_compile_cache, a second job in the same save_ckpt_dir with another model (1 kv head
+    instead of 2) trains: it compiles its own graphs. Measured before the cache was keyed by job: the
+    second job loaded the first one's graphs and failed in an Assign kernel."""
+    import subprocess
+    import sys
+    from grpo_helpers import REPO
+    worker = os.path.join(REPO, "tests", "workers", "grpo_worker.py")
+    save = str(tmp_path / "ckpt")
+    for name, yaml_path in (("kv2", assets["sft_path_train"]),
+                            ("kv1", model_yaml(str(tmp_path / "kv1.yaml"), n_kv_heads=1))):
+        flags = dict(grpo_overrides(assets, save, sft_path_train=yaml_path, total_steps=1, save_steps=0,
+                                    enable_compile_cache=True), rollout_log_file="")
+        args = [x for k, v in flags.items() for x in (f"--{k}", str(v))]
+        proc = subprocess.run([sys.executable, worker] + args, env=dict(os.environ, PYTHONPATH=REPO),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        assert proc.returncode == 0, (name, proc.stdout[-3000:])
+    assert len(os.listdir(os.path.join(save, "compile_cache"))) == 2

@@ -54,8 +54,9 @@ class RunConfig:
     cpu_threads: int = _f(0, "CPU kernel threads per rank (MindSpore's op_tuning.threads_num, whose default is 25); 0: "
                              "the cores this process may use divided by the ranks on its node when that is 4 or "
                              "more, else 1 (utils/cpu_threads.py says why). Ignored on Ascend")
-    enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache (MindSpore "
-                                     "enable_compile_cache) to start faster next time")
+    enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache/<job key> "
+                                     "(MindSpore enable_compile_cache) so the same job starts faster next time; "
+                                     "another config, model, tokenizer, dataset or resume step gets its own key")
     resume: bool = _f(False, "continue from the newest checkpoint complete on every node (agreed by all ranks)")
     checkpoint_storage: str = _f("shared", "shared: save_ckpt_dir is one filesystem seen by every node (rank 0 marks "
                                  "steps complete); node_local: each node's own disk, each node writes its ranks' "

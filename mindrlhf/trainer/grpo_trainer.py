@@ -44,7 +44,7 @@ from mindrlhf.trainer import checkpointing, exchange
 from mindrlhf.trainer.experience_file import write_experience
 from mindrlhf.trainer.grpo_math import group_advantages, informative_groups, overlong_penalty
 from mindrlhf.trainer.metrics import MetricsLogger, sample_metrics
-from mindrlhf.trainer.node_check import check_nodes_agree
+from mindrlhf.trainer.node_check import check_nodes_agree, compile_cache_dir
 from mindrlhf.trainer.optim import AdamW, scheduled_lr
 from mindrlhf.trainer.rollout_log import RolloutLog
 from mindrlhf.trainer.samples import SampleBatch, ScoredBatch, training_tensors
@@ -78,8 +78,9 @@ class GRPOTrainer:
         self._set_cpu_threads()
         ms.set_seed(cfg.run.seed)
         if cfg.run.enable_compile_cache:
-            ms.set_context(enable_compile_cache=True,
-                           compile_cache_path=os.path.join(cfg.run.save_ckpt_dir, "compile_cache"))
+            resume_step = (checkpointing.complete_steps(cfg.run.save_ckpt_dir) or [0])[-1] if cfg.run.resume else 0
+            self.compile_cache_dir = compile_cache_dir(cfg, resume_step)
+            ms.set_context(enable_compile_cache=True, compile_cache_path=self.compile_cache_dir)
         self._read_configs()      # configs, layouts, file checks: cheap, and identical on every rank
         self._setup_data()        # tokenizer, dataset and the checks that need them
         self._setup_models()      # only now the expensive part: build and load weights, first sync

@@ -1,18 +1,22 @@
-"""Before any training, every node must be running the same job: the same code, config, data and world
-size. Each rank sends a few fingerprints (one all-gather); the first rank that differs from rank 0 stops
-the job on every rank with an error naming its node and what differs. Paths may differ between nodes
-(node-local disks, other mount points), so the config is compared without them and the files by content
-(model YAMLs) or size (the prompt MindRecord).
+"""Fingerprints of a job. Before any training, every node must be running the same job: the same code,
+config, data and world size. Each rank sends a few fingerprints (one all-gather); the first rank that
+differs from rank 0 stops the job on every rank with an error naming its node and what differs. Paths may
+differ between nodes (node-local disks, other mount points), so the config is compared without them and
+the files by content (model YAMLs) or size (the prompt MindRecord). The compile cache's directory is named
+by a fingerprint too (`compile_cache_dir`).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import zlib
 from typing import Dict
 
 import numpy as np
+
+import mindspore as ms
 
 import mindrlhf
 from mindrlhf.configs.errors import ConfigError
@@ -77,3 +81,31 @@ def check_nodes_agree(cfg, nodes: Nodes):
             raise ConfigError(f"node {nodes.node_of_rank[other]} (rank {other}) differs from node 0 (rank 0) in: "
                               f"{', '.join(differ)}; every node must run the same code, config and data "
                               f"(checked before any training)")
+
+
+def _file_stamp(path: str) -> str:
+    """Which file this is, cheaply: its size and modification time (a dataset may be gigabytes)."""
+    if not (path and os.path.exists(path)):
+        return "-"
+    st = os.stat(path)
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def compile_cache_dir(cfg, resume_step: int) -> str:
+    """save_ckpt_dir/compile_cache/<key>: one directory per job. MindSpore's compile cache hands out its
+    graphs by the order they were compiled in and checks only the Python sources (measured with MindSpore
+    2.10: a cache written by a model with 4 kv heads, read by one with 2, ran the stale graphs and failed in
+    an Assign kernel; a changed constant such as the temperature would be used silently). So the key holds
+    whatever decides which graphs compile, in which order: MindSpore's version, mindrlhf's sources, the
+    whole config (paths included), the model YAMLs and tokenizer by content, the datasets by size and
+    modification time, the world size, and the step a resumed run starts from."""
+    run = cfg.run
+    parts = [ms.__version__, str(code_fingerprint()), str(distributed_env()[1]), str(resume_step),
+             json.dumps({f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)},
+                        sort_keys=True)]
+    for path in (run.sft_path_train, run.sft_path_infer, run.sft_path_ref, run.vocab_path, run.merges_file_path):
+        parts.append(str(_file_crc(path)))
+    for path in (run.mind_dataset_dir, run.eval_dataset):
+        parts.append(_file_stamp(path))
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return os.path.join(run.save_ckpt_dir, "compile_cache", key)
