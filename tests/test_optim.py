@@ -25,8 +25,9 @@ def test_adamw_matches_torch(fused):
             "layer.attention_norm.weight": rng.standard_normal(16).astype(np.float32)}
     params = [Parameter(Tensor(v.copy()), name=k) for k, v in init.items()]
     opt = AdamW(params, weight_decay=0.1)
-    assert opt.fused == (True, True)
-    opt.fused = (fused, fused)
+    assert opt.fused_ids == (0, 1) and opt.composite_ids == ()
+    if not fused:                                  # the float32 parameters through the composite update
+        opt.fused_ids, opt.composite_ids = (), (0, 1)
     step = _Apply(opt)
     ref = {k: torch.nn.Parameter(torch.tensor(v.copy())) for k, v in init.items()}
     torch_opt = torch.optim.AdamW([{"params": [ref["layer.w.weight"]], "weight_decay": 0.1},
@@ -82,6 +83,7 @@ def test_zero_learning_rate_leaves_weights_unchanged(fused):
     init = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
     param = Parameter(Tensor(init.copy()), name="layer.w.weight")
     opt = AdamW([param], weight_decay=0.1)
-    opt.fused = (fused,)
+    if not fused:
+        opt.fused_ids, opt.composite_ids = (), (0,)
     _Apply(opt)((Tensor(np.ones((4, 8), np.float32)),), Tensor(np.float32(0.0)), Tensor(np.float32(1.0)))
     np.testing.assert_array_equal(param.asnumpy(), init)

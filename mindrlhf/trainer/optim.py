@@ -33,7 +33,10 @@ class AdamW(nn.Cell):
         self.exp_avg = self.params.clone(prefix="adam_m", init="zeros")
         self.exp_avg_sq = self.params.clone(prefix="adam_v", init="zeros")
         self.decay = tuple(0.0 if no_decay(p.name) else float(weight_decay) for p in params)
-        self.fused = tuple(p.dtype == ms.float32 for p in params)
+        # which parameters take the fused kernel, fixed here (an `if` per parameter inside the graph's loop
+        # would compile into a branch per parameter)
+        self.fused_ids = tuple(i for i, p in enumerate(params) if p.dtype == ms.float32)
+        self.composite_ids = tuple(i for i, p in enumerate(params) if p.dtype != ms.float32)
         self.adam = ops.AdamWeightDecay()
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.step = Parameter(Tensor(np.array([0], np.int32)), name="adam_step", requires_grad=False)
@@ -50,16 +53,16 @@ class AdamW(nn.Cell):
         fused_lr = lr * sqrt_bc2 / bc1
         fused_eps = self.eps * sqrt_bc2
         decay_per_unit = bc1 / sqrt_bc2          # decay' = lr * decay / lr', with lr cancelled: finite at lr = 0
+        # one parameter at a time (control dependency on the previous update): otherwise the graph may run
+        # every parameter's update at once and hold all their temporaries in the pool together
         done = step
-        for i in range(len(self.params)):
-            # one parameter at a time (control dependency on the previous update): otherwise the graph may
-            # run every parameter's update at once and hold all their temporaries in the pool together
-            p, g = self.params[i], ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
-            if self.fused[i]:
-                done = self.adam(p, self.exp_avg[i], self.exp_avg_sq[i], fused_lr, self.beta1, self.beta2,
-                                 fused_eps, self.decay[i] * decay_per_unit, g)
-            else:
-                done = self._composite_update(i, p, g, lr, bc1, sqrt_bc2)
+        for i in self.fused_ids:
+            g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
+            done = self.adam(self.params[i], self.exp_avg[i], self.exp_avg_sq[i], fused_lr, self.beta1, self.beta2,
+                             fused_eps, self.decay[i] * decay_per_unit, g)
+        for i in self.composite_ids:
+            g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
+            done = self._composite_update(i, self.params[i], g, lr, bc1, sqrt_bc2)
         return step
 
     def _composite_update(self, i, p, g, lr, bc1, sqrt_bc2):

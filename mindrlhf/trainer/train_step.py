@@ -96,7 +96,10 @@ class SplitNormSum(nn.Cell):
 
     def __init__(self, split_flags, mesh):
         super().__init__()
-        self.split_flags = tuple(split_flags)
+        # the two index lists are fixed here: an `if` per parameter inside the graph's loop would compile
+        # into a branch per parameter (type inference time)
+        self.split_ids = tuple(i for i, split in enumerate(split_flags) if split)
+        self.replicated_ids = tuple(i for i, split in enumerate(split_flags) if not split)
         self.reduce = reduce_from_tp(mesh)
         self.pp = mesh.pp
         if mesh.pp > 1:
@@ -104,11 +107,10 @@ class SplitNormSum(nn.Cell):
 
     def construct(self, squares):
         split, replicated = ops.zeros((), ms.float32), ops.zeros((), ms.float32)
-        for i in range(len(squares)):
-            if self.split_flags[i]:
-                split = split + squares[i]
-            else:
-                replicated = replicated + squares[i]
+        for i in self.split_ids:
+            split = split + squares[i]
+        for i in self.replicated_ids:
+            replicated = replicated + squares[i]
         total = self.reduce(split) + replicated
         if self.pp > 1:
             total = self.stage_sum(total)
