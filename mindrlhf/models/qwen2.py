@@ -170,7 +170,8 @@ class Attention(nn.Cell):
         cut = split.prompt_tokens
         k_p, v_p = split.prompt_heads(take(k, 0, 0, cut)), split.prompt_heads(take(v, 0, 0, cut))
         out_p = self.attend_heads(split.prompt_heads(take(q, 0, 0, cut)), k_p, v_p, bias_p)
-        keys = ops.concat((_repeat_rows(k_p, split.group), split.response_heads(take(k, 0, cut, m))), 2)   # (N, nkv, P + T, hd)
+        # (N, nkv, P + T, hd): the group's prompt keys, then the row's own
+        keys = ops.concat((_repeat_rows(k_p, split.group), split.response_heads(take(k, 0, cut, m))), 2)
         values = ops.concat((_repeat_rows(v_p, split.group), split.response_heads(take(v, 0, cut, m))), 2)
         out_r = self.attend_heads(split.response_heads(take(q, 0, cut, m)), keys, values, bias_r)
         width = self.nh * self.hd
@@ -497,7 +498,7 @@ class CausalLM(nn.Cell):
 
 
 def last_positions(x, n: int):
-    """x[:, -n:] (tp_layers.take), and x itself when that is all of it."""
+    """x[:, -n:] (graph_ops.take), and x itself when that is all of it."""
     return x if x.shape[1] == n else take(x, 1, x.shape[1] - n, x.shape[1])
 
 

@@ -95,7 +95,8 @@ def compile_cache_dir(cfg, resume_step: int) -> str:
     """save_ckpt_dir/compile_cache/<key>: one directory per job. MindSpore's compile cache hands out its
     graphs by the order they were compiled in and checks only the Python sources (measured with MindSpore
     2.10: a cache written by a model with 4 kv heads, read by one with 2, ran the stale graphs and failed in
-    an Assign kernel; a changed constant such as the temperature would be used silently). So the key holds
+    an Assign kernel; a graph scaling by 1 / T, cached at T = 0.5 and run at T = 0.25, silently kept 0.5's
+    result). So the key holds
     whatever decides which graphs compile, in which order: MindSpore's version, mindrlhf's sources, the
     whole config (paths included), the model YAMLs and tokenizer by content, the datasets by size and
     modification time, the world size, and the step a resumed run starts from."""
