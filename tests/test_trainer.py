@@ -458,4 +458,5 @@ def test_a_changed_model_does_not_run_the_previous_jobs_cached_graphs(assets, tm
         proc = subprocess.run([sys.executable, worker] + args, env=dict(os.environ, PYTHONPATH=REPO),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
         assert proc.returncode == 0, (name, proc.stdout[-3000:])
+        assert "compile cache: " + os.path.join(save, "compile_cache") in proc.stdout
     assert len(os.listdir(os.path.join(save, "compile_cache"))) == 2

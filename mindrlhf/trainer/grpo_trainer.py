@@ -81,6 +81,8 @@ class GRPOTrainer:
             resume_step = (checkpointing.complete_steps(cfg.run.save_ckpt_dir) or [0])[-1] if cfg.run.resume else 0
             self.compile_cache_dir = compile_cache_dir(cfg, resume_step)
             ms.set_context(enable_compile_cache=True, compile_cache_path=self.compile_cache_dir)
+            self.log(f"compile cache: {self.compile_cache_dir} (this job's; another config, model, tokenizer, "
+                     f"dataset or resume step gets another directory)")
         self._read_configs()      # configs, layouts, file checks: cheap, and identical on every rank
         self._setup_data()        # tokenizer, dataset and the checks that need them
         self._setup_models()      # only now the expensive part: build and load weights, first sync
