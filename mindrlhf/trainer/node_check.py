@@ -54,15 +54,21 @@ def _file_crc(path: str) -> int:
         return _crc(fh.read())
 
 
-def fingerprints(cfg) -> Dict[str, int]:
+def _config_json(cfg, with_paths: bool) -> str:
+    """Every section of the GRPO config as sorted JSON; without PATH_FIELDS unless `with_paths`."""
     sections = {f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
-    for name in PATH_FIELDS:
-        sections["run"].pop(name, None)
+    if not with_paths:
+        for name in PATH_FIELDS:
+            sections["run"].pop(name, None)
+    return json.dumps(sections, sort_keys=True)
+
+
+def fingerprints(cfg) -> Dict[str, int]:
     run = cfg.run
     data = run.mind_dataset_dir
     size = os.path.getsize(data) if data and os.path.isfile(data) else -1
     return {"world size": distributed_env()[1] % _MOD, "mindrlhf code (version and sources)": code_fingerprint(),
-            "GRPO config (paths aside)": _crc(json.dumps(sections, sort_keys=True).encode()),
+            "GRPO config (paths aside)": _crc(_config_json(cfg, with_paths=False).encode()),
             f"sft_path_train ({run.sft_path_train}) contents": _file_crc(run.sft_path_train),
             f"sft_path_infer ({run.sft_path_infer}) contents": _file_crc(run.sft_path_infer),
             f"size of mind_dataset_dir ({data})": size % _MOD if size >= 0 else -1}
@@ -96,14 +102,12 @@ def compile_cache_dir(cfg, resume_step: int) -> str:
     graphs by the order they were compiled in and checks only the Python sources (measured with MindSpore
     2.10: a cache written by a model with 4 kv heads, read by one with 2, ran the stale graphs and failed in
     an Assign kernel; a graph scaling by 1 / T, cached at T = 0.5 and run at T = 0.25, silently kept 0.5's
-    result). So the key holds
-    whatever decides which graphs compile, in which order: MindSpore's version, mindrlhf's sources, the
-    whole config (paths included), the model YAMLs and tokenizer by content, the datasets by size and
-    modification time, the world size, and the step a resumed run starts from."""
+    result). So the key holds whatever decides which graphs compile, in which order: MindSpore's version,
+    mindrlhf's sources, the whole config (paths included), the model YAMLs and tokenizer by content, the
+    datasets by size and modification time, the world size, and the step a resumed run starts from."""
     run = cfg.run
     parts = [ms.__version__, str(code_fingerprint()), str(distributed_env()[1]), str(resume_step),
-             json.dumps({f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)},
-                        sort_keys=True)]
+             _config_json(cfg, with_paths=True)]
     for path in (run.sft_path_train, run.sft_path_infer, run.sft_path_ref, run.vocab_path, run.merges_file_path):
         parts.append(str(_file_crc(path)))
     for path in (run.mind_dataset_dir, run.eval_dataset):
