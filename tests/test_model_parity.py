@@ -26,6 +26,20 @@ def test_logits_match_hf(tmp_path, rng, bias, tie, kv):
     assert np.abs(got - ref).max() <= 1e-4
 
 
+def test_causal_bias_is_causal_and_masks_padded_keys():
+    """Checked cell by cell against the definition; the Tensor and numpy inputs give the same bias."""
+    from mindspore import Tensor
+    from mindrlhf.models.qwen2 import NEG_INF, causal_bias
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 1]], np.int32)
+    got = causal_bias(mask).asnumpy()
+    assert got.shape == (3, 1, 5, 5) and got.dtype == np.float32
+    for b in range(3):
+        for i in range(5):
+            for j in range(5):
+                assert got[b, 0, i, j] == np.float32(0.0 if j <= i and mask[b, j] else NEG_INF), (b, i, j)
+    assert np.array_equal(causal_bias(Tensor(mask)).asnumpy(), got)
+
+
 def test_left_padded_logits_match_hf(tmp_path, rng):
     hf = make_hf_model(str(tmp_path), qkv_bias=True, tie=False, n_kv_heads=2)
     ours = load_ours(str(tmp_path), ModelConfig(**tiny_model_kwargs(True, False, 2)))

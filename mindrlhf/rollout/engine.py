@@ -197,7 +197,7 @@ class GenerationEngine:
         rows = b * n
         ids, mask = left_pad(prompts, p_len, self.pad_token_id)
         logits = self._prefill(b, p_len, total, n)(Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)),
-                                                   causal_bias(Tensor(mask.astype(np.int32)))).asnumpy()
+                                                   causal_bias(mask)).asnumpy()
         logits = np.repeat(logits, n, axis=0)                                      # (rows, V)
 
         seen = None

@@ -79,6 +79,6 @@ def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:
     return {
         "input_ids": Tensor(inputs.astype(np.int32)),
         "position_ids": Tensor(pos.astype(np.int32)),
-        "bias": causal_bias(Tensor(in_mask.astype(np.int32))),
+        "bias": causal_bias(in_mask),
         "labels": Tensor(labels.astype(np.int32)),
     }

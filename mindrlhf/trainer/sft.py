@@ -56,7 +56,7 @@ def sft_warmup(model: CausalLM, pretrain_ids: np.ndarray, loss_mask: np.ndarray,
         x, m, a = ids[rows], mask[rows], attn[rows]
         pos = np.maximum(np.cumsum(a[:, :-1], 1) - 1, 0)
         loss = step_fn(Tensor(x[:, :-1].astype(np.int32)), Tensor(pos.astype(np.int32)),
-                       causal_bias(Tensor(a[:, :-1])), Tensor(x[:, 1:].astype(np.int32)),
+                       causal_bias(a[:, :-1]), Tensor(x[:, 1:].astype(np.int32)),
                        Tensor(m[:, 1:].astype(np.float32)), Tensor(np.float32(lr_at(step, lr, steps // 10, steps))))
         losses.append(float(loss.asnumpy()))
         if log and (step + 1) % max(1, steps // 5) == 0:
