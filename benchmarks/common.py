@@ -16,8 +16,9 @@ BENCH_MODEL = dict(hidden_size=512, num_layers=4, num_heads=8, n_kv_heads=2, int
 
 
 def ours_kernel_threads() -> int:
-    """Our side's MindSpore CPU kernel threads, chosen as the trainer chooses them (run.cpu_threads auto)."""
-    from mindrlhf.utils.cpu_threads import auto_threads, set_kernel_threads
+    """Our side's MindSpore CPU runtime, set as the trainer sets it (calling-thread runs, run.cpu_threads auto)."""
+    from mindrlhf.utils.cpu_threads import auto_threads, run_in_calling_thread, set_kernel_threads
+    run_in_calling_thread()
     return set_kernel_threads(auto_threads(1)[0])
 
 

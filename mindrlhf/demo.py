@@ -138,6 +138,8 @@ def stage_warmup(work: str, paths: Dict[str, str], steps: int) -> str:
     from mindrlhf.data.mindrecord_io import read_mindrecord
     from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.trainer.sft import sft_warmup
+    from mindrlhf.utils.cpu_threads import run_in_calling_thread
+    run_in_calling_thread()     # before the first graph: see utils/cpu_threads.py (this is CPU-only code)
     say(5, f"supervised warm-up, {steps} steps (mostly bare-number answers; 20% in the '#### n' form)")
     ms.set_seed(0)
     model = CausalLM(load_model_yaml(paths["single"]).model)

@@ -36,6 +36,8 @@ def test_demo_short_run_produces_every_artifact(tmp_path):
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     assert summary["hf_export_loads"] is True
     assert os.path.isfile(tmp_path / "grpo_ckpt" / "hf_policy" / "model.safetensors")
+    with open(tmp_path / "grpo_log" / "worker_0.log", errors="replace") as fh:
+        assert "MS_DEV_HOST_BLOCKING_RUN=1" in fh.read()     # the trainer's CPU runtime choice (cpu_threads)
 
 
 @pytest.mark.slow

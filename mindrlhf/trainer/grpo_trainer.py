@@ -69,6 +69,7 @@ class TrainingError(RuntimeError):
 class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, log=print):
         self.cfg = cfg
+        blocking = cpu_threads.run_in_calling_thread() if not on_ascend() else None   # before anything runs
         self.rank, self.world = init_distributed() if cfg.run.use_parallel else (0, 1)
         self.log = log if self.rank == 0 else (lambda *a, **k: None)
         self.nodes = discover_nodes() if cfg.run.use_parallel else Nodes([0], 0)
@@ -76,6 +77,9 @@ class GRPOTrainer:
             check_nodes_agree(cfg, self.nodes)    # before anything else: every node runs the same job
         self._report_storage()
         self._set_cpu_threads()
+        if blocking is not None:
+            self.log(f"MindSpore host work in the calling thread: {cpu_threads.BLOCKING_RUN}={blocking} "
+                     f"(utils/cpu_threads.py says why)")
         ms.set_seed(cfg.run.seed)
         if cfg.run.enable_compile_cache:
             resume_step = (checkpointing.complete_steps(cfg.run.save_ckpt_dir) or [0])[-1] if cfg.run.resume else 0
