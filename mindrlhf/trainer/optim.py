@@ -20,13 +20,15 @@ def no_decay(name: str) -> bool:
 
 
 class AdamW(nn.Cell):
-    """torch.optim.AdamW's update. float32 parameters go through MindSpore's fused, in-place
-    AdamWeightDecay kernel with per-step arguments that add the bias correction it lacks:
-    lr' = lr * sqrt(bc2) / bc1, eps' = eps * sqrt(bc2), decay' = decay * bc1 / sqrt(bc2) (algebraically torch's
-    update; matches it to ~1e-6 in tests). That avoids ~10 parameter-sized temporaries per parameter in
-    the memory pool, which on CPU never shrinks. Other dtypes take the composite path in float32.
+    """torch.optim.AdamW's update. float32 parameters go through MindSpore's fused, in-place Adam
+    kernel (ApplyAdam) with the bias correction folded into its per-step arguments: beta powers 0 (so it
+    applies lr as given), lr' = lr * sqrt(bc2) / bc1 and eps' = eps * sqrt(bc2) (algebraically torch's update;
+    matches it to ~1e-6 in tests); decayed parameters are first scaled by 1 - lr * decay, as torch does. That
+    avoids ~10 parameter-sized temporaries per parameter in the memory pool, which on CPU never shrinks.
+    The CPU ApplyAdam kernel is vectorized: 26 ms per 16.4M-element parameter against 320 ms for
+    MindSpore's AdamWeightDecay kernel and 87 ms for torch's AdamW (AMD EPYC, measured side by side).
+    Other dtypes take the composite path in float32.
     """
-
     def __init__(self, params, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8):
         super().__init__(auto_prefix=False)
         self.params = ms.ParameterTuple(params)
@@ -37,7 +39,7 @@ class AdamW(nn.Cell):
         # would compile into a branch per parameter)
         self.fused_ids = tuple(i for i, p in enumerate(params) if p.dtype == ms.float32)
         self.composite_ids = tuple(i for i, p in enumerate(params) if p.dtype != ms.float32)
-        self.adam = ops.AdamWeightDecay()
+        self.adam = ops.Adam()
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.step = Parameter(Tensor(np.array([0], np.int32)), name="adam_step", requires_grad=False)
 
@@ -52,14 +54,15 @@ class AdamW(nn.Cell):
         sqrt_bc2 = ops.sqrt(1.0 - ops.pow(self.beta2, t))
         fused_lr = lr * sqrt_bc2 / bc1
         fused_eps = self.eps * sqrt_bc2
-        decay_per_unit = bc1 / sqrt_bc2          # decay' = lr * decay / lr', with lr cancelled: finite at lr = 0
         # one parameter at a time (control dependency on the previous update): otherwise the graph may run
         # every parameter's update at once and hold all their temporaries in the pool together
         done = step
         for i in self.fused_ids:
             g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
-            done = self.adam(self.params[i], self.exp_avg[i], self.exp_avg_sq[i], fused_lr, self.beta1, self.beta2,
-                             fused_eps, self.decay[i] * decay_per_unit, g)
+            if self.decay[i]:
+                g = ops.depend(g, ops.assign(self.params[i], self.params[i] * (1.0 - lr * self.decay[i])))
+            done = self.adam(self.params[i], self.exp_avg[i], self.exp_avg_sq[i], 0.0, 0.0, fused_lr, self.beta1, self.beta2,
+                             fused_eps, g)
         for i in self.composite_ids:
             g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
             done = self._composite_update(i, self.params[i], g, lr, bc1, sqrt_bc2)
