@@ -120,3 +120,33 @@ def test_shared_prompt_logprobs_and_gradients_match_hf(tmp_path, rng, bias, tie,
         ref = hf_params[ms_to_hf_name(p.name)].grad.numpy()
         rel = np.abs(grad.asnumpy() - ref).max() / np.abs(ref).max()
         assert rel <= 1e-4, (p.name, rel)
+
+
+def test_head_logprob_backward_matches_torch_with_per_token_weights(rng):
+    """HeadLogProb's written-out backward (tp = 1): log-probs, entropy and the gradients of a loss with signed
+    per-token weights (as GRPO's advantages) w.r.t. the hidden states and the head weight, against torch's
+    autograd; the entropy carries no gradient."""
+    import torch
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindrlhf.models.tp_layers import HeadLogProb
+    hidden = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    weight = rng.standard_normal((40, 8)).astype(np.float32)
+    labels = rng.randint(0, 40, (2, 5)).astype(np.int32)
+    token_w = rng.standard_normal((2, 5)).astype(np.float32)
+    cell = HeadLogProb()
+
+    def loss_fn(h, w):
+        logprob, entropy, _ = cell(h, w, Tensor(labels))
+        return (logprob * Tensor(token_w)).sum() + 0.5 * entropy.sum(), logprob, entropy
+
+    (_, logprob, entropy), (dh, dw) = ms.value_and_grad(loss_fn, (0, 1), has_aux=True)(Tensor(hidden), Tensor(weight))
+    th, tw = torch.tensor(hidden, requires_grad=True), torch.tensor(weight, requires_grad=True)
+    logp_all = torch.log_softmax(th @ tw.T, -1)
+    ref_logprob = logp_all.gather(-1, torch.tensor(labels, dtype=torch.int64)[..., None])[..., 0]
+    ref_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    ((ref_logprob * torch.tensor(token_w)).sum() + 0.5 * ref_entropy.detach().sum()).backward()
+    np.testing.assert_allclose(logprob.asnumpy(), ref_logprob.detach().numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(entropy.asnumpy(), ref_entropy.detach().numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(dh.asnumpy(), th.grad.numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(dw.asnumpy(), tw.grad.numpy(), atol=1e-5, rtol=0)

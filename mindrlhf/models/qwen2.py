@@ -22,7 +22,7 @@ from mindspore.common.initializer import One, initializer
 
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
 from mindrlhf.models.graph_ops import expand_as, take
-from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, RowParallelLinear, linear,
+from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, HeadLogProb, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import GatherSeq, Identity, copy_to_tp, enter_tp, gather_from_tp
 from mindrlhf.parallel.layouts import Layout, RoleWeights, role_layouts
@@ -430,7 +430,9 @@ class CausalLM(nn.Cell):
                                                 MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype],
                                                 cfg.initializer_range)
         self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
-        self.logprob_fn = VocabParallelLogProb(cfg.vocab_size, mesh)
+        # one TP rank holds the whole vocabulary: the head and the log-prob in one cell with its own backward
+        self.logprob_fn = (HeadLogProb(self.compute_dtype) if mesh.tp == 1
+                           else VocabParallelLogProb(cfg.vocab_size, mesh))
         self.gather_vocab = gather_from_tp(mesh)
         if mesh.pp > 1:
             _global_layer_names(self, self.model.layer_ids.start)
@@ -494,6 +496,9 @@ class CausalLM(nn.Cell):
             hidden, labels = last_positions(hidden, last_n), last_positions(labels, last_n)
         if temperature != 1.0:
             hidden = hidden * (1.0 / temperature)
+        if self.mesh.tp == 1:
+            weight = self.model.tok_embeddings.embedding_weight if self.tie else self.lm_head.weight
+            return self.logprob_fn(hidden, weight, labels)[:2]
         return self.logprob_fn(self.head(hidden), labels)
 
 

@@ -109,6 +109,50 @@ class VocabParallelEmbedding(nn.Cell):
         return self.reduce(emb)
 
 
+class HeadLogProb(nn.Cell):
+    """log p(label) and entropy under softmax(hidden @ weight^T) over the whole vocabulary (one TP rank),
+    with the backward written out.
+
+    Autodiff would run LogSoftmaxGrad over the (tokens, vocab) logits, which MindSpore's CPU backend hands
+    to oneDNN's scalar reference code (0.58 s of a 7 s train step at vocab 32000; torch's takes 0.14 s).
+    Here d logp[label] / d logits = onehot - softmax is one exp over the stored log-softmax and a scatter,
+    and each token's incoming gradient scales the hidden-sized rows around the two head matmuls instead
+    of the vocabulary-sized ones. The entropy is a metric: no gradient flows through it.
+
+    hidden (..., H), weight (V, H) as stored, labels (...). Returns (logprob, entropy, log-softmax (N, V));
+    the third output is for the backward only (its incoming gradient is ignored).
+    """
+
+    def __init__(self, compute_dtype=ms.float32):
+        super().__init__()
+        self.compute_dtype = compute_dtype
+        self.matmul_tn = ops.MatMul(transpose_a=True)
+
+    def _flat(self, hidden, weight):
+        h = ops.reshape(ops.cast(hidden, self.compute_dtype), (-1, hidden.shape[-1]))
+        return h, ops.cast(weight, self.compute_dtype)
+
+    def construct(self, hidden, weight, labels):
+        h, w = self._flat(hidden, weight)
+        logp_all = ops.log_softmax(ops.cast(_MATMUL_NT(h, w), ms.float32), -1)
+        logprob = ops.gather_elements(logp_all, -1, ops.reshape(labels, (-1, 1)))
+        entropy = -ops.sum(ops.exp(logp_all) * logp_all, -1)
+        return ops.reshape(logprob, labels.shape), ops.reshape(entropy, labels.shape), logp_all
+
+    def bprop(self, hidden, weight, labels, out, dout):
+        h, w = self._flat(hidden, weight)
+        idx = ops.reshape(labels, (-1, 1))
+        # softmax - onehot = -(d logp[label] / d logits)
+        grad = ops.tensor_scatter_elements(ops.exp(out[2]), idx, -ops.ones(idx.shape, ms.float32), -1, "add")
+        grad = ops.cast(grad, self.compute_dtype)
+        neg_dy = ops.cast(ops.reshape(-dout[0], (-1, 1)), self.compute_dtype)
+        dh = ops.matmul(grad, w)
+        dh = dh * expand_as(neg_dy, dh)
+        dw = self.matmul_tn(grad, h * expand_as(neg_dy, h))
+        return (ops.cast(ops.reshape(dh, hidden.shape), hidden.dtype), ops.cast(dw, weight.dtype),
+                ops.zeros_like(labels))
+
+
 class VocabParallelLogProb(nn.Cell):
     """log p(label) and entropy from vocabulary-sharded logits, never gathering the full vocabulary.
 
@@ -128,13 +172,6 @@ class VocabParallelLogProb(nn.Cell):
 
     def construct(self, logits, labels):
         logits = ops.cast(logits, ms.float32)
-        if self.tp == 1:
-            # one fused log-softmax (and its fused backward) keeps fewer vocabulary-sized temporaries alive
-            logp_all = ops.log_softmax(logits, -1)
-            logprob = ops.gather_elements(logp_all, -1, ops.expand_dims(labels, -1)).squeeze(-1)
-            detached = ops.stop_gradient(logp_all)
-            entropy = -ops.sum(ops.exp(detached) * detached, -1)
-            return logprob, entropy
         local_max = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)[0])
         shifted = logits - expand_as(self.max_all(local_max), logits)   # (..., V/tp)
         exp = ops.exp(shifted)
