@@ -154,7 +154,8 @@ class HeadLogProb(nn.Cell):
 
 
 class VocabParallelLogProb(nn.Cell):
-    """log p(label) and entropy from vocabulary-sharded logits, never gathering the full vocabulary.
+    """log p(label) and entropy from vocabulary-sharded logits, never gathering the full vocabulary (TP > 1;
+    a rank holding the whole vocabulary uses HeadLogProb).
 
     logits: (..., vocab/tp) this rank's shard; labels: (...) global token ids.
     Returns (logprob (...), entropy (...)), both replicated across TP ranks.
@@ -164,7 +165,6 @@ class VocabParallelLogProb(nn.Cell):
         super().__init__()
         self.vocab_local = vocab_size // mesh.tp
         self.vocab_start = mesh.tp_index * self.vocab_local
-        self.tp = mesh.tp
         self.max_all = max_from_tp(mesh)
         self.sum_exp_all = reduce_from_tp(mesh)
         self.target_all = reduce_from_tp(mesh)

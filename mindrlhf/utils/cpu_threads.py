@@ -15,8 +15,9 @@ How many threads: MindSpore defaults to 25 kernel threads per process, and takes
 a 2-core AMD EPYC (Zen 1, AVX2 only) with MindSpore 2.10: its kernels split the mid-sized work of a small
 model's step poorly, and two threads were never faster than one for a single process (GRPO step, small model
 0.61 -> 0.53 s; 4 layers x hidden 512: 5.47 vs 5.43 s), while two ranks at the default 25 threads each took
-1.20-1.28 s per demo step against 0.77 s at one thread each; oneDNN's matmuls gained nothing from more threads
-(2048x512x1408 at ~60 GFLOP/s at 1, 2, 4 and 25). All of that was measured with the spinning wait above; with
+1.20-1.28 s per demo step against 0.77 s at one thread each. oneDNN's matmuls use both cores whatever this
+says (its pool reports 2 threads at threads_num 1; 2048x512x1408 at 51-56 GFLOP/s, 30-34 pinned to one core
+with taskset). All of that was measured with the spinning wait above; with
 calling-thread runs two threads did better for one process (small GRPO step 0.297 -> 0.265 s, train_step
 benchmark 288 -> 300 tokens/s, one run each), not yet made the default. Hence: the cores this process may use
 divided by the ranks on its node when that leaves 4 or more, else 1 (`run.cpu_threads` sets another value).
