@@ -431,7 +431,8 @@ class CausalLM(nn.Cell):
                                                 cfg.initializer_range)
         self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
         # one TP rank holds the whole vocabulary: the head and the log-prob in one cell with its own backward
-        self.logprob_fn = (HeadLogProb(self.compute_dtype) if mesh.tp == 1
+        self.head_in_logprob = mesh.tp == 1
+        self.logprob_fn = (HeadLogProb(self.compute_dtype) if self.head_in_logprob
                            else VocabParallelLogProb(cfg.vocab_size, mesh))
         self.gather_vocab = gather_from_tp(mesh)
         if mesh.pp > 1:
@@ -496,7 +497,7 @@ class CausalLM(nn.Cell):
             hidden, labels = last_positions(hidden, last_n), last_positions(labels, last_n)
         if temperature != 1.0:
             hidden = hidden * (1.0 / temperature)
-        if self.mesh.tp == 1:
+        if self.head_in_logprob:
             weight = self.model.tok_embeddings.embedding_weight if self.tie else self.lm_head.weight
             return self.logprob_fn(hidden, weight, labels)[:2]
         return self.logprob_fn(self.head(hidden), labels)

@@ -29,6 +29,7 @@ class AdamW(nn.Cell):
     MindSpore's AdamWeightDecay kernel and 87 ms for torch's AdamW (AMD EPYC, measured side by side).
     Other dtypes take the composite path in float32.
     """
+
     def __init__(self, params, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8):
         super().__init__(auto_prefix=False)
         self.params = ms.ParameterTuple(params)
@@ -61,8 +62,8 @@ class AdamW(nn.Cell):
             g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
             if self.decay[i]:
                 g = ops.depend(g, ops.assign(self.params[i], self.params[i] * (1.0 - lr * self.decay[i])))
-            done = self.adam(self.params[i], self.exp_avg[i], self.exp_avg_sq[i], 0.0, 0.0, fused_lr, self.beta1, self.beta2,
-                             fused_eps, g)
+            done = self.adam(self.params[i], self.exp_avg[i], self.exp_avg_sq[i], 0.0, 0.0, fused_lr, self.beta1,
+                             self.beta2, fused_eps, g)
         for i in self.composite_ids:
             g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
             done = self._composite_update(i, self.params[i], g, lr, bc1, sqrt_bc2)
