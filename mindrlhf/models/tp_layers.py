@@ -31,10 +31,14 @@ def linear(x, weight, compute_dtype):
     MatMul(transpose_b) reads the [out, in] weight as it is stored: an explicit transpose would copy the
     whole weight on every call (for a 32000-row LM head, most of a decode step's time).
     """
-    shape = x.shape
-    x2 = ops.reshape(x if x.dtype == compute_dtype else ops.cast(x, compute_dtype), (-1, shape[-1]))
-    w = weight if weight.dtype == compute_dtype else ops.cast(weight, compute_dtype)
-    return ops.reshape(_MATMUL_NT(x2, w), shape[:-1] + (weight.shape[0],))
+    x2, w = _rows_and_weight(x, weight, compute_dtype)
+    return ops.reshape(_MATMUL_NT(x2, w), x.shape[:-1] + (weight.shape[0],))
+
+
+def _rows_and_weight(x, weight, compute_dtype):
+    """x as rows (-1, in) and the weight, both in compute_dtype (cast only when they are not)."""
+    x2 = ops.reshape(x if x.dtype == compute_dtype else ops.cast(x, compute_dtype), (-1, x.shape[-1]))
+    return x2, weight if weight.dtype == compute_dtype else ops.cast(weight, compute_dtype)
 
 
 class ColumnParallelLinear(nn.Cell):
@@ -129,12 +133,8 @@ class HeadLogProb(nn.Cell):
         self.compute_dtype = compute_dtype
         self.matmul_tn = ops.MatMul(transpose_a=True)
 
-    def _flat(self, hidden, weight):
-        h = ops.reshape(ops.cast(hidden, self.compute_dtype), (-1, hidden.shape[-1]))
-        return h, ops.cast(weight, self.compute_dtype)
-
     def construct(self, hidden, weight, labels):
-        h, w = self._flat(hidden, weight)
+        h, w = _rows_and_weight(hidden, weight, self.compute_dtype)
         logp_all = ops.log_softmax(ops.cast(_MATMUL_NT(h, w), ms.float32), -1)
         logprob = ops.gather_elements(logp_all, -1, ops.reshape(labels, (-1, 1)))
         probs = ops.exp(logp_all)
@@ -142,7 +142,7 @@ class HeadLogProb(nn.Cell):
         return ops.reshape(logprob, labels.shape), ops.reshape(entropy, labels.shape), probs
 
     def bprop(self, hidden, weight, labels, out, dout):
-        h, w = self._flat(hidden, weight)
+        h, w = _rows_and_weight(hidden, weight, self.compute_dtype)
         idx = ops.reshape(labels, (-1, 1))
         # softmax - onehot = -(d logp[label] / d logits)
         grad = ops.tensor_scatter_elements(out[2], idx, -ops.ones(idx.shape, ms.float32), -1, "add")
