@@ -1,4 +1,5 @@
 """The GRPO loop in one process: first-step invariants, resume equality, crash-safe checkpoints, bad config."""
+import json
 import os
 
 import numpy as np
@@ -440,23 +441,70 @@ def test_compile_cache_directory_changes_with_anything_that_changes_the_graphs(a
     assert compile_cache_dir(load_grpo_config(None, grpo_overrides(assets, str(tmp_path))), 2) != base
 
 
+def _run_grpo_worker(assets, save, env=None, **extra):
+    """One grpo_one_stage run in its own process (MindSpore's compile cache is per process); its stdout."""
+    import subprocess
+    import sys
+    from grpo_helpers import REPO
+    worker = os.path.join(REPO, "tests", "workers", "grpo_worker.py")
+    flags = dict(grpo_overrides(assets, save, **extra), rollout_log_file="")
+    args = [x for k, v in flags.items() for x in (f"--{k}", str(v))]
+    proc = subprocess.run([sys.executable, worker] + args, env=dict(os.environ, PYTHONPATH=REPO, **(env or {})),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    if extra.get("enable_compile_cache"):
+        assert "compile cache: " + os.path.join(save, "compile_cache") in proc.stdout
+    return proc.stdout
+
+
 @pytest.mark.slow       # two subprocess runs, ~40 s
 def test_a_changed_model_does_not_run_the_previous_jobs_cached_graphs(assets, tmp_path):
     """With enable_compile_cache, a second job in the same save_ckpt_dir with another model (1 kv head
     instead of 2) trains: it compiles its own graphs. Measured before the cache was keyed by job: the
     second job loaded the first one's graphs and failed in an Assign kernel."""
-    import subprocess
-    import sys
-    from grpo_helpers import REPO
-    worker = os.path.join(REPO, "tests", "workers", "grpo_worker.py")
     save = str(tmp_path / "ckpt")
+    for yaml_path in (assets["sft_path_train"], model_yaml(str(tmp_path / "kv1.yaml"), n_kv_heads=1)):
+        _run_grpo_worker(assets, save, sft_path_train=yaml_path, total_steps=1, save_steps=0,
+                         enable_compile_cache=True)
+    assert len(os.listdir(os.path.join(save, "compile_cache"))) == 2
+
+
+def test_mindspores_own_cache_variable_does_not_run_another_jobs_graphs(assets, tmp_path):
+    """MS_COMPILER_CACHE_ENABLE=1 in the environment turns on MindSpore's cache keyed by the Python sources
+    only: measured before this fix, the second job here (another model) loaded the first one's graphs and
+    failed in an Assign kernel. With run.enable_compile_cache off the trainer turns MindSpore's cache off too
+    and says the variable is ignored."""
+    env = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(tmp_path / "ms_cache")}
     for name, yaml_path in (("kv2", assets["sft_path_train"]),
                             ("kv1", model_yaml(str(tmp_path / "kv1.yaml"), n_kv_heads=1))):
-        flags = dict(grpo_overrides(assets, save, sft_path_train=yaml_path, total_steps=1, save_steps=0,
-                                    enable_compile_cache=True), rollout_log_file="")
-        args = [x for k, v in flags.items() for x in (f"--{k}", str(v))]
-        proc = subprocess.run([sys.executable, worker] + args, env=dict(os.environ, PYTHONPATH=REPO),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-        assert proc.returncode == 0, (name, proc.stdout[-3000:])
-        assert "compile cache: " + os.path.join(save, "compile_cache") in proc.stdout
-    assert len(os.listdir(os.path.join(save, "compile_cache"))) == 2
+        out = _run_grpo_worker(assets, str(tmp_path / name), env=env, sft_path_train=yaml_path, total_steps=1,
+                               save_steps=0)
+        assert "MS_COMPILER_CACHE_ENABLE=1 ignored" in out, out[-2000:]
+    assert not os.path.exists(tmp_path / "ms_cache")
+
+
+def test_a_rerun_from_the_compile_cache_trains_the_same_and_starts_without_compiling(assets, tmp_path):
+    """The same job twice with enable_compile_cache: the second run reads the first one's graphs (none
+    written again; its first step, all compile in the first run, takes under half the time) and its
+    metrics are the first run's, bit for bit (a dense reward, temperature 0.7 and a KL term: every graph
+    does work). The README's warm-start figures rest on this."""
+    save = str(tmp_path / "ckpt")
+    runs = []
+    for _ in range(2):
+        _run_grpo_worker(assets, save, total_steps=2, save_steps=0, enable_compile_cache=True,
+                         verifier_function="response_length_test", temperature=0.7, beta=0.04)
+        files = {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+                 for d, _, names in os.walk(os.path.join(save, "compile_cache")) for f in names}
+        runs.append((read_metrics(os.path.join(save, "metrics.jsonl")), files))
+        os.rename(os.path.join(save, "metrics.jsonl"), os.path.join(save, f"metrics{len(runs)}.jsonl"))
+    (cold, cold_files), (warm, warm_files) = runs
+    assert any(f.endswith(".mindir") for f in cold_files) and warm_files == cold_files
+    assert warm[0]["time_step"] < 0.5 * cold[0]["time_step"], (warm[0]["time_step"], cold[0]["time_step"])
+
+    def values(row):        # what the run computed (as JSON text: NaN too); times, rates and peak memory change
+        return {k: json.dumps(v) for k, v in row.items()
+                if not (k.startswith(("time", "peak_mb")) or k.endswith("_per_s"))}
+    assert len(cold) == len(warm) == 2
+    for c, w in zip(cold, warm):
+        assert values(w) == values(c), c["step"]
+    assert cold[1]["grad_norm"] > 0 and cold[1]["kl"] > 0 and cold[0]["loss"] != 0

@@ -56,7 +56,9 @@ class RunConfig:
                              "more, else 1 (utils/cpu_threads.py says why). Ignored on Ascend")
     enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache/<job key> "
                                      "(MindSpore enable_compile_cache) so the same job starts faster next time; "
-                                     "another config, model, tokenizer, dataset or resume step gets its own key")
+                                     "another config, model, tokenizer, dataset or resume step gets its own key. "
+                                     "Off: MindSpore's cache is off too (MS_COMPILER_CACHE_ENABLE is ignored, "
+                                     "with a note)")
     resume: bool = _f(False, "continue from the newest checkpoint complete on every node (agreed by all ranks)")
     checkpoint_storage: str = _f("shared", "shared: save_ckpt_dir is one filesystem seen by every node (rank 0 marks "
                                  "steps complete); node_local: each node's own disk, each node writes its ranks' "

@@ -81,12 +81,7 @@ class GRPOTrainer:
             self.log(f"MindSpore host work in the calling thread: {cpu_threads.BLOCKING_RUN}={blocking} "
                      f"(utils/cpu_threads.py says why)")
         ms.set_seed(cfg.run.seed)
-        if cfg.run.enable_compile_cache:
-            resume_step = (checkpointing.complete_steps(cfg.run.save_ckpt_dir) or [0])[-1] if cfg.run.resume else 0
-            self.compile_cache_dir = compile_cache_dir(cfg, resume_step)
-            ms.set_context(enable_compile_cache=True, compile_cache_path=self.compile_cache_dir)
-            self.log(f"compile cache: {self.compile_cache_dir} (this job's; another config, model, tokenizer, "
-                     f"dataset or resume step gets another directory)")
+        self._set_compile_cache()
         self._read_configs()      # configs, layouts, file checks: cheap, and identical on every rank
         self._setup_data()        # tokenizer, dataset and the checks that need them
         self._setup_models()      # only now the expensive part: build and load weights, first sync
@@ -137,6 +132,26 @@ class GRPOTrainer:
                 raise ConfigError(f"{what}: not found: {path}")
         self.infer_model_cfg = infer_yaml.model
         check_backend(run.rollout_backend)
+
+    def _set_compile_cache(self):
+        """run.enable_compile_cache: MindSpore's compile cache in this job's own directory. Off, it is off for
+        MindSpore too: MS_COMPILER_CACHE_ENABLE in the environment would otherwise turn on a cache keyed by
+        the Python sources only, and another job's graphs would run (node_check.compile_cache_dir)."""
+        run = self.cfg.run
+        self.compile_cache_dir = ""
+        if run.enable_compile_cache:
+            resume_step = (checkpointing.complete_steps(run.save_ckpt_dir) or [0])[-1] if run.resume else 0
+            self.compile_cache_dir = compile_cache_dir(self.cfg, resume_step)
+            ms.set_context(enable_compile_cache=True, compile_cache_path=self.compile_cache_dir)
+            self.log(f"compile cache: {self.compile_cache_dir} (this job's; another config, model, tokenizer, "
+                     f"dataset or resume step gets another directory)")
+            return
+        ms.set_context(enable_compile_cache=False)
+        env = os.environ.get("MS_COMPILER_CACHE_ENABLE", "")
+        if env.strip() not in ("", "0"):
+            self.log(f"note: MS_COMPILER_CACHE_ENABLE={env} ignored: MindSpore's cache there is keyed by the "
+                     f"Python sources only, so another job's graphs would run; run.enable_compile_cache: true "
+                     f"caches per job")
 
     def _report_storage(self):
         """Say which checkpoint storage is in use; a 'shared' directory that is not one directory for every
