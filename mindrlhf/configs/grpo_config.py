@@ -52,8 +52,8 @@ class RunConfig:
     only_save_strategy: bool = _f(False, "write the train and infer strategy files, then exit")
     save_strategy_dir: str = _f("", "where strategy files go (default: save_ckpt_dir/strategy)")
     cpu_threads: int = _f(0, "CPU kernel threads per rank (MindSpore's op_tuning.threads_num, whose default is 25); 0: "
-                             "the cores this process may use divided by the ranks on its node when that is 4 or "
-                             "more, else 1 (utils/cpu_threads.py says why). Ignored on Ascend")
+                             "the cores this process may use divided by the ranks on its node, at least 1 "
+                             "(utils/cpu_threads.py says why). Ignored on Ascend")
     enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache/<job key> "
                                      "(MindSpore enable_compile_cache) so the same job starts faster next time; "
                                      "another config, model, tokenizer, dataset or resume step gets its own key. "

@@ -17,10 +17,11 @@ model's step poorly, and two threads were never faster than one for a single pro
 0.61 -> 0.53 s; 4 layers x hidden 512: 5.47 vs 5.43 s), while two ranks at the default 25 threads each took
 1.20-1.28 s per demo step against 0.77 s at one thread each. oneDNN's matmuls use both cores whatever this
 says (its pool reports 2 threads at threads_num 1; 2048x512x1408 at 51-56 GFLOP/s, 30-34 pinned to one core
-with taskset). All of that was measured with the spinning wait above; with
-calling-thread runs two threads did better for one process (small GRPO step 0.297 -> 0.265 s, train_step
-benchmark 288 -> 300 tokens/s, one run each), not yet made the default. Hence: the cores this process may use
-divided by the ranks on its node when that leaves 4 or more, else 1 (`run.cpu_threads` sets another value).
+with taskset). All of that was measured with the spinning wait above. With calling-thread runs a lone
+process does better with two: small GRPO step 0.288 -> 0.271 and 0.269 -> 0.261 s (train phase 0.106 ->
+0.095, 0.101 -> 0.089), train_step benchmark 332 -> 337 and 336 -> 345 tokens/s (interleaved runs, AMD EPYC
+Zen 1, 2 vCPUs). Hence: the cores this process may use divided by the ranks on its node (`run.cpu_threads`
+sets another value); two ranks on two cores get one thread each.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Optional, Tuple
 
 import mindspore as ms
 
-SPLIT_FROM = 4          # per-rank core share from which kernels get more than one thread
+SPLIT_FROM = 2          # per-rank core share from which kernels get more than one thread
 
 _SET: Optional[int] = None     # what this process set (MindSpore takes it once)
 BLOCKING_RUN = "MS_DEV_HOST_BLOCKING_RUN"
