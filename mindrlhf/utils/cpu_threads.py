@@ -30,8 +30,6 @@ from typing import Optional, Tuple
 
 import mindspore as ms
 
-SPLIT_FROM = 2          # per-rank core share from which kernels get more than one thread
-
 _SET: Optional[int] = None     # what this process set (MindSpore takes it once)
 BLOCKING_RUN = "MS_DEV_HOST_BLOCKING_RUN"
 
@@ -50,9 +48,7 @@ def auto_threads(local_ranks: int = 1) -> Tuple[int, str]:
     """(threads, why) for a process that shares its node with `local_ranks` ranks (itself included)."""
     cores = usable_cores()
     share = max(1, cores // max(1, local_ranks))
-    threads = share if share >= SPLIT_FROM else 1
-    return threads, f"{cores} core(s) / {local_ranks} rank(s) on this node = {share}" + \
-        ("" if threads == share else f"; below {SPLIT_FROM}, one thread splits no kernel")
+    return share, f"{cores} core(s) / {local_ranks} rank(s) on this node = {share}"
 
 
 def set_kernel_threads(threads: int) -> int:
