@@ -10,6 +10,12 @@ from mindrlhf.data.convert import build_parser, convert
 from mindrlhf.reward.verifiers import register_verifier
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+WORKER = os.path.join(REPO, "tests", "workers", "grpo_worker.py")     # grpo_one_stage.py + the test verifiers
+
+
+def cli_args(flags: dict) -> list:
+    """grpo_one_stage.py flags {name: value} as its command line."""
+    return [x for k, v in flags.items() for x in (f"--{k}", str(v))]
 
 
 @register_verifier("digit_fraction_test")

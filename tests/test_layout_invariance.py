@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from data_helpers import arithmetic_rows, make_tokenizer_files, write_jsonl
-from grpo_helpers import model_yaml
+from grpo_helpers import WORKER, cli_args, model_yaml
 from msrun_util import REPO, free_port, run_msrun
 from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
 from mindrlhf.checkpoint.model_io import model_state, read_checkpoint, save_checkpoint
@@ -33,7 +33,6 @@ from mindrlhf.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.msrun
 
-WORKER = os.path.join(os.path.dirname(__file__), "workers", "grpo_worker.py")
 EOS = [2] + list(range(200, 260))          # ~15% of the vocabulary ends a response: ragged lengths
 COMPARED = ("reward_mean", "reward/solution_length_test", "loss", "pg_loss", "kl", "grad_norm", "entropy", "clip_frac",
             "response_len_mean", "dynamic_sampling/rounds", "dynamic_sampling/kept_groups", "zero_std_groups_frac",
@@ -97,7 +96,7 @@ def _args(assets, name, out_dir, **extra):
              "tis_cap": 1.5,
              "rollout_log_file": os.path.join(out_dir, "rollouts.mindrecord"), "progress": False, "export_hf": True}
     flags.update(extra)
-    return [x for k, v in flags.items() for x in (f"--{k}", str(v))]
+    return cli_args(flags)
 
 
 def _run(assets, name):

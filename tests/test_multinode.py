@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from data_helpers import arithmetic_rows, make_tokenizer_files, write_jsonl
-from grpo_helpers import model_yaml
+from grpo_helpers import WORKER, cli_args, model_yaml
 from msrun_util import REPO, free_port, run_msrun
 from mindrlhf.checkpoint.model_io import model_state, read_checkpoint, save_checkpoint
 from mindrlhf.configs import load_model_yaml
@@ -24,7 +24,6 @@ from mindrlhf.trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
-WORKER = os.path.join(os.path.dirname(__file__), "workers", "grpo_worker.py")
 REMOTE_MASTER_MSRUN = os.path.join(os.path.dirname(__file__), "workers", "msrun_remote_master.py")
 STEPS = 3
 COMPARED = ("reward_mean", "loss", "pg_loss", "kl", "grad_norm", "entropy", "response_len_mean")
@@ -56,7 +55,7 @@ def _args(assets, save_dir, **extra):
              "verifier_function": "response_length_test", "reshard_transport": "collective", "progress": False,
              "export_hf": False}
     flags.update(extra)
-    return [x for k, v in flags.items() for x in (f"--{k}", str(v))]
+    return cli_args(flags)
 
 
 def _launch_nodes(per_node_args, log_dir, env=None):

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
+from grpo_helpers import WORKER, cli_args, grpo_overrides, make_grpo_assets, model_yaml
 from mindrlhf.checkpoint.model_io import model_state
 from mindrlhf.configs import ConfigError
 from mindrlhf.configs.grpo_config import load_grpo_config
@@ -306,7 +306,6 @@ def _msrun_grpo(assets, tmp_path, extra_flags, env_extra=None, timeout=400):
     import subprocess
     import time
     from msrun_util import free_port
-    worker = os.path.join(os.path.dirname(__file__), "workers", "grpo_worker.py")
     flags = dict(use_parallel=True, sft_path_train=model_yaml(str(tmp_path / "tp2.yaml"), tp=2),
                  sft_path_infer=model_yaml(str(tmp_path / "dp2.yaml"), dp=2), vocab_path=assets["vocab_path"],
                  merges_file_path=assets["merges_file_path"], mind_dataset_dir=assets["mind_dataset_dir"],
@@ -314,8 +313,8 @@ def _msrun_grpo(assets, tmp_path, extra_flags, env_extra=None, timeout=400):
                  progress=False, export_hf=False, verifier_function="digit_fraction_test")
     flags.update(extra_flags)
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", "--join=True", f"--log_dir={tmp_path / 'log'}", worker]
-    cmd += [x for k, v in flags.items() for x in (f"--{k}", str(v))]
+           f"--master_port={free_port()}", "--join=True", f"--log_dir={tmp_path / 'log'}", WORKER]
+    cmd += cli_args(flags)
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."), **(env_extra or {}))
     t0 = time.time()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
@@ -446,10 +445,8 @@ def _run_grpo_worker(assets, save, env=None, **extra):
     import subprocess
     import sys
     from grpo_helpers import REPO
-    worker = os.path.join(REPO, "tests", "workers", "grpo_worker.py")
-    flags = dict(grpo_overrides(assets, save, **extra), rollout_log_file="")
-    args = [x for k, v in flags.items() for x in (f"--{k}", str(v))]
-    proc = subprocess.run([sys.executable, worker] + args, env=dict(os.environ, PYTHONPATH=REPO, **(env or {})),
+    args = cli_args(dict(grpo_overrides(assets, save, **extra), rollout_log_file=""))
+    proc = subprocess.run([sys.executable, WORKER] + args, env=dict(os.environ, PYTHONPATH=REPO, **(env or {})),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:]
     if extra.get("enable_compile_cache"):

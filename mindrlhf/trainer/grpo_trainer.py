@@ -138,12 +138,11 @@ class GRPOTrainer:
         MindSpore too: MS_COMPILER_CACHE_ENABLE in the environment would otherwise turn on a cache keyed by
         the Python sources only, and another job's graphs would run (node_check.compile_cache_dir)."""
         run = self.cfg.run
-        self.compile_cache_dir = ""
         if run.enable_compile_cache:
             resume_step = (checkpointing.complete_steps(run.save_ckpt_dir) or [0])[-1] if run.resume else 0
-            self.compile_cache_dir = compile_cache_dir(self.cfg, resume_step)
-            ms.set_context(enable_compile_cache=True, compile_cache_path=self.compile_cache_dir)
-            self.log(f"compile cache: {self.compile_cache_dir} (this job's; another config, model, tokenizer, "
+            cache_dir = compile_cache_dir(self.cfg, resume_step)
+            ms.set_context(enable_compile_cache=True, compile_cache_path=cache_dir)
+            self.log(f"compile cache: {cache_dir} (this job's; another config, model, tokenizer, "
                      f"dataset or resume step gets another directory)")
             return
         ms.set_context(enable_compile_cache=False)
