@@ -150,3 +150,28 @@ def test_head_logprob_backward_matches_torch_with_per_token_weights(rng):
     np.testing.assert_allclose(entropy.asnumpy(), ref_entropy.detach().numpy(), atol=1e-5, rtol=0)
     np.testing.assert_allclose(dh.asnumpy(), th.grad.numpy(), atol=1e-5, rtol=0)
     np.testing.assert_allclose(dw.asnumpy(), tw.grad.numpy(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 64, 65, 130])
+def test_linear_values_and_gradients_on_both_sides_of_the_few_rows_form(rng, rows):
+    """`linear` computes (W @ x^T)^T up to FEW_ROWS rows and x @ W^T above: both against numpy (float64),
+    values and the gradients w.r.t. x and W, inside a compiled graph as the model uses it."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+    from mindrlhf.models.tp_layers import FEW_ROWS, linear
+    assert FEW_ROWS == 64             # the parametrisation straddles it
+    x = rng.standard_normal((rows, 1, 48)).astype(np.float32)
+    w = rng.standard_normal((40, 48)).astype(np.float32)
+    dy = rng.standard_normal((rows, 1, 40)).astype(np.float32)
+
+    class Net(nn.Cell):
+        @ms.jit
+        def construct(self, a, b, g):
+            out, grads = ms.value_and_grad(lambda p, q: (linear(p, q, ms.float32) * g).sum(), (0, 1))(a, b)
+            return linear(a, b, ms.float32), grads
+
+    y, (dx, dw) = Net()(Tensor(x), Tensor(w), Tensor(dy))
+    x64, w64, dy64 = x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64)
+    np.testing.assert_allclose(y.asnumpy(), x64 @ w64.T, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(dx.asnumpy(), dy64 @ w64, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(dw.asnumpy(), np.einsum("rto,rti->oi", dy64, x64), atol=1e-3, rtol=0)
