@@ -33,8 +33,8 @@ def linear(x, weight, compute_dtype):
     The [out, in] weight is read as it is stored (an explicit transpose would copy the whole weight on every
     call). With many rows, as x @ weight^T; with few (decode steps: one row per sequence), as
     (weight @ x^T)^T, where oneDNN streams the weight as the row-major left operand instead of repacking it
-    as a transposed right one: the benchmark model's 29 matmuls of a 16-row decode step 27 -> 12 ms, the
-    32000-row LM head 12 -> 4 ms (AMD EPYC Zen 4, measured; from 128 rows on the first form is faster).
+    as a transposed right one: a 16-row decode step of the benchmark model 27 -> 17 ms, its matmuls ~26 -> ~9
+    ms, the 32000-row LM head 8 -> 4.4 ms (AMD EPYC Zen 4, profiled; from 128 rows on the first form is faster).
     The row count is a compile-time constant, so each graph holds one form.
     """
     x2, w = _rows_and_weight(x, weight, compute_dtype)
