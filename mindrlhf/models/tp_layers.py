@@ -35,7 +35,8 @@ def linear(x, weight, compute_dtype):
     (weight @ x^T)^T, where oneDNN streams the weight as the row-major left operand instead of repacking it
     as a transposed right one: a 16-row decode step of the benchmark model 27 -> 17 ms, its matmuls ~26 -> ~9
     ms, the 32000-row LM head 8 -> 4.4 ms (AMD EPYC Zen 4, profiled; from 128 rows on the first form is faster).
-    The row count is a compile-time constant, so each graph holds one form.
+    The row count is a compile-time constant, so each graph holds one form. Measured on CPU only (the same product
+    values either way; which form is faster on Ascend is unmeasured).
     """
     x2, w = _rows_and_weight(x, weight, compute_dtype)
     if x2.shape[0] <= FEW_ROWS:
