@@ -152,6 +152,11 @@ def test_head_logprob_backward_matches_torch_with_per_token_weights(rng):
     np.testing.assert_allclose(dw.asnumpy(), tw.grad.numpy(), atol=1e-5, rtol=0)
 
 
+def _weighted_sum(y, g):
+    """(sum of y * g, y): a scalar to differentiate, and y itself as the auxiliary output."""
+    return (y * g).sum(), y
+
+
 @pytest.mark.parametrize("rows", [1, 64, 65, 130])
 def test_linear_values_and_gradients_on_both_sides_of_the_few_rows_form(rng, rows):
     """`linear` computes (W @ x^T)^T up to FEW_ROWS rows and x @ W^T above: both against numpy (float64),
@@ -167,8 +172,9 @@ def test_linear_values_and_gradients_on_both_sides_of_the_few_rows_form(rng, row
     class Net(nn.Cell):
         @ms.jit
         def construct(self, a, b, g):
-            out, grads = ms.value_and_grad(lambda p, q: (linear(p, q, ms.float32) * g).sum(), (0, 1))(a, b)
-            return linear(a, b, ms.float32), grads
+            (_, y), grads = ms.value_and_grad(lambda p, q: _weighted_sum(linear(p, q, ms.float32), g), (0, 1),
+                                              has_aux=True)(a, b)
+            return y, grads
 
     y, (dx, dw) = Net()(Tensor(x), Tensor(w), Tensor(dy))
     x64, w64, dy64 = x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64)
