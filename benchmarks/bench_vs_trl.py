@@ -19,9 +19,14 @@ Ours runs with run.enable_compile_cache on, twice in the same directory: the fir
 (and writes them to the cache: the headline figures), the second is a re-run of the same job that loads them
 (the rerun_* figures: first step and peak RSS without the graph compiler's work and heap).
 
-Prints per-phase medians for both, the first step (compile) time, peak RSS, and last
-{"bench": "grpo_vs_trl", "ours": s_per_step, "reference": s_per_step, "ratio": reference / ours,
- "peak_rss_ratio": ours / reference, "rerun_first_step_ours": s, "rerun_peak_rss_ratio": ..., ...}.
+This machine's speed drifts by 10-30% between runs of minutes apart, moving either side alone (measured on
+a 2-core AMD EPYC Zen 4: TRL 0.259-0.349 s/step on the same code). `--rounds N` runs the three children N
+times, interleaved, each round from a cold compile, and reports the median of the per-round ratios.
+
+Prints per-phase medians for both (of the median round), the first step (compile) time, peak RSS, every
+round's ratio, and last {"bench": "grpo_vs_trl", "ours": s_per_step, "reference": s_per_step, "ratio":
+reference / ours, "peak_rss_ratio": ours / reference, "round_ratios": [...], "rerun_first_step_ours": s,
+"rerun_peak_rss_ratio": ..., ...}; with several rounds ratio and peak_rss_ratio are medians over them.
 """
 import argparse
 import json
@@ -207,9 +212,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trl_python", default=sys.executable, help="Python with trl installed (see above)")
     p.add_argument("--scale", action="store_true", help="4 layers / hidden 512 / 8 heads / intermediate 1408")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="interleaved rounds of (ours, ours re-run, TRL), each from a cold compile; the ratios "
+                        "printed last are the medians over the rounds (this machine's speed drifts between runs)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     dims = SCALE if args.scale else SMALL
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.child:
         which, work = args.child
         with open(os.path.join(work, "inputs.json")) as fh:
@@ -218,25 +228,42 @@ def main():
         print("RESULT " + json.dumps(out), flush=True)
         return
     work = tempfile.mkdtemp(prefix="bench_vs_trl_")
+    rounds = []
     try:
         inputs = prepare(work, dims)
         with open(os.path.join(work, "inputs.json"), "w") as fh:
             json.dump(inputs, fh)
-        res = {}
-        for name, which, python in (("ours", "ours", sys.executable), ("ours_rerun", "ours", sys.executable),
-                                    ("trl", "trl", args.trl_python)):
-            cmd = [python, os.path.abspath(__file__), "--child", which, work] + (["--scale"] if args.scale else [])
-            proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
-            text = proc.stdout.decode(errors="replace")
-            line = next((ln for ln in text.splitlines() if ln.startswith("RESULT ")), None)
-            if proc.returncode or line is None:
-                raise SystemExit(f"{name} failed:\n{text[-4000:]}")
-            res[name] = json.loads(line[len("RESULT "):])
+        for _ in range(args.rounds):
+            shutil.rmtree(os.path.join(work, "ours"), ignore_errors=True)    # each round compiles from scratch
+            rounds.append({name: run_child(which, python, work, args.scale)
+                           for name, which, python in (("ours", "ours", sys.executable),
+                                                       ("ours_rerun", "ours", sys.executable),
+                                                       ("trl", "trl", args.trl_python))})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    ours, rerun, ref = res["ours"], res["ours_rerun"], res["trl"]
-    print(f"{'phase (median, steps 3..' + str(STEPS) + ')':34s} {'TRL':>10s} {'mindrlhf':>10s}")
+    report(rounds, args.scale)
+
+
+def run_child(which: str, python: str, work: str, scale: bool) -> dict:
+    cmd = [python, os.path.abspath(__file__), "--child", which, work] + (["--scale"] if scale else [])
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
+    text = proc.stdout.decode(errors="replace")
+    line = next((ln for ln in text.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        raise SystemExit(f"{which} failed:\n{text[-4000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def report(rounds: list, scale: bool):
+    """Per-phase table of the median round (by step-time ratio), every round's ratios, then the JSON line:
+    ratio and peak_rss_ratio are medians over the rounds."""
+    ratios = [r["trl"]["step_s"] / r["ours"]["step_s"] for r in rounds]
+    rss_ratios = [r["ours"]["peak_rss_mb"] / r["trl"]["peak_rss_mb"] for r in rounds]
+    mid = sorted(range(len(rounds)), key=lambda i: ratios[i])[len(rounds) // 2]
+    ours, rerun, ref = rounds[mid]["ours"], rounds[mid]["ours_rerun"], rounds[mid]["trl"]
+    title = f"phase (median, steps 3..{STEPS})" + (f", round {mid + 1} of {len(rounds)}" if len(rounds) > 1 else "")
+    print(f"{title:34s} {'TRL':>10s} {'mindrlhf':>10s}")
     print(f"{'whole step':34s} {ref['step_s']:10.3f} {ours['step_s']:10.3f}")
     for name in ("generation", "old-policy log-probs", "reference log-probs", "policy fwd+bwd+AdamW", "weight sync"):
         print(f"{name:34s} {ref['phases'].get(name, 0.0):10.3f} {ours['phases'].get(name, 0.0):10.3f}")
@@ -245,9 +272,14 @@ def main():
     print(f"{'re-run from the compile cache':34s} {'':10s} first step {rerun['first_step_s']:.3f} s, "
           f"peak RSS {rerun['peak_rss_mb']:.0f} MB, step {rerun['step_s']:.3f} s")
     print(f"{'completion length (tokens)':34s} {ref['mean_completion_len']:10.1f} {ours['mean_completion_len']:10.1f}")
-    print(json.dumps({"bench": "grpo_vs_trl" + ("_scale" if args.scale else ""), "ours": round(ours["step_s"], 4),
-                      "reference": round(ref["step_s"], 4), "ratio": round(ref["step_s"] / ours["step_s"], 3),
-                      "peak_rss_ratio": round(ours["peak_rss_mb"] / ref["peak_rss_mb"], 3),
+    if len(rounds) > 1:
+        for i, r in enumerate(rounds):
+            print(f"round {i + 1}: TRL {r['trl']['step_s']:.4f} s/step, mindrlhf {r['ours']['step_s']:.4f} "
+                  f"(ratio {ratios[i]:.3f}); peak RSS {r['trl']['peak_rss_mb']:.0f} vs {r['ours']['peak_rss_mb']:.0f} MB")
+    print(json.dumps({"bench": "grpo_vs_trl" + ("_scale" if scale else ""), "ours": round(ours["step_s"], 4),
+                      "reference": round(ref["step_s"], 4), "ratio": round(median(ratios), 3),
+                      "peak_rss_ratio": round(median(rss_ratios), 3),
+                      "round_ratios": [round(x, 3) for x in ratios],
                       "first_step_ours": round(ours["first_step_s"], 2), "first_step_reference": round(ref["first_step_s"], 2),
                       "rerun_first_step_ours": round(rerun["first_step_s"], 2),
                       "rerun_peak_rss_ratio": round(rerun["peak_rss_mb"] / ref["peak_rss_mb"], 3),
