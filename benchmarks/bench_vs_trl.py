@@ -19,14 +19,17 @@ Ours runs with run.enable_compile_cache on, twice in the same directory: the fir
 (and writes them to the cache: the headline figures), the second is a re-run of the same job that loads them
 (the rerun_* figures: first step and peak RSS without the graph compiler's work and heap).
 
-This machine's speed drifts by 10-30% between runs of minutes apart, moving either side alone (measured on
-a 2-core AMD EPYC Zen 4: TRL 0.259-0.349 s/step on the same code). `--rounds N` runs the three children N
-times, interleaved, each round from a cold compile, and reports the median of the per-round ratios.
+This machine's speed drifts by 10-30% within minutes, moving one side at a time (measured on a 2-core AMD
+EPYC Zen 4: ours 0.155, 0.196, 0.218 s/step in three consecutive rounds of one run, TRL 0.336, 0.295, 0.346).
+`--rounds N` runs the three children N times, interleaved, each round from a cold compile, and reports the
+median of the per-round ratios.
 
 Prints per-phase medians for both (of the median round), the first step (compile) time, peak RSS, every
 round's ratio, and last {"bench": "grpo_vs_trl", "ours": s_per_step, "reference": s_per_step, "ratio":
 reference / ours, "peak_rss_ratio": ours / reference, "round_ratios": [...], "rerun_first_step_ours": s,
-"rerun_peak_rss_ratio": ..., ...}; with several rounds ratio and peak_rss_ratio are medians over them.
+"rerun_peak_rss_ratio": ..., ...}; with several rounds ratio and peak_rss_ratio are medians over them, and
+ours, reference and the first-step and rerun_* figures are those of "median_round" (the upper of the two
+middle rounds for an even count).
 """
 import argparse
 import json
@@ -275,11 +278,12 @@ def report(rounds: list, scale: bool):
     if len(rounds) > 1:
         for i, r in enumerate(rounds):
             print(f"round {i + 1}: TRL {r['trl']['step_s']:.4f} s/step, mindrlhf {r['ours']['step_s']:.4f} "
-                  f"(ratio {ratios[i]:.3f}); peak RSS {r['trl']['peak_rss_mb']:.0f} vs {r['ours']['peak_rss_mb']:.0f} MB")
+                  f"(ratio {ratios[i]:.3f}); peak RSS {r['trl']['peak_rss_mb']:.0f} vs "
+                  f"{r['ours']['peak_rss_mb']:.0f} MB")
     print(json.dumps({"bench": "grpo_vs_trl" + ("_scale" if scale else ""), "ours": round(ours["step_s"], 4),
                       "reference": round(ref["step_s"], 4), "ratio": round(median(ratios), 3),
                       "peak_rss_ratio": round(median(rss_ratios), 3),
-                      "round_ratios": [round(x, 3) for x in ratios],
+                      "round_ratios": [round(x, 3) for x in ratios], "median_round": mid + 1,
                       "first_step_ours": round(ours["first_step_s"], 2), "first_step_reference": round(ref["first_step_s"], 2),
                       "rerun_first_step_ours": round(rerun["first_step_s"], 2),
                       "rerun_peak_rss_ratio": round(rerun["peak_rss_mb"] / ref["peak_rss_mb"], 3),
