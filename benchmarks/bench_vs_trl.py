@@ -35,13 +35,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, peak_rss_mb  # noqa: E402
+from common import REPO, peak_rss_mb, run_child  # noqa: E402
 
 SMALL = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=352)
 SCALE = dict(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408)
@@ -228,9 +227,10 @@ def main():
         with open(os.path.join(work, "inputs.json")) as fh:
             inputs = json.load(fh)
         out = child_ours(work, inputs, dims) if which == "ours" else child_trl(work, inputs, dims)
-        print("RESULT " + json.dumps(out), flush=True)
+        print(json.dumps(out), flush=True)      # the last line: common.run_child reads it
         return
     work = tempfile.mkdtemp(prefix="bench_vs_trl_")
+    scale_flag = ["--scale"] if args.scale else []
     rounds = []
     try:
         inputs = prepare(work, dims)
@@ -238,24 +238,13 @@ def main():
             json.dump(inputs, fh)
         for _ in range(args.rounds):
             shutil.rmtree(os.path.join(work, "ours"), ignore_errors=True)    # each round compiles from scratch
-            rounds.append({name: run_child(which, python, work, args.scale)
+            rounds.append({name: run_child(os.path.abspath(__file__), which, work, *scale_flag, python=python)
                            for name, which, python in (("ours", "ours", sys.executable),
                                                        ("ours_rerun", "ours", sys.executable),
                                                        ("trl", "trl", args.trl_python))})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(rounds, args.scale)
-
-
-def run_child(which: str, python: str, work: str, scale: bool) -> dict:
-    cmd = [python, os.path.abspath(__file__), "--child", which, work] + (["--scale"] if scale else [])
-    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          env=dict(os.environ, PYTHONPATH=REPO, GLOG_v="3"))
-    text = proc.stdout.decode(errors="replace")
-    line = next((ln for ln in text.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode or line is None:
-        raise SystemExit(f"{which} failed:\n{text[-4000:]}")
-    return json.loads(line[len("RESULT "):])
 
 
 def report(rounds: list, scale: bool):

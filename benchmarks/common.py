@@ -49,10 +49,10 @@ def hf_model_dir(path: str, seed: int = 0) -> str:
     return path
 
 
-def run_child(script: str, *args, env_extra=None) -> dict:
-    """Run `script --child ...` in a fresh process; it prints one JSON line last."""
+def run_child(script: str, *args, env_extra=None, python: str = sys.executable) -> dict:
+    """Run `script --child ...` in a fresh process of `python`; it prints one JSON line last."""
     env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3", **(env_extra or {}))
-    out = subprocess.run([sys.executable, script, "--child", *map(str, args)], env=env, stdout=subprocess.PIPE,
+    out = subprocess.run([python, script, "--child", *map(str, args)], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{script} child failed:\n{out.stderr[-3000:]}")
