@@ -21,7 +21,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import One, initializer
 
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
-from mindrlhf.models.graph_ops import expand_as, take
+from mindrlhf.models.graph_ops import expand_as, swap_middle, take
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, HeadLogProb, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import GatherSeq, Identity, copy_to_tp, enter_tp, gather_from_tp
@@ -129,9 +129,9 @@ class Attention(nn.Cell):
     def project_qkv(self, x, cos, sin):
         """x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd), RoPE applied to q and k."""
         b, t, _ = x.shape
-        q = ops.transpose(ops.reshape(self.wq(x), (b, t, self.nh, self.hd)), (0, 2, 1, 3))
-        k = ops.transpose(ops.reshape(self.wk(x), (b, t, self.nkv, self.hd)), (0, 2, 1, 3))
-        v = ops.transpose(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)), (0, 2, 1, 3))
+        q = swap_middle(ops.reshape(self.wq(x), (b, t, self.nh, self.hd)))
+        k = swap_middle(ops.reshape(self.wk(x), (b, t, self.nkv, self.hd)))
+        v = swap_middle(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)))
         cos = ops.cast(cos, q.dtype)
         sin = ops.cast(sin, q.dtype)
         return apply_rope(q, cos, sin, self.rope_swap), apply_rope(k, cos, sin, self.rope_swap), v
@@ -152,7 +152,7 @@ class Attention(nn.Cell):
         scores = scores + expand_as(bias, scores)
         probs = ops.cast(ops.softmax(scores, -1), v.dtype)
         out = ops.matmul(ops.reshape(probs, (b, self.nkv, self.rep * t, s)), v)   # (B, nkv, rep*T, hd)
-        out = ops.transpose(ops.reshape(out, (b, self.nh, t, self.hd)), (0, 2, 1, 3))
+        out = swap_middle(ops.reshape(out, (b, self.nh, t, self.hd)))
         return ops.reshape(out, (b, t, self.nh * self.hd))
 
     def construct(self, x, cos, sin, bias):
@@ -235,11 +235,11 @@ class SharedPrompt:
 
     def prompt_heads(self, z):
         """(Q*P, heads, hd) -> (Q, heads, P, hd)."""
-        return ops.transpose(ops.reshape(z, (self.prompts, self.prompt_len, -1, self.head_dim)), (0, 2, 1, 3))
+        return swap_middle(ops.reshape(z, (self.prompts, self.prompt_len, -1, self.head_dim)))
 
     def response_heads(self, z):
         """(N*T, heads, hd) -> (N, heads, T, hd)."""
-        return ops.transpose(ops.reshape(z, (self.rows, self.response_len, -1, self.head_dim)), (0, 2, 1, 3))
+        return swap_middle(ops.reshape(z, (self.rows, self.response_len, -1, self.head_dim)))
 
 
 class FeedForward(nn.Cell):
