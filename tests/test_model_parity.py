@@ -183,14 +183,16 @@ def test_linear_values_and_gradients_on_both_sides_of_the_few_rows_form(rng, row
     np.testing.assert_allclose(dw.asnumpy(), np.einsum("rto,rti->oi", dy64, x64), atol=1e-3, rtol=0)
 
 
-def test_swap_middle_moves_the_axes_in_values_and_gradient(rng):
+@pytest.mark.parametrize("shape", [(3, 5, 4, 6), (3, 1, 4, 6), (3, 5, 1, 6)])
+def test_swap_middle_moves_the_axes_in_values_and_gradient(rng, shape):
     """graph_ops.swap_middle (the heads transpose of attention) is numpy's transpose(0, 2, 1, 3), and its
-    gradient the incoming gradient moved back, exactly: it only copies."""
+    gradient the incoming gradient moved back, exactly: it only copies. Also with a middle axis of 1 (a
+    decode step), where it is a reshape."""
     import mindspore as ms
     from mindspore import Tensor, nn
     from mindrlhf.models.graph_ops import swap_middle
-    x = rng.standard_normal((3, 5, 4, 6)).astype(np.float32)
-    dy = rng.standard_normal((3, 4, 5, 6)).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(x.transpose(0, 2, 1, 3).shape).astype(np.float32)
 
     class Net(nn.Cell):
         @ms.jit
@@ -201,6 +203,21 @@ def test_swap_middle_moves_the_axes_in_values_and_gradient(rng):
     y, dx = Net()(Tensor(x), Tensor(dy))
     np.testing.assert_array_equal(y.asnumpy(), x.transpose(0, 2, 1, 3))
     np.testing.assert_array_equal(dx.asnumpy(), dy.transpose(0, 2, 1, 3))
+
+
+def test_swap_middle_launches_no_gather_when_a_middle_axis_is_1(monkeypatch):
+    """In a decode step (one position per sequence) the heads swap keeps the memory order: swap_middle
+    builds no gather there (a kernel launch per use, 4 per layer in every decode step), only in general."""
+    from mindspore import Tensor
+    from mindrlhf.models import graph_ops
+    calls = []
+    real_gather = graph_ops.ops.gather
+    monkeypatch.setattr(graph_ops.ops, "gather", lambda *a, **k: calls.append(1) or real_gather(*a, **k))
+    graph_ops.swap_middle(Tensor(np.ones((4, 1, 2, 8), np.float32)))
+    graph_ops.swap_middle(Tensor(np.ones((4, 2, 1, 8), np.float32)))
+    assert calls == []
+    graph_ops.swap_middle(Tensor(np.ones((4, 2, 3, 8), np.float32)))
+    assert calls == [1]
 
 
 def test_swap_middle_keeps_no_per_element_table_on_the_heap():
