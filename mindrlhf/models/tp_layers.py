@@ -23,8 +23,9 @@ MS_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat
 
 
 _MATMUL_NT = ops.MatMul(transpose_b=True)
-# Up to this many rows, `linear` computes (weight @ x^T)^T: see there.
-FEW_ROWS = 64
+# Up to FEW_ROWS rows `linear` computes (weight @ x^T)^T; for an output of WIDE_OUT features or more (a
+# vocabulary) only up to WIDE_FEW_ROWS rows: see there.
+FEW_ROWS, WIDE_OUT, WIDE_FEW_ROWS = 64, 32000, 32
 
 
 def linear(x, weight, compute_dtype):
@@ -35,11 +36,17 @@ def linear(x, weight, compute_dtype):
     (weight @ x^T)^T, where oneDNN streams the weight as the row-major left operand instead of repacking it
     as a transposed right one: a 16-row decode step of the benchmark model 27 -> 17 ms, its matmuls ~26 -> ~9
     ms, the 32000-row LM head 8 -> 4.4 ms (AMD EPYC Zen 4, profiled; from 128 rows on the first form is faster).
+    A vocabulary-sized output is the exception above 32 rows: there the final transpose (a CPU Transpose that
+    also keeps a size_t offset per output element on the heap for the graph's lifetime, 78 MB for 64 rows of
+    a 151,936 vocabulary) outweighs the gain. Measured alone, second form / first form at 64 rows: 32000 x 128
+    2.06, 32000 x 512 1.24, 151936 x 2048 1.10, against 18944 x 3584 0.89, 1408 x 512 0.64; at 32 rows the
+    vocabulary heads 0.84-0.92, at 16 rows 0.56-0.65 (medians of 7 interleaved rounds, Zen 4).
     The row count is a compile-time constant, so each graph holds one form. Measured on CPU only (the same product
     values either way; which form is faster on Ascend is unmeasured).
     """
     x2, w = _rows_and_weight(x, weight, compute_dtype)
-    if x2.shape[0] <= FEW_ROWS:
+    rows, out = x2.shape[0], weight.shape[0]
+    if rows <= FEW_ROWS and (rows <= WIDE_FEW_ROWS or out < WIDE_OUT):
         y = ops.transpose(_MATMUL_NT(w, x2), (1, 0))
     else:
         y = _MATMUL_NT(x2, w)
