@@ -220,9 +220,9 @@ def test_swap_middle_launches_no_gather_when_a_middle_axis_is_1(monkeypatch):
     assert calls == [1]
 
 
-def _heap_in_use_after(fn):
-    """Bytes glibc's heap (mallinfo2) grows by across `fn()`, after a first graph has set up the memory pool;
-    skips where glibc has no mallinfo2 (< 2.33)."""
+def _heap_growth(fn):
+    """(bytes glibc's heap (mallinfo2) grows by across `fn()`, what fn returned), after a first graph has set
+    up the memory pool; skips where glibc has no mallinfo2 (< 2.33)."""
     import ctypes
     import mindspore as ms
     from mindspore import Tensor
@@ -244,8 +244,8 @@ def _heap_in_use_after(fn):
 
     ms.jit(plus_one)(Tensor(np.ones(2, np.float32))).asnumpy()      # the memory pool exists before
     before = heap_in_use()
-    fn()
-    return heap_in_use() - before
+    result = fn()
+    return heap_in_use() - before, result
 
 
 def test_swap_middle_keeps_no_per_element_table_on_the_heap():
@@ -256,9 +256,8 @@ def test_swap_middle_keeps_no_per_element_table_on_the_heap():
     from mindspore import Tensor
     from mindrlhf.models.graph_ops import swap_middle
     x = Tensor(np.ones((64, 256, 8, 32), np.float32))          # 16 MB
-    out = []
-    grown = _heap_in_use_after(lambda: out.append(ms.jit(swap_middle)(x).asnumpy()))
-    assert grown < out[0].nbytes / 4, f"the heap grew by {grown / 2**20:.1f} MB for a {out[0].nbytes / 2**20:.0f} MB output"
+    grown, out = _heap_growth(lambda: ms.jit(swap_middle)(x).asnumpy())
+    assert grown < out.nbytes / 4, f"the heap grew by {grown / 2**20:.1f} MB for a {out.nbytes / 2**20:.0f} MB output"
 
 
 def test_linear_keeps_no_transpose_table_for_a_vocabulary_head_above_32_rows():
@@ -276,7 +275,6 @@ def test_linear_keeps_no_transpose_table_for_a_vocabulary_head_above_32_rows():
     def head(a, b):
         return linear(a, b, ms.float32)
     xt, wt = Tensor(x), Tensor(w)                 # their buffers are the heap's too: made before measuring
-    out = []
-    grown = _heap_in_use_after(lambda: out.append(ms.jit(head)(xt, wt).asnumpy()))
-    np.testing.assert_allclose(out[0], x @ w.T, rtol=1e-4, atol=1e-4)
-    assert grown < out[0].nbytes / 4, f"the heap grew by {grown / 2**20:.1f} MB for a {out[0].nbytes / 2**20:.1f} MB output"
+    grown, out = _heap_growth(lambda: ms.jit(head)(xt, wt).asnumpy())
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-4)
+    assert grown < out.nbytes / 4, f"the heap grew by {grown / 2**20:.1f} MB for a {out.nbytes / 2**20:.1f} MB output"
