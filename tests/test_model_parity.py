@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from hf_reference import hf_logits, make_hf_model, tiny_model_kwargs
+from memory_helpers import heap_growth
 from model_helpers import load_ours, model_inputs, token_loss_and_grads
 from mindrlhf.checkpoint.hf_interop import ms_to_hf_name
 from mindrlhf.configs import ModelConfig
@@ -220,34 +221,6 @@ def test_swap_middle_launches_no_gather_when_a_middle_axis_is_1(monkeypatch):
     assert calls == [1]
 
 
-def _heap_growth(fn):
-    """(bytes glibc's heap (mallinfo2) grows by across `fn()`, what fn returned), after a first graph has set
-    up the memory pool; skips where glibc has no mallinfo2 (< 2.33)."""
-    import ctypes
-    import mindspore as ms
-    from mindspore import Tensor
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
-    libc = ctypes.CDLL("libc.so.6")
-    if not hasattr(libc, "mallinfo2"):
-        pytest.skip("glibc without mallinfo2 (< 2.33)")
-    libc.mallinfo2.restype = MallInfo2
-
-    def heap_in_use():
-        info = libc.mallinfo2()
-        return info.uordblks + info.hblkhd
-
-    def plus_one(a):
-        return a + 1
-
-    ms.jit(plus_one)(Tensor(np.ones(2, np.float32))).asnumpy()      # the memory pool exists before
-    before = heap_in_use()
-    result = fn()
-    return heap_in_use() - before, result
-
-
 def test_swap_middle_keeps_no_per_element_table_on_the_heap():
     """The reason swap_middle is not ops.transpose: MindSpore 2.10's CPU Transpose keeps a size_t source
     offset per output element (twice a float32 output) on the heap for the compiled graph's lifetime.
@@ -256,7 +229,7 @@ def test_swap_middle_keeps_no_per_element_table_on_the_heap():
     from mindspore import Tensor
     from mindrlhf.models.graph_ops import swap_middle
     x = Tensor(np.ones((64, 256, 8, 32), np.float32))          # 16 MB
-    grown, out = _heap_growth(lambda: ms.jit(swap_middle)(x).asnumpy())
+    grown, out = heap_growth(lambda: ms.jit(swap_middle)(x).asnumpy())
     assert grown < out.nbytes / 4, f"the heap grew by {grown / 2**20:.1f} MB for a {out.nbytes / 2**20:.0f} MB output"
 
 
@@ -275,6 +248,6 @@ def test_linear_keeps_no_transpose_table_for_a_vocabulary_head_above_32_rows():
     def head(a, b):
         return linear(a, b, ms.float32)
     xt, wt = Tensor(x), Tensor(w)                 # their buffers are the heap's too: made before measuring
-    grown, out = _heap_growth(lambda: ms.jit(head)(xt, wt).asnumpy())
+    grown, out = heap_growth(lambda: ms.jit(head)(xt, wt).asnumpy())
     np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-4)
     assert grown < out.nbytes / 4, f"the heap grew by {grown / 2**20:.1f} MB for a {out.nbytes / 2**20:.1f} MB output"

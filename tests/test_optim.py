@@ -4,6 +4,7 @@ import pytest
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
+from memory_helpers import heap_peak_growth
 from mindrlhf.trainer.optim import AdamW, clip_scale, lr_at
 
 
@@ -55,6 +56,23 @@ def test_clip_scale():
     assert float(scale.asnumpy()) == pytest.approx(2.0 / (norm + 1e-6), rel=1e-6)
     assert float(clip_scale(grads, 100.0)[0].asnumpy()) == 1.0
     assert float(clip_scale(grads, 0.0)[0].asnumpy()) == 1.0
+
+
+class _Clip(nn.Cell):
+    @ms.jit
+    def construct(self, *grads):
+        return clip_scale(grads, 1.0)
+
+
+def test_clip_norm_compiles_in_heap_proportional_to_the_parameters():
+    """The global norm of 54 gradients compiles with a small heap peak. Its squares once were a list built in
+    the graph, which MindSpore 2.10's front end handled in more than linear memory: +94 MB for 54 gradients,
+    +233 MB and 5.5 s for 108 (a 7B model has ~340), against +14 / +25 MB now (measured in a fresh process)."""
+    values = [0.1 * i for i in range(54)]
+    grads = [Tensor(np.full((3, 5), v, np.float32)) for v in values]
+    peak, (_, norm) = heap_peak_growth(lambda: _Clip()(*grads))
+    assert float(norm.asnumpy()) == pytest.approx(np.sqrt(sum(15 * v * v for v in values)), rel=1e-5)
+    assert peak < 40 * 2**20, f"compiling the clip of 54 gradients peaked at +{peak / 2**20:.1f} MB of heap"
 
 
 def test_compiled_step_updates_every_parameter_and_moment():

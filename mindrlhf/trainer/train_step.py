@@ -12,7 +12,7 @@ from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.models.tp_regions import reduce_from_tp
 from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.trainer.grpo_math import agg_token_mean, grpo_loss, tis_weights
-from mindrlhf.trainer.optim import AdamW, clip_scale
+from mindrlhf.trainer.optim import AdamW, clip_scale, squares_total
 
 
 def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int,
@@ -105,13 +105,8 @@ class SplitNormSum(nn.Cell):
         if mesh.pp > 1:
             self.stage_sum = ops.AllReduce(group=mesh.pp_group)
 
-    def construct(self, squares):
-        split, replicated = ops.zeros((), ms.float32), ops.zeros((), ms.float32)
-        for i in self.split_ids:
-            split = split + squares[i]
-        for i in self.replicated_ids:
-            replicated = replicated + squares[i]
-        total = self.reduce(split) + replicated
+    def construct(self, grads):
+        total = self.reduce(squares_total(grads, self.split_ids)) + squares_total(grads, self.replicated_ids)
         if self.pp > 1:
             total = self.stage_sum(total)
         return total
