@@ -72,8 +72,9 @@ class AdamW(nn.Cell):
     def _composite_update(self, i, p, g, lr, bc1, sqrt_bc2):
         m = self.exp_avg[i] * self.beta1 + g * (1.0 - self.beta1)
         v = self.exp_avg_sq[i] * self.beta2 + ops.square(g) * (1.0 - self.beta2)
-        ops.assign(self.exp_avg[i], m)
-        ops.assign(self.exp_avg_sq[i], v)
+        # the moments keep the parameter's dtype (as torch.optim.AdamW's do); the update uses them in float32
+        ops.assign(self.exp_avg[i], ops.cast(m, self.exp_avg[i].dtype))
+        ops.assign(self.exp_avg_sq[i], ops.cast(v, self.exp_avg_sq[i].dtype))
         p32 = ops.cast(p, ms.float32) * (1.0 - lr * self.decay[i])
         # multiply by reciprocals: MindSpore 2.10's CPU Div kernel keeps ~4x its output size in memory
         # outside the pool for the graph's lifetime (2.4 GB for a 32000 x 512 AdamW pair, measured)
