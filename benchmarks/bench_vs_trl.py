@@ -17,18 +17,23 @@ want numpy 2 beside mindspore's numpy < 2. A second environment that worked here
 
 Ours runs with run.enable_compile_cache on, twice in the same directory: the first run compiles its graphs
 (and writes them to the cache: the headline figures), the second is a re-run of the same job that loads them
-(the rerun_* figures: first step and peak RSS without the graph compiler's work and heap).
+(the rerun_* figures: start-up and peak RSS without the graph compiler's work and heap).
+
+Start-up ("startup_*") is the trainer's construction plus its first step, on both sides: mindrlhf compiles
+its training graph while it is constructed (utils/compile_ahead.py), the rest in the first step. Peak RSS
+is the highest of VmHWM and a 5 ms watch of VmRSS (common.sample_rss: mindrlhf's trainer resets VmHWM per
+phase for its own peak_mb_* metrics).
 
 This machine's speed drifts by 10-30% within minutes, moving one side at a time (measured on a 2-core AMD
 EPYC Zen 4: ours 0.155, 0.196, 0.218 s/step in three consecutive rounds of one run, TRL 0.336, 0.295, 0.346).
 `--rounds N` runs the three children N times, interleaved, each round from a cold compile, and reports the
 median of the per-round ratios.
 
-Prints per-phase medians for both (of the median round), the first step (compile) time, peak RSS, every
-round's ratio, and last {"bench": "grpo_vs_trl", "ours": s_per_step, "reference": s_per_step, "ratio":
-reference / ours, "peak_rss_ratio": ours / reference, "round_ratios": [...], "rerun_first_step_ours": s,
+Prints per-phase medians for both (of the median round), the start-up time, peak RSS, every round's ratio,
+and last {"bench": "grpo_vs_trl", "ours": s_per_step, "reference": s_per_step, "ratio": reference / ours,
+"peak_rss_ratio": ours / reference, "round_ratios": [...], "startup_ours": s, "rerun_startup_ours": s,
 "rerun_peak_rss_ratio": ..., ...}; with several rounds ratio and peak_rss_ratio are medians over them, and
-ours, reference and the first-step and rerun_* figures are those of "median_round" (the upper of the two
+ours, reference and the start-up and rerun_* figures are those of "median_round" (the upper of the two
 middle rounds for an even count).
 """
 import argparse
@@ -40,7 +45,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, peak_rss_mb, run_child  # noqa: E402
+from common import REPO, peak_rss_mb, run_child, sample_rss  # noqa: E402
 
 SMALL = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=352)
 SCALE = dict(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408)
@@ -128,7 +133,8 @@ def child_ours(work: str, inputs: dict, dims: dict) -> dict:
     phases = {"generation": "time_rollout", "old-policy log-probs": "time_old_logprob",
               "reference log-probs": "time_ref_logprob", "policy fwd+bwd+AdamW": "time_train",
               "weight sync": "time_weight_sync"}
-    return {"setup_s": setup, "first_step_s": rows[0]["time_step"], "step_s": median([r["time_step"] for r in later]),
+    return {"setup_s": setup, "startup_s": setup + rows[0]["time_step"],
+            "step_s": median([r["time_step"] for r in later]),
             "phases": {name: median([r.get(key, 0.0) for r in later]) for name, key in phases.items()},
             "peak_rss_mb": peak_rss_mb(), "mean_completion_len": median([r["response_len_mean"] for r in later])}
 
@@ -155,7 +161,9 @@ def child_trl(work: str, inputs: dict, dims: dict) -> dict:
                       max_grad_norm=1.0, generation_kwargs={"min_new_tokens": NEW}, warmup_steps=0,
                       dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False)
     data = Dataset.from_list([{"prompt": p} for p in inputs["prompts"]])
+    t_setup = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
+    setup = time.perf_counter() - t_setup
     timing = {"step": [], "generation": [], "reference log-probs": [], "policy fwd+bwd+AdamW": []}
     state = {}
 
@@ -205,7 +213,7 @@ def child_trl(work: str, inputs: dict, dims: dict) -> dict:
     trainer.train()
     total = time.perf_counter() - t0
     later = {k: v[2:] for k, v in timing.items()}
-    return {"setup_s": 0.0, "first_step_s": timing["step"][0], "step_s": median(later["step"]), "train_s": total,
+    return {"setup_s": setup, "startup_s": setup + timing["step"][0], "step_s": median(later["step"]), "train_s": total,
             "phases": {k: median(v) for k, v in later.items() if k != "step"}, "peak_rss_mb": peak_rss_mb(),
             "steps": len(timing["step"]), "mean_completion_len": median(lengths) if lengths else float("nan")}
 
@@ -226,6 +234,7 @@ def main():
         which, work = args.child
         with open(os.path.join(work, "inputs.json")) as fh:
             inputs = json.load(fh)
+        sample_rss()
         out = child_ours(work, inputs, dims) if which == "ours" else child_trl(work, inputs, dims)
         print(json.dumps(out), flush=True)      # the last line: common.run_child reads it
         return
@@ -259,9 +268,9 @@ def report(rounds: list, scale: bool):
     print(f"{'whole step':34s} {ref['step_s']:10.3f} {ours['step_s']:10.3f}")
     for name in ("generation", "old-policy log-probs", "reference log-probs", "policy fwd+bwd+AdamW", "weight sync"):
         print(f"{name:34s} {ref['phases'].get(name, 0.0):10.3f} {ours['phases'].get(name, 0.0):10.3f}")
-    print(f"{'first step (compile)':34s} {ref['first_step_s']:10.3f} {ours['first_step_s']:10.3f}")
+    print(f"{'set-up + first step (compile)':34s} {ref['startup_s']:10.3f} {ours['startup_s']:10.3f}")
     print(f"{'peak RSS MB':34s} {ref['peak_rss_mb']:10.0f} {ours['peak_rss_mb']:10.0f}")
-    print(f"{'re-run from the compile cache':34s} {'':10s} first step {rerun['first_step_s']:.3f} s, "
+    print(f"{'re-run from the compile cache':34s} {'':10s} set-up + first step {rerun['startup_s']:.3f} s, "
           f"peak RSS {rerun['peak_rss_mb']:.0f} MB, step {rerun['step_s']:.3f} s")
     print(f"{'completion length (tokens)':34s} {ref['mean_completion_len']:10.1f} {ours['mean_completion_len']:10.1f}")
     if len(rounds) > 1:
@@ -273,8 +282,8 @@ def report(rounds: list, scale: bool):
                       "reference": round(ref["step_s"], 4), "ratio": round(median(ratios), 3),
                       "peak_rss_ratio": round(median(rss_ratios), 3),
                       "round_ratios": [round(x, 3) for x in ratios], "median_round": mid + 1,
-                      "first_step_ours": round(ours["first_step_s"], 2), "first_step_reference": round(ref["first_step_s"], 2),
-                      "rerun_first_step_ours": round(rerun["first_step_s"], 2),
+                      "startup_ours": round(ours["startup_s"], 2), "startup_reference": round(ref["startup_s"], 2),
+                      "rerun_startup_ours": round(rerun["startup_s"], 2),
                       "rerun_peak_rss_ratio": round(rerun["peak_rss_mb"] / ref["peak_rss_mb"], 3),
                       "rerun_ratio": round(ref["step_s"] / rerun["step_s"], 3)}))
 

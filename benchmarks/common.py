@@ -22,12 +22,34 @@ def ours_kernel_threads() -> int:
     return set_kernel_threads(auto_threads(1)[0])
 
 
-def peak_rss_mb() -> float:
+def _vm_kb(field: str) -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
-                return float(line.split()[1]) / 1024.0
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
     return 0.0
+
+
+_SAMPLED_PEAK_KB = [0.0]
+
+
+def sample_rss(period_s: float = 0.005):
+    """Watch this process's RSS from a thread from now on: peak_rss_mb() then reports the highest sample too.
+    VmHWM alone is not the process's peak once something resets it - mindrlhf's trainer does, per phase
+    (/proc/self/clear_refs, for its peak_mb_* metrics)."""
+    import threading
+    import time
+
+    def watch():
+        while True:
+            _SAMPLED_PEAK_KB[0] = max(_SAMPLED_PEAK_KB[0], _vm_kb("VmRSS"))
+            time.sleep(period_s)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def peak_rss_mb() -> float:
+    """The highest RSS seen: VmHWM, or the sample_rss watch's highest sample when that is higher."""
+    return max(_vm_kb("VmHWM"), _vm_kb("VmRSS"), _SAMPLED_PEAK_KB[0]) / 1024.0
 
 
 def hf_model_dir(path: str, seed: int = 0) -> str:

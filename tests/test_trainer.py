@@ -183,16 +183,28 @@ def test_reference_sync_every_n_steps(assets, tmp_path):
     assert any(not np.array_equal(ref[k], start[k]) for k in pol)
 
 
-def test_export_of_bf16_policy_matches_its_weights(assets, tmp_path):
-    """Exported HF weights are the policy's values (bf16 parameters are widened, not reinterpreted)."""
-    from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+def test_export_of_bf16_policy_matches_its_weights(tmp_path):
+    """Exported HF weights are the policy's values (bf16 parameters are widened, not reinterpreted): the
+    trainer's export path (exchange.full_policy, export_hf) on a bf16 model."""
+    from mindrlhf.checkpoint.hf_interop import export_hf, iter_hf_as_ms
+    from mindrlhf.configs import load_model_yaml
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.trainer import exchange
     from mindrlhf.utils.params import param_as_f32
-    bf16 = model_yaml(str(tmp_path / "bf16.yaml"), param_init_type="bfloat16")
-    trainer = _trainer(assets, tmp_path, sft_path_train=bf16, total_steps=1)
-    trainer.export_policy(str(tmp_path / "hf"))
+    cfg = load_model_yaml(model_yaml(str(tmp_path / "bf16.yaml"), param_init_type="bfloat16")).model
+    policy = CausalLM(cfg)
+    export_hf(exchange.full_policy(policy), str(tmp_path / "hf"), cfg)
     exported = dict(iter_hf_as_ms(str(tmp_path / "hf")))
-    for p in trainer.policy.get_parameters():
-        assert np.array_equal(exported[p.name], param_as_f32(p)), p.name
+    for p in policy.get_parameters():
+        assert str(p.dtype) == "BFloat16" and np.array_equal(exported[p.name], param_as_f32(p)), p.name
+
+
+def test_a_bf16_policy_is_refused_on_cpu_at_set_up(assets, tmp_path):
+    """MindSpore 2.10's CPU Assign kernel has no bfloat16, so AdamW cannot write a bf16 policy: a set-up error
+    naming the field (it once surfaced as a type error deep in the first update's compile)."""
+    bf16 = model_yaml(str(tmp_path / "bf16.yaml"), param_init_type="bfloat16")
+    with pytest.raises(ConfigError, match="param_init_type bfloat16 cannot be trained on MindSpore's CPU"):
+        _trainer(assets, tmp_path, sft_path_train=bf16, total_steps=1)
 
 
 def test_rollout_and_train_logprobs_agree_at_temperature(assets, tmp_path):
@@ -361,6 +373,37 @@ def test_one_update_per_rollout_skips_the_old_policy_pass(assets, tmp_path, monk
     want, got = model_state(slow.policy), model_state(fast.policy)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-6, err_msg=k)
+
+
+def test_the_training_step_compiles_at_set_up_and_the_first_update_only_runs_it(assets, tmp_path, monkeypatch):
+    """The trainer compiles its training graph before the first rollout (utils/compile_ahead.py says why);
+    no update compiles anything then, and the run equals one whose training graph compiles at its first
+    update, bit for bit (compiling ahead runs nothing: weights, moments and the step count are untouched)."""
+    from mindspore.graph.api import ms_compile_cache
+    compiled = []
+    real_update = GRPOTrainer.update
+
+    def update(self, *args):
+        before = set(ms_compile_cache)
+        out = real_update(self, *args)
+        compiled.append(len(set(ms_compile_cache) - before))
+        return out
+    monkeypatch.setattr(GRPOTrainer, "update", update)
+    common = dict(total_steps=2, beta=0.05, verifier_function="digit_fraction_test", temperature=0.7)
+    ahead = _trainer(assets, tmp_path / "ahead", **common)
+    assert int(ahead.optimizer.step.asnumpy()[0]) == 0
+    ahead_hist = ahead.fit()
+    assert compiled == [0, 0]
+    compiled.clear()
+    monkeypatch.setattr(GRPOTrainer, "_compile_train_step", lambda self: None)
+    lazy_hist = _trainer(assets, tmp_path / "lazy", **common).fit()
+    assert compiled == [1, 0]
+
+    def values(row):        # as JSON text: NaN too; times, rates and peak memory differ
+        return {k: json.dumps(v) for k, v in row.items()
+                if not (k.startswith(("time", "peak_mb")) or k.endswith("_per_s"))}
+    assert [values(r) for r in ahead_hist] == [values(r) for r in lazy_hist]
+    assert ahead_hist[1]["grad_norm"] > 0 and ahead_hist[1]["kl"] > 0
 
 
 def _three_column_copy(src: str, dst: str, answer_edit=None):

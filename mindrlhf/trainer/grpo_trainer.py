@@ -19,7 +19,6 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor
 
 from mindrlhf.checkpoint.hf_interop import export_hf
 from mindrlhf.checkpoint.model_io import load_weights
@@ -47,12 +46,12 @@ from mindrlhf.trainer.metrics import MetricsLogger, sample_metrics
 from mindrlhf.trainer.node_check import check_nodes_agree, compile_cache_dir
 from mindrlhf.trainer.optim import AdamW, scheduled_lr
 from mindrlhf.trainer.rollout_log import RolloutLog
-from mindrlhf.trainer.samples import SampleBatch, ScoredBatch, training_tensors
+from mindrlhf.trainer.samples import SampleBatch, ScoredBatch, train_step_inputs, training_tensors
 from mindrlhf.trainer.step_geometry import StepGeometry
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.pipeline_step import PipelineLogProb, PipelineTrainStep, micro_batch_count
 from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
-from mindrlhf.utils import cpu_threads, memory
+from mindrlhf.utils import compile_ahead, cpu_threads, memory
 from mindrlhf.utils.params import copy_params
 
 # what each update reports (the train step's outputs, then the learning rate), averaged over a step's updates
@@ -92,6 +91,7 @@ class GRPOTrainer:
         self.rollout_log = RolloutLog(cfg.run.rollout_log_file if self.rank == 0 else "")
         if cfg.run.resume:
             self._resume()
+        self._compile_train_step()
 
     # ---- set-up (all validation happens here, before any collective) ----------------------------------
     def _read_configs(self):
@@ -117,6 +117,11 @@ class GRPOTrainer:
             raise ConfigError(f"sft_path_infer {infer_yaml.path}: parallel_config.pipeline_stage="
                               f"{infer_yaml.parallel.pipeline_stage}; the rollout (infer) layout has no pipeline "
                               f"stages (as in MindRLHF): use pipeline_stage 1 and data_parallel/model_parallel")
+        if train_yaml.model.param_init_type == "bfloat16" and not on_ascend():
+            raise ConfigError(f"sft_path_train {train_yaml.path}: model.model_config.param_init_type bfloat16 cannot "
+                              f"be trained on MindSpore's CPU: its Assign kernel, with which AdamW writes the weights "
+                              f"in place, has no bfloat16 (2.10). Use float32 (or float16) for the policy; the "
+                              f"rollout model (sft_path_infer) may keep bfloat16")
         self.model_cfg = train_yaml.model
         par = train_yaml.parallel
         # micro-batches per update: the pipeline's, each cut into micro_batch_interleave_num parts
@@ -414,17 +419,32 @@ class GRPOTrainer:
         for _ in range(self.cfg.rl.num_iterations):
             for k in range(self.geometry.minibatches):
                 sl = slice(k * mb, (k + 1) * mb)
-                t = training_tensors(samples.rows(sl.start, sl.stop))
                 update_index = int(self.optimizer.step.asnumpy()[0])
                 lr = scheduled_lr(update_index, self.cfg.optim, self.total_updates)
-                out = self.train_step(t["input_ids"], t["position_ids"], t["bias"], t["labels"],
-                                      Tensor(train_mask[sl].astype(np.float32)), Tensor(old_logp[sl]),
-                                      Tensor(samples.rollout_logp[sl]), Tensor(ref_logp[sl]),
-                                      Tensor(advantages[sl]), Tensor(token_norms[k]), Tensor(np.float32(lr)))
+                out = self.train_step(*train_step_inputs(samples.rows(sl.start, sl.stop), train_mask[sl],
+                                                         old_logp[sl], ref_logp[sl], advantages[sl], token_norms[k], lr))
                 stats.append([float(x.asnumpy()) for x in out] + [lr])
         stats = np.array(stats, np.float64)
         return np.array([stats[:, i].max() if name in MAX_STATS else stats[:, i].mean()
                          for i, name in enumerate(UPDATE_STATS)])
+
+    def _compile_train_step(self):
+        """Compile the training graph now, before the first rollout (utils/compile_ahead.py says why: the
+        rollout and reference graphs, compiled after it, reuse the heap its compile freed). Its inputs have
+        static shapes: a mini-batch of [prompt | response] rows. The pipelined step compiles per stage and
+        micro-batch at its first update, as before."""
+        if not isinstance(self.train_step, PolicyTrainStep):
+            return
+        if not compile_ahead.available():
+            self.log("note: this MindSpore has no jit executor to compile ahead with; the training graph "
+                     "compiles at the first update (utils/compile_ahead.py)")
+            return
+        t0 = time.time()
+        blank = SampleBatch.blank(self.geometry.mini_batch, self.prompt_width, self.cfg.sampling.max_tokens)
+        logp = blank.rollout_logp
+        compile_ahead.compile_jit_cell(self.train_step, *train_step_inputs(
+            blank, blank.response_mask, logp, logp, np.zeros(len(blank), np.float32), 1.0, 0.0))
+        self.log(f"compiled the training step in {time.time() - t0:.1f} s")
 
     def _generate_round(self, phase, round_index: int) -> ScoredBatch:
         """One global batch of prompts: rollout on each infer replica, gathered, scored (overlong penalty

@@ -23,6 +23,15 @@ class SampleBatch:
     solution_index: np.ndarray  # (N,) int64 index into the step's solutions
     finished: np.ndarray        # (N,) int64 1 if EOS was produced
 
+    @staticmethod
+    def blank(rows: int, prompt_width: int, response_width: int) -> "SampleBatch":
+        """Zeros of the shapes and dtypes a rollout produces (for compiling graphs ahead of one)."""
+        def ints(width):
+            return np.zeros((rows, width), np.int64)
+        return SampleBatch(ints(prompt_width), ints(prompt_width), ints(response_width), ints(response_width),
+                           np.zeros((rows, response_width), np.float32), np.zeros(rows, np.int64),
+                           np.zeros(rows, np.int64))
+
     def rows(self, start: int, stop: int) -> "SampleBatch":
         return SampleBatch(**{k: v[start:stop] for k, v in self.__dict__.items()})
 
@@ -82,3 +91,14 @@ def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:
         "bias": causal_bias(in_mask),
         "labels": Tensor(labels.astype(np.int32)),
     }
+
+
+def train_step_inputs(batch: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norm, lr) -> tuple:
+    """The inputs of one training step (train_step.PolicyTrainStep, pipeline_step.PipelineTrainStep) for a
+    mini-batch, in their order; every float input float32, so the graph compiled for one call serves the next."""
+    t = training_tensors(batch)
+
+    def f32(x):
+        return Tensor(np.asarray(x, np.float32))
+    return (t["input_ids"], t["position_ids"], t["bias"], t["labels"], f32(train_mask), f32(old_logp),
+            f32(batch.rollout_logp), f32(ref_logp), f32(advantages), f32(token_norm), f32(lr))

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 def _executor_api():
     try:
+        from mindspore._c_expression import GraphExecutor_, JitExecutor_
         from mindspore.graph.api import _JitExecutor, _pynative_executor
     except ImportError:
         return None
-    if not all(hasattr(_JitExecutor, name) for name in ("compile", "__call__")):
+    if not (hasattr(_JitExecutor, "compile") and all(hasattr(executor, "clear_compile_arguments_resource")
+                                                     for executor in (GraphExecutor_, JitExecutor_))):
         return None
     return _JitExecutor, _pynative_executor
 
@@ -48,3 +50,6 @@ def compile_jit_cell(cell, *args) -> None:
     pynative.set_jit_compile_phase("")
     phase = executor.compile(fn.__name__, *args)
     pynative.set_jit_compile_phase(phase)
+    # the run would consume the inputs the compile kept (converted arguments keyed by object address, and
+    # the arguments themselves); without a run, release them as MindSpore does when it skips a compile
+    executor._graph_executor.clear_compile_arguments_resource()
