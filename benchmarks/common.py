@@ -22,15 +22,7 @@ def ours_kernel_threads() -> int:
     return set_kernel_threads(auto_threads(1)[0])
 
 
-def _vm_kb(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return float(line.split()[1])
-    return 0.0
-
-
-_SAMPLED_PEAK_KB = [0.0]
+_SAMPLED_PEAK_MB = [0.0]
 
 
 def sample_rss(period_s: float = 0.005):
@@ -39,17 +31,19 @@ def sample_rss(period_s: float = 0.005):
     (/proc/self/clear_refs, for its peak_mb_* metrics)."""
     import threading
     import time
+    from mindrlhf.utils import memory
 
     def watch():
         while True:
-            _SAMPLED_PEAK_KB[0] = max(_SAMPLED_PEAK_KB[0], _vm_kb("VmRSS"))
+            _SAMPLED_PEAK_MB[0] = max(_SAMPLED_PEAK_MB[0], memory.rss_mb())
             time.sleep(period_s)
     threading.Thread(target=watch, daemon=True).start()
 
 
 def peak_rss_mb() -> float:
     """The highest RSS seen: VmHWM, or the sample_rss watch's highest sample when that is higher."""
-    return max(_vm_kb("VmHWM"), _vm_kb("VmRSS"), _SAMPLED_PEAK_KB[0]) / 1024.0
+    from mindrlhf.utils import memory
+    return max(memory.peak_mb(), memory.rss_mb(), _SAMPLED_PEAK_MB[0])
 
 
 def hf_model_dir(path: str, seed: int = 0) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 
@@ -14,14 +15,23 @@ class _MallInfo2(ctypes.Structure):
                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
+@functools.lru_cache(maxsize=None)
+def _mallinfo2():
+    """glibc's mallinfo2, loaded once (heap_peak_growth calls it every half millisecond), or None."""
+    libc = ctypes.CDLL("libc.so.6")
+    if not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    return libc.mallinfo2
+
+
 def heap_in_use() -> int:
     """Bytes in use in glibc's heap (mallinfo2: arenas + mmapped blocks); skips where glibc has no mallinfo2
     (< 2.33)."""
-    libc = ctypes.CDLL("libc.so.6")
-    if not hasattr(libc, "mallinfo2"):
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
         pytest.skip("glibc without mallinfo2 (< 2.33)")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
+    info = mallinfo2()
     return info.uordblks + info.hblkhd
 
 

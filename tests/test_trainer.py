@@ -19,6 +19,12 @@ def assets(tmp_path_factory):
     return make_grpo_assets(str(tmp_path_factory.mktemp("grpo")))
 
 
+def _computed(row):
+    """What a step's metrics row says the run computed, as JSON text (NaN too): times, rates and peak memory,
+    which change between equal runs, left out."""
+    return {k: json.dumps(v) for k, v in row.items() if not (k.startswith(("time", "peak_mb")) or k.endswith("_per_s"))}
+
+
 def _trainer(assets, save_dir, **extra):
     return GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(save_dir), **extra)), log=lambda *a: None)
 
@@ -399,10 +405,7 @@ def test_the_training_step_compiles_at_set_up_and_the_first_update_only_runs_it(
     lazy_hist = _trainer(assets, tmp_path / "lazy", **common).fit()
     assert compiled == [1, 0]
 
-    def values(row):        # as JSON text: NaN too; times, rates and peak memory differ
-        return {k: json.dumps(v) for k, v in row.items()
-                if not (k.startswith(("time", "peak_mb")) or k.endswith("_per_s"))}
-    assert [values(r) for r in ahead_hist] == [values(r) for r in lazy_hist]
+    assert [_computed(r) for r in ahead_hist] == [_computed(r) for r in lazy_hist]
     assert ahead_hist[1]["grad_norm"] > 0 and ahead_hist[1]["kl"] > 0
 
 
@@ -540,11 +543,7 @@ def test_a_rerun_from_the_compile_cache_trains_the_same_and_starts_without_compi
     (cold, cold_files), (warm, warm_files) = runs
     assert any(f.endswith(".mindir") for f in cold_files) and warm_files == cold_files
     assert warm[0]["time_step"] < 0.5 * cold[0]["time_step"], (warm[0]["time_step"], cold[0]["time_step"])
-
-    def values(row):        # what the run computed (as JSON text: NaN too); times, rates and peak memory change
-        return {k: json.dumps(v) for k, v in row.items()
-                if not (k.startswith(("time", "peak_mb")) or k.endswith("_per_s"))}
     assert len(cold) == len(warm) == 2
     for c, w in zip(cold, warm):
-        assert values(w) == values(c), c["step"]
+        assert _computed(w) == _computed(c), c["step"]
     assert cold[1]["grad_norm"] > 0 and cold[1]["kl"] > 0 and cold[0]["loss"] != 0
