@@ -3,12 +3,21 @@ from __future__ import annotations
 
 from mindspore import nn, ops
 
+_reduce_mean = ops.MultitypeFuncGraph("dp_reduce_mean")
+
+
+@_reduce_mean.register("Function", "Number", "Tensor")
+def _reduce_mean_one(all_reduce, dp, grad):
+    return all_reduce(grad) / dp
+
 
 class DPGradMean(nn.Cell):
     """Average gradients over the DP group (sum all-reduce / dp); identity when dp == 1.
 
     Every DP rank must hold the same number of samples per step so the mean of per-rank means is the
-    full-batch mean (the trainer guarantees it by splitting whole prompt groups evenly).
+    full-batch mean (the trainer guarantees it by splitting whole prompt groups evenly). The tuple is mapped
+    with HyperMap: a generator over it in the graph compiled in more than linear memory in MindSpore 2.10
+    (54 gradients +130 MB of heap, 108 +332 MB; HyperMap +2 / +4 MB).
     """
 
     def __init__(self, mesh):
@@ -16,8 +25,9 @@ class DPGradMean(nn.Cell):
         self.dp = mesh.dp
         if self.dp > 1:
             self.all_reduce = ops.AllReduce(group=mesh.dp_group)
+            self.map = ops.HyperMap()
 
     def construct(self, grads):
         if self.dp == 1:
             return grads
-        return tuple(self.all_reduce(g) / self.dp for g in grads)
+        return self.map(ops.partial(_reduce_mean, self.all_reduce, self.dp), grads)
