@@ -251,3 +251,52 @@ def test_linear_keeps_no_transpose_table_for_a_vocabulary_head_above_32_rows():
     grown, out = heap_growth(lambda: ms.jit(head)(xt, wt).asnumpy())
     np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-4)
     assert grown < out.nbytes / 4, f"the heap grew by {grown / 2**20:.1f} MB for a {out.nbytes / 2**20:.1f} MB output"
+
+
+def test_attention_backward_keeps_no_transpose_tables_on_the_heap():
+    """The attention's backward (RoPE's half rotation and probs @ v) has no CPU Transpose, whose size_t table
+    of output offsets stays on the heap for the graph's lifetime: differentiated op by op, the rotation's
+    gather became Transpose / UnsortedSegmentSum / Transpose and the functional matmul transposed both
+    operands (probs: 8 MB here). Compile + first run of the gradient of one attention block, measured:
+    +76.8 MB with those and the softmax's broadcasting Sub (LastAxisSoftmax), against +24.2 MB."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindrlhf.configs import ModelConfig
+    from mindrlhf.models.qwen2 import Attention, causal_bias, rope_tables, rope_swap
+    from mindrlhf.parallel.mesh import Mesh
+    cfg = ModelConfig(hidden_size=128, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
+                      vocab_size=64, seq_length=256)
+    attention = Attention(cfg, Mesh(1, 1, 0))
+    b, t = 8, 256
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((b, t, 128)).astype(np.float32))
+    cos, sin = rope_tables(cfg.head_dim, t, cfg.theta)
+    cos = Tensor(np.broadcast_to(cos[None, None], (b, 1, t, cfg.head_dim)).copy())
+    sin = Tensor(np.broadcast_to((sin * rope_swap(cfg.head_dim)[1])[None, None], (b, 1, t, cfg.head_dim)).copy())
+    bias = causal_bias(np.ones((b, t), np.int32))
+
+    def loss(x_):
+        return (attention(x_, cos, sin, bias) ** 2).sum()
+    grad = ms.jit(ms.grad(loss))
+    grown, dx = heap_growth(lambda: grad(x).asnumpy())
+    assert np.isfinite(dx).all() and np.abs(dx).max() > 0
+    assert grown < 40 * 2**20, f"the attention's backward grew the heap by {grown / 2**20:.1f} MB"
+
+
+def test_last_axis_broadcast_and_reductions_equal_numpy():
+    """graph_ops' last-axis forms (a product with a row of ones; reductions as 2-D) give numpy's values: the
+    broadcast exactly, the sums within float32 rounding; float16 keeps BroadcastTo."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+    from mindrlhf.models.graph_ops import expand_as, mean_last, sum_last
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 7, 16)).astype(np.float32)
+    row = rng.standard_normal((3, 5, 7, 1)).astype(np.float32)
+
+    def forms(a, r):
+        return expand_as(r, a), sum_last(a), mean_last(a), expand_as(ops.cast(r, ms.float16), ops.cast(a, ms.float16))
+    wide, total, mean, wide16 = ms.jit(forms)(Tensor(x), Tensor(row))
+    np.testing.assert_array_equal(wide.asnumpy(), np.broadcast_to(row, x.shape))
+    np.testing.assert_allclose(total.asnumpy(), x.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mean.asnumpy(), x.mean(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(wide16.asnumpy(), np.broadcast_to(row.astype(np.float16), x.shape))

@@ -21,7 +21,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import One, initializer
 
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
-from mindrlhf.models.graph_ops import expand_as, swap_middle, take
+from mindrlhf.models.graph_ops import expand_as, mean_last, sum_last, swap_middle, take
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, HeadLogProb, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import GatherSeq, Identity, copy_to_tp, enter_tp, gather_from_tp
@@ -30,6 +30,10 @@ from mindrlhf.parallel.mesh import Mesh
 
 NEG_INF = -1e30  # additive mask value; finite so fully-masked rows stay NaN-free
 _BMM_NT = ops.BatchMatMul(transpose_b=True)   # q @ k^T without materialising k^T (a cache-sized copy)
+# probs @ v as the primitive: the functional matmul's backward transposes both operands with Transpose
+# kernels, each of which keeps a size_t source-offset table of its output for the graph's lifetime
+# (graph_ops.swap_middle); BatchMatMul's backward is two BatchMatMuls with transpose flags.
+_BMM = ops.BatchMatMul()
 
 
 class RMSNorm(nn.Cell):
@@ -60,12 +64,11 @@ class RMSNormFunction(nn.Cell):
         super().__init__()
         self.eps = eps
         self.compute_dtype = compute_dtype
-        self.mean_last = ops.ReduceMean(keep_dims=True)
         self.sum_rows = ops.ReduceSum()
 
     def _normed(self, x32):
         """(x * r, r broadcast to x), in compute_dtype."""
-        rstd = expand_as(ops.rsqrt(self.mean_last(ops.square(x32), -1) + self.eps), x32)
+        rstd = expand_as(ops.rsqrt(mean_last(ops.square(x32)) + self.eps), x32)
         return x32 * rstd, rstd
 
     def construct(self, x, weight):
@@ -77,7 +80,7 @@ class RMSNormFunction(nn.Cell):
         dy = ops.cast(dout, self.compute_dtype)
         dw = self.sum_rows(ops.reshape(dy * normed, (-1, x.shape[-1])), 0)
         g = dy * expand_as(ops.cast(weight, self.compute_dtype), dy)
-        dx = (g - normed * expand_as(self.mean_last(g * normed, -1), normed)) * rstd
+        dx = (g - normed * expand_as(mean_last(g * normed), normed)) * rstd
         return ops.cast(dx, x.dtype), ops.cast(dw, weight.dtype)
 
 
@@ -97,13 +100,46 @@ def rope_swap(head_dim: int) -> Tuple[np.ndarray, np.ndarray]:
     return index, sign
 
 
-def apply_rope(x, cos, signed_sin, swap):
+class HalfRotation(nn.Cell):
+    """x (..., hd) -> x[..., index] with index = rope_swap's (the halves swapped), written as a gather with
+    a constant index, and with its backward written out: that permutation is its own inverse, so the
+    gradient is the same gather of the incoming gradient. MindSpore 2.10 differentiates a gather on the last
+    axis as Transpose, UnsortedSegmentSum, Transpose, and each CPU Transpose keeps a size_t table of its
+    output's offsets for the graph's lifetime (graph_ops.swap_middle): 8 Transposes, ~9 MB of tables, in the
+    small benchmark's 2-layer training step."""
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.index = Tensor(rope_swap(head_dim)[0])
+
+    def construct(self, x):
+        return ops.gather(x, self.index, x.ndim - 1)
+
+    def bprop(self, x, out, dout):
+        return (ops.gather(dout, self.index, dout.ndim - 1),)
+
+
+class LastAxisSoftmax(nn.Cell):
+    """softmax over the last axis, with its backward written out: dx = y * (dy - sum(dy * y)), the row sums
+    broadcast by expand_as. MindSpore 2.10's own backward subtracts the (..., 1) row sums with a broadcasting
+    Sub, whose CPU kernel keeps two size_t tables of the output's size (16 bytes per attention score) for the
+    graph's lifetime (measured: +33.6 MB for (8, 4, 256, 256) scores)."""
+
+    def construct(self, x):
+        return ops.softmax(x, -1)
+
+    def bprop(self, x, out, dout):
+        row_dot = sum_last(dout * out)
+        return ((dout - expand_as(row_dot, out)) * out,)
+
+
+def apply_rope(x, cos, signed_sin, rotate: HalfRotation):
     """x (..., hd) * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as x[..., swap] *
     signed_sin (sin times rope_swap's sign, folded into the table). A gather instead of two slices and a
     concat: on MindSpore 2.10's CPU, measured on (16, 4, 64, 32) forward + backward, it compiles in half the
     time (213 vs 442 ms; each slice costs ~30 ms of type inference, per layer and graph) and runs 8x faster
     (4.1 vs 32 ms)."""
-    return x * expand_as(cos, x) + ops.gather(x, swap, x.ndim - 1) * expand_as(signed_sin, x)
+    return x * expand_as(cos, x) + rotate(x) * expand_as(signed_sin, x)
 
 
 class Attention(nn.Cell):
@@ -123,8 +159,9 @@ class Attention(nn.Cell):
                                        pdt, cdt, std)
         self.wo = RowParallelLinear(cfg.num_heads * self.hd, cfg.hidden_size, mesh, False, pdt, cdt, std)
         self.scale = 1.0 / float(np.sqrt(self.hd))
-        self.rope_swap = Tensor(rope_swap(self.hd)[0])
+        self.rotate = HalfRotation(self.hd)
         self.softmax_dtype = MS_DTYPES[cfg.softmax_compute_type]
+        self.softmax = LastAxisSoftmax()
 
     def project_qkv(self, x, cos, sin):
         """x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd), RoPE applied to q and k."""
@@ -134,7 +171,7 @@ class Attention(nn.Cell):
         v = swap_middle(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)))
         cos = ops.cast(cos, q.dtype)
         sin = ops.cast(sin, q.dtype)
-        return apply_rope(q, cos, sin, self.rope_swap), apply_rope(k, cos, sin, self.rope_swap), v
+        return apply_rope(q, cos, sin, self.rotate), apply_rope(k, cos, sin, self.rotate), v
 
     def attend(self, q, k, v, bias):
         """q (B, nh, T, hd), k/v (B, nkv, S, hd), bias (B, 1, T, S) additive -> (B, T, H) after wo."""
@@ -150,8 +187,8 @@ class Attention(nn.Cell):
         scores = ops.reshape(scores, (b, self.nh, t, s))
         scores = ops.cast(scores, self.softmax_dtype)
         scores = scores + expand_as(bias, scores)
-        probs = ops.cast(ops.softmax(scores, -1), v.dtype)
-        out = ops.matmul(ops.reshape(probs, (b, self.nkv, self.rep * t, s)), v)   # (B, nkv, rep*T, hd)
+        probs = ops.cast(self.softmax(scores), v.dtype)
+        out = _BMM(ops.reshape(probs, (b, self.nkv, self.rep * t, s)), v)   # (B, nkv, rep*T, hd)
         out = swap_middle(ops.reshape(out, (b, self.nh, t, self.hd)))
         return ops.reshape(out, (b, t, self.nh * self.hd))
 
@@ -164,8 +201,8 @@ class Attention(nn.Cell):
         attend among themselves, each sample's response tokens to its group's prompt keys and its own.
         x (M, H), cos/sin (M, 1, hd), bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T) -> (M, H)."""
         m = x.shape[0]
-        q = apply_rope(ops.reshape(self.wq(x), (m, self.nh, self.hd)), cos, sin, self.rope_swap)
-        k = apply_rope(ops.reshape(self.wk(x), (m, self.nkv, self.hd)), cos, sin, self.rope_swap)
+        q = apply_rope(ops.reshape(self.wq(x), (m, self.nh, self.hd)), cos, sin, self.rotate)
+        k = apply_rope(ops.reshape(self.wk(x), (m, self.nkv, self.hd)), cos, sin, self.rotate)
         v = ops.reshape(self.wv(x), (m, self.nkv, self.hd))
         cut = split.prompt_tokens
         k_p, v_p = split.prompt_heads(take(k, 0, 0, cut)), split.prompt_heads(take(v, 0, 0, cut))
