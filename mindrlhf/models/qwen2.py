@@ -105,8 +105,8 @@ class HalfRotation(nn.Cell):
     a constant index, and with its backward written out: that permutation is its own inverse, so the
     gradient is the same gather of the incoming gradient. MindSpore 2.10 differentiates a gather on the last
     axis as Transpose, UnsortedSegmentSum, Transpose, and each CPU Transpose keeps a size_t table of its
-    output's offsets for the graph's lifetime (graph_ops.swap_middle): 8 Transposes, ~9 MB of tables, in the
-    small benchmark's 2-layer training step."""
+    output's offsets for the graph's lifetime (graph_ops.swap_middle): 8 of the 16 Transposes (17 MB of
+    tables together, heaptrack) in the small benchmark's 2-layer training step."""
 
     def __init__(self, head_dim: int):
         super().__init__()
@@ -134,11 +134,11 @@ class LastAxisSoftmax(nn.Cell):
 
 
 def apply_rope(x, cos, signed_sin, rotate: HalfRotation):
-    """x (..., hd) * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as x[..., swap] *
-    signed_sin (sin times rope_swap's sign, folded into the table). A gather instead of two slices and a
-    concat: on MindSpore 2.10's CPU, measured on (16, 4, 64, 32) forward + backward, it compiles in half the
-    time (213 vs 442 ms; each slice costs ~30 ms of type inference, per layer and graph) and runs 8x faster
-    (4.1 vs 32 ms)."""
+    """x (..., hd) * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as rotate(x) * signed_sin
+    (x[..., swap] by HalfRotation; sin times rope_swap's sign, folded into the table). A gather instead of
+    two slices and a concat: on MindSpore 2.10's CPU, measured on (16, 4, 64, 32) forward + backward, it
+    compiles in half the time (213 vs 442 ms; each slice costs ~30 ms of type inference, per layer and
+    graph) and runs 8x faster (4.1 vs 32 ms)."""
     return x * expand_as(cos, x) + rotate(x) * expand_as(signed_sin, x)
 
 
