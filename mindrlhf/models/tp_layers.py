@@ -38,9 +38,10 @@ def linear(x, weight, compute_dtype):
     ms, the 32000-row LM head 8 -> 4.4 ms (AMD EPYC Zen 4, profiled; from 128 rows on the first form is faster).
     A vocabulary-sized output is the exception above 32 rows: there the final transpose (a CPU Transpose that
     also keeps a size_t offset per output element on the heap for the graph's lifetime: a 64-row decode graph
-    with a 151,936 vocabulary grew RSS by 216 MB against 104 MB) outweighs the gain. Measured alone, second form / first form at 64 rows: 32000 x 128
-    2.06, 32000 x 512 1.24, 151936 x 2048 1.10, against 18944 x 3584 0.89, 1408 x 512 0.64; at 32 rows the
-    vocabulary heads 0.84-0.92, at 16 rows 0.56-0.65 (medians of 7 interleaved rounds, Zen 4).
+    with a 151,936 vocabulary grew RSS by 216 MB against 104 MB) outweighs the gain. Measured alone, second
+    form / first form at 64 rows: 32000 x 128 2.06, 32000 x 512 1.24, 151936 x 2048 1.10, against 18944 x 3584
+    0.89, 1408 x 512 0.64; at 32 rows the vocabulary heads 0.84-0.92, at 16 rows 0.56-0.65 (medians of 7
+    interleaved rounds, Zen 4).
     The row count is a compile-time constant, so each graph holds one form. Measured on CPU only (the same product
     values either way; which form is faster on Ascend is unmeasured).
     """
