@@ -21,8 +21,9 @@ Ours runs with run.enable_compile_cache on, twice in the same directory: the fir
 
 Start-up ("startup_*") is the trainer's construction plus its first step, on both sides: mindrlhf compiles
 its training graph while it is constructed (utils/compile_ahead.py), the rest in the first step. Peak RSS
-is the highest of VmHWM and a 5 ms watch of VmRSS (common.sample_rss: mindrlhf's trainer resets VmHWM per
-phase for its own peak_mb_* metrics).
+is the process's whole-life VmHWM (common.peak_rss_mb: mindrlhf's trainer restarts VmHWM per phase for its
+peak_mb_* metrics and keeps the highest mark; until session 18 a 5 ms thread watched VmRSS instead, which
+slowed the watched GRPO step by 8-15% on two cores).
 
 This machine's speed drifts by 10-30% within minutes, moving one side at a time (measured on a 2-core AMD
 EPYC Zen 4: ours 0.155, 0.196, 0.218 s/step in three consecutive rounds of one run, TRL 0.336, 0.295, 0.346).
@@ -45,7 +46,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, peak_rss_mb, run_child, sample_rss  # noqa: E402
+from common import REPO, peak_rss_mb, run_child  # noqa: E402
 
 SMALL = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=352)
 SCALE = dict(layers=4, hidden=512, heads=8, kv_heads=2, intermediate=1408)
@@ -234,7 +235,6 @@ def main():
         which, work = args.child
         with open(os.path.join(work, "inputs.json")) as fh:
             inputs = json.load(fh)
-        sample_rss()
         out = child_ours(work, inputs, dims) if which == "ours" else child_trl(work, inputs, dims)
         print(json.dumps(out), flush=True)      # the last line: common.run_child reads it
         return

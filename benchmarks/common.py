@@ -22,28 +22,11 @@ def ours_kernel_threads() -> int:
     return set_kernel_threads(auto_threads(1)[0])
 
 
-_SAMPLED_PEAK_MB = [0.0]
-
-
-def sample_rss(period_s: float = 0.005):
-    """Watch this process's RSS from a thread from now on: peak_rss_mb() then reports the highest sample too.
-    VmHWM alone is not the process's peak once something resets it - mindrlhf's trainer does, per phase
-    (/proc/self/clear_refs, for its peak_mb_* metrics)."""
-    import threading
-    import time
-    from mindrlhf.utils import memory
-
-    def watch():
-        while True:
-            _SAMPLED_PEAK_MB[0] = max(_SAMPLED_PEAK_MB[0], memory.rss_mb())
-            time.sleep(period_s)
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def peak_rss_mb() -> float:
-    """The highest RSS seen: VmHWM, or the sample_rss watch's highest sample when that is higher."""
+    """This process's peak RSS since it started (utils.memory.process_peak_mb: mindrlhf's trainer restarts
+    VmHWM per phase, and the highest mark of every phase is kept)."""
     from mindrlhf.utils import memory
-    return max(memory.peak_mb(), memory.rss_mb(), _SAMPLED_PEAK_MB[0])
+    return memory.process_peak_mb()
 
 
 def hf_model_dir(path: str, seed: int = 0) -> str:
