@@ -39,8 +39,9 @@ def peak_mb() -> float:
 
 
 def process_peak_mb() -> float:
-    """Peak RSS since the process started, whatever reset_peak did in between."""
-    return max(_PEAK_OF_RESET_WINDOWS_MB[0], peak_mb(), rss_mb())
+    """Peak RSS since the process started, whatever reset_peak did in between (VmHWM is never below VmRSS:
+    the kernel reports the higher of the two)."""
+    return max(_PEAK_OF_RESET_WINDOWS_MB[0], peak_mb())
 
 
 def rss_mb() -> float:
