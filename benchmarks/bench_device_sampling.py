@@ -24,8 +24,8 @@ EOS = 0
 
 def graph_sampler():
     import mindspore as ms
-    from mindspore import Tensor, nn, ops
-    from mindrlhf.models.graph_ops import expand_as, sum_last
+    from mindspore import nn, ops
+    from mindrlhf.models.graph_ops import expand_as, sum_last, take
     row_max = ops.ReduceMax(keep_dims=True)
 
     class Sample(nn.Cell):
@@ -35,7 +35,7 @@ def graph_sampler():
             scores = logits + expand_as(eos_bias, logits)
             weights = ops.exp(scores - expand_as(row_max(scores, -1), scores))
             cdf = ops.cumsum(weights, 1)
-            target = ops.reshape(u, (rows, 1)) * ops.gather(cdf, Tensor(np.array([v - 1], np.int32)), 1)
+            target = ops.reshape(u, (rows, 1)) * take(cdf, 1, v - 1, v)        # the row totals
             token = ops.cast(sum_last(ops.cast(cdf <= expand_as(target, cdf), ms.float32)), ms.int32)
             token = ops.minimum(token, v - 1)
             fallback = ops.reshape(ops.argmax(scores, -1), (rows, 1)).astype(ms.int32)
