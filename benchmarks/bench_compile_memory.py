@@ -10,8 +10,7 @@ Variants (which `@ms.jit` graphs stay compiled; the others run op by op in PyNat
 
 A measurement harness, not a mode of mindrlhf: for the variants other than `all` the child replaces
 `mindspore.jit` by a selective stand-in before mindrlhf is imported, and skips compile-ahead for a training
-step left uncompiled. The variants compute the same GRPO step; only its speed and memory are
-read here.
+step left uncompiled. The variants compute the same GRPO step; only its speed and memory are read here.
 
 Prints per variant its step time (median of steps 3..20), peak RSS (whole-life VmHWM) and start-up, each as
 a ratio to TRL's from the same run, and last {"bench": "compile_memory", "ours": peak MB of `all`,
@@ -58,11 +57,9 @@ def compile_only(classes) -> None:
     compile_ahead.compile_jit_cell = compile_if_jit
 
 
-def child(variant: str, work: str) -> dict:
+def child_ours(variant: str, work: str, inputs: dict) -> dict:
     if VARIANTS[variant] is not None:
         compile_only(VARIANTS[variant])
-    with open(os.path.join(work, "inputs.json")) as fh:
-        inputs = json.load(fh)
     shutil.rmtree(os.path.join(work, "ours"), ignore_errors=True)      # a cold compile, no cache to load
     return bench_vs_trl.child_ours(work, inputs, bench_vs_trl.SMALL)
 
@@ -74,8 +71,11 @@ def main():
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        out = child(*args.child) if args.child[0] in VARIANTS else bench_vs_trl.child_trl(
-            args.child[1], json.load(open(os.path.join(args.child[1], "inputs.json"))), bench_vs_trl.SMALL)
+        which, work = args.child
+        with open(os.path.join(work, "inputs.json")) as fh:
+            inputs = json.load(fh)
+        out = (child_ours(which, work, inputs) if which in VARIANTS
+               else bench_vs_trl.child_trl(work, inputs, bench_vs_trl.SMALL))
         print(json.dumps(out), flush=True)
         return
     if args.rounds < 1:
@@ -109,8 +109,9 @@ def main():
                           "startup_s": round(startup, 2)}
         print(f"{name:20s} {step:8.3f} {trl_step / step:13.3f} {peak:8.0f} {peak / trl_peak:11.3f} {startup:11.2f}")
     print(f"{'TRL':20s} {trl_step:8.3f} {1.0:13.3f} {trl_peak:8.0f} {1.0:11.3f} {trl_startup:11.2f}")
-    print(json.dumps({"bench": "compile_memory", "ours": variants["all"]["peak_rss_mb"], "reference": round(trl_peak, 1),
-                      "ratio": variants["all"]["peak_rss_ratio"], "variants": variants}))
+    print(json.dumps({"bench": "compile_memory", "ours": variants["all"]["peak_rss_mb"],
+                      "reference": round(trl_peak, 1), "ratio": variants["all"]["peak_rss_ratio"],
+                      "variants": variants}))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """Generated tokens/s: our engine vs transformers `generate` (torch CPU, KV cache on), same weights and
 sampling (temperature 1, no top-k/top-p), 16 prompts x 64 tokens, 128 new tokens; plus batch 1 / 8 / 32.
 
-Early-stop variant (batch 16, --early_batch N for another): EOS_IDS token ids all count as EOS, so under the random model about half of
-the sequences stop at random lengths before 128 tokens (GRPO's usual ragged rollouts). Tokens/s counts
-generated tokens (EOS included); ours runs once with finished rows compacted out of the decode batch and
-once decoding every row to the end (compact_below 0), which is what the saving is measured against; the two
-alternate EARLY_REPEATS times on the same samples and the medians are reported (one run of each, one after
-the other, moved the saving between 0.93 and 1.06 on one machine). Compaction halves the batch only while
-at least 8 rows remain (GenerationEngine.compact_below), so at batch 16 it runs 8 rows for the steps after
-half the sequences ended; at batch 64 it can go 64 -> 32 -> 16 -> 8.
+Early-stop variant (batch 16; --early_batch N for another): EOS_IDS token ids all count as EOS, so under the
+random model about half of the sequences stop at random lengths before 128 tokens (GRPO's usual ragged
+rollouts). Tokens/s counts generated tokens (EOS included); ours runs with finished rows compacted out of
+the decode batch and decoding every row to the end (compact_below 0), which is what the saving is measured
+against: the two alternate EARLY_REPEATS times on the same samples and their medians are reported (one run
+of each, one after the other, moved the saving between 0.93 and 1.06 on one machine); transformers runs
+once. Compaction halves the batch only while at least 8 rows remain (GenerationEngine.compact_below), so at
+batch 16 it runs 8 rows for the steps after half the sequences ended; at batch 64 it can go 64 -> 32 -> 16
+-> 8.
 Each side runs in its own process. Last line: one JSON object.
 """
 import argparse
@@ -131,8 +132,8 @@ def main():
     print("batch | ours tokens/s | transformers tokens/s | ratio")
     for b in ("1", "8", "16", "32"):
         print(f"{b:>5} | {mine[b]:13.0f} | {ref[b]:21.0f} | {mine[b] / ref[b]:.2f}")
-    print(f"early stop, batch {args.early_batch}: ours {early_ours['compacting']:.0f} tokens/s compacting finished rows "
-          f"({early_ours['compacting_decoded_rows']} rows decoded), {early_ours['every_row']:.0f} decoding every "
+    print(f"early stop, batch {args.early_batch}: ours {early_ours['compacting']:.0f} tokens/s compacting finished "
+          f"rows ({early_ours['compacting_decoded_rows']} rows decoded), {early_ours['every_row']:.0f} decoding every "
           f"row ({early_ours['every_row_decoded_rows']}); transformers {early_ref['every_row']:.0f}; "
           f"{early_ours['stopped_early']:.0%} / {early_ref['stopped_early']:.0%} of the sequences stopped early, "
           f"mean length {early_ours['mean_length']:.0f} / {early_ref['mean_length']:.0f}")
