@@ -13,6 +13,7 @@ setup(
         "tokenizers",
         "tqdm",
         "safetensors",
+        "jinja2",          # model folders' chat templates
     ],
     extras_require={
         # reference implementations used only by tests and benchmarks

@@ -2,6 +2,8 @@
 import os
 import re
 
+import pytest
+
 from mindrlhf.configs.grpo_config import config_reference_markdown
 
 README = os.path.join(os.path.dirname(__file__), "..", "README.md")
@@ -14,13 +16,15 @@ def test_readme_config_reference_is_current():
     assert m.group(1) == config_reference_markdown(), "run: python scripts/gen_config_reference.py"
 
 
-def test_upstream_table_is_current():
-    from mindrlhf.configs.upstream import table_markdown
+@pytest.mark.parametrize("marker,module", [("upstream-table", "mindrlhf.configs.upstream"),
+                                           ("hf-config-table", "mindrlhf.configs.hf_config")])
+def test_upstream_tables_are_current(marker, module):
+    import importlib
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "UPSTREAM.md")
     text = open(path, encoding="utf-8").read()
-    m = re.search(r"<!-- upstream-table:start -->\n(.*?)\n<!-- upstream-table:end -->", text, flags=re.S)
-    assert m, "docs/UPSTREAM.md lacks the table markers"
-    assert m.group(1) == table_markdown(), "run: python scripts/gen_config_reference.py"
+    m = re.search(f"<!-- {marker}:start -->\\n(.*?)\\n<!-- {marker}:end -->", text, flags=re.S)
+    assert m, f"docs/UPSTREAM.md lacks the {marker} markers"
+    assert m.group(1) == importlib.import_module(module).table_markdown(), "run: python scripts/gen_config_reference.py"
 
 
 def test_readme_names_the_ci_test_command():

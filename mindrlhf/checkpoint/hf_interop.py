@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, write_safetensors
 from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.configs.hf_config import hf_config_dict
 from mindrlhf.configs.model_config import ModelConfig
 from mindrlhf.utils.atomic import write_json
 
@@ -98,10 +100,20 @@ def iter_hf_as_ms(path: str) -> Iterator[Tuple[str, np.ndarray]]:
                 yield ours, f.get(hf_name)
 
 
+# what makes an HF folder usable beyond its weights: copied from the tokenizer folder on export
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "chat_template.json", "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
 def export_hf(tensors: Dict[str, np.ndarray], out_dir: str, cfg: ModelConfig,
-              max_shard_bytes: int = 4 << 30, torch_dtype: str = "float32"):
-    """Write our full (unsharded) tensors as an HF Qwen2 checkpoint directory with config.json."""
+              max_shard_bytes: int = 4 << 30, torch_dtype: str = "float32", tokenizer_dir: str = ""):
+    """Write our full (unsharded) tensors as an HF Qwen2/Llama checkpoint directory with config.json, and the
+    tokenizer files (TOKENIZER_FILES) of `tokenizer_dir` when it is a folder."""
     os.makedirs(out_dir, exist_ok=True)
+    if tokenizer_dir and os.path.isdir(tokenizer_dir):
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(tokenizer_dir, name)):
+                shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
     items = [(ms_to_hf_name(n), a) for n, a in tensors.items()
              if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
     shards, current, size = [], [], 0
@@ -124,42 +136,3 @@ def export_hf(tensors: Dict[str, np.ndarray], out_dir: str, cfg: ModelConfig,
         write_json(os.path.join(out_dir, "model.safetensors.index.json"),
                     {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
     write_json(os.path.join(out_dir, "config.json"), hf_config_dict(cfg, torch_dtype), indent=2)
-
-
-def hf_config_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict:
-    """A Qwen2 (qkv bias) or Llama (no bias) config.json for our model config."""
-    common = {
-        "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
-        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.theta, "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_position_embedding, "tie_word_embeddings": cfg.tie_word_embeddings,
-        "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "torch_dtype": torch_dtype,
-        "attention_dropout": 0.0,
-    }
-    if cfg.qkv_has_bias:
-        return {**common, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-                "use_sliding_window": False}
-    return {**common, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
-            "mlp_bias": False, "pad_token_id": cfg.pad_token_id}
-
-
-def model_config_from_hf(path: str, **overrides) -> ModelConfig:
-    """Our ModelConfig from an HF config.json (Qwen2 or Llama)."""
-    cfg_path = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    with open(cfg_path, encoding="utf-8") as fh:
-        hf = json.load(fh)
-    is_qwen = hf.get("model_type") == "qwen2"
-    kwargs = dict(
-        hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-        n_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
-        intermediate_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), theta=float(hf.get("rope_theta", 10000.0)),
-        qkv_has_bias=bool(is_qwen or hf.get("attention_bias", False)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embedding=hf.get("max_position_embeddings", 2048),
-        seq_length=min(hf.get("max_position_embeddings", 2048), 4096),
-        eos_token_id=hf.get("eos_token_id", 2), bos_token_id=hf.get("bos_token_id", 1) or 1,
-    )
-    kwargs.update(overrides)
-    return ModelConfig(**kwargs)

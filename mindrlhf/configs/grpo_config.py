@@ -17,6 +17,7 @@ import yaml
 from mindrlhf.configs import choices, upstream
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.hf_config import is_hf_folder
 
 
 def _f(default, help_text, **kw):
@@ -28,7 +29,9 @@ def _f(default, help_text, **kw):
 @dataclass
 class RunConfig:
     """Files and run control (names as in MindRLHF's qwen_grpo_tutorial)."""
-    sft_path_train: str = _f("", "model YAML of the policy (train layout)")
+    sft_path_train: str = _f("", "model YAML of the policy (train layout), or a Hugging Face model folder "
+                             "(config.json; every rank data-parallel; its weights and tokenizer are then the "
+                             "defaults of load_sft_checkpoint_train and vocab_path)")
     sft_path_infer: str = _f("", "model YAML of the rollout model (infer layout); default: same as train. Its "
                              "generation fields (max_decode_length, top_k, top_p, temperature, ...) drive sampling "
                              "unless this config sets them")
@@ -207,6 +210,7 @@ class GRPOConfig:
     def __post_init__(self):
         self.explicit = set()      # "section.field" set by the config file or a flag (the rest are defaults)
         self.ignored = []          # (source, key, reason): accepted MindRLHF keys that change nothing here
+        self.derived = []          # "field: value (why)": defaults filled from other fields, said at start-up
 
     def validate(self):
         positive = [("rl.num_generations", self.rl.num_generations), ("rl.batch_size", self.rl.batch_size),
@@ -309,7 +313,20 @@ def load_grpo_config(path: Optional[str] = None, overrides: Optional[Dict[str, A
         sec, f = where[key]
         setattr(getattr(cfg, sec), key, coerce(value, f, f"--{key}"))
         cfg.explicit.add(f"{sec}.{key}")
+    _hf_folder_defaults(cfg)
     return cfg.validate()
+
+
+def _hf_folder_defaults(cfg: GRPOConfig):
+    """A Hugging Face folder as sft_path_train also gives the policy's weights and the tokenizer, unless
+    those are set."""
+    run = cfg.run
+    if not is_hf_folder(run.sft_path_train):
+        return
+    for name in ("load_sft_checkpoint_train", "vocab_path"):
+        if not getattr(run, name):
+            setattr(run, name, run.sft_path_train)
+            cfg.derived.append(f"run.{name}: {run.sft_path_train} (the Hugging Face folder given as sft_path_train)")
 
 
 def build_arg_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 
 DTYPES = ("float32", "float16", "bfloat16")
+EXTEND_METHODS = ("None", "LLAMA3")
 
 
 @dataclass
@@ -48,12 +49,16 @@ class ModelConfig:
     eos_token_id: Union[int, List[int]] = 2
     initializer_range: float = 0.02
     offset: Union[int, List[int]] = 0      # MindFormers' layer split between pipeline stages (layer_split)
+    extend_method: str = "None"            # RoPE scaling: "None" or "LLAMA3" (MindFormers' names)
+    scaling_factor: Optional[Dict[str, float]] = None   # LLAMA3: factor, low/high_freq_factor, original_max_...
 
     def __post_init__(self):
         if self.n_kv_heads is None:
             self.n_kv_heads = self.num_heads
         if self.max_position_embedding is None:
             self.max_position_embedding = self.seq_length
+        if self.extend_method in ("", "none", None):      # MindFormers writes "None"; YAML may give null
+            self.extend_method = "None"
         self.validate()
 
     @property
@@ -91,6 +96,20 @@ class ModelConfig:
             raise ConfigError(f"{where}.rms_norm_eps: expected > 0, got {self.rms_norm_eps!r}")
         if not self.theta > 0:
             raise ConfigError(f"{where}.theta: expected > 0, got {self.theta!r}")
+        if self.extend_method not in EXTEND_METHODS:
+            raise ConfigError(f"{where}.extend_method: {self.extend_method!r} is not supported (expected one of "
+                              f"{EXTEND_METHODS}: no RoPE scaling, or Llama 3's)")
+        if self.extend_method == "LLAMA3":
+            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            given = self.scaling_factor if isinstance(self.scaling_factor, dict) else {}
+            bad = [k for k in keys if isinstance(given.get(k), bool) or not isinstance(given.get(k), (int, float))
+                   or not given.get(k) > 0]
+            if bad or set(given) - set(keys):
+                raise ConfigError(f"{where}.scaling_factor: extend_method LLAMA3 needs positive numbers for exactly "
+                                  f"{', '.join(keys)}; got {self.scaling_factor!r}")
+            if given["high_freq_factor"] <= given["low_freq_factor"]:
+                raise ConfigError(f"{where}.scaling_factor: high_freq_factor must exceed low_freq_factor, got "
+                                  f"{self.scaling_factor!r}")
 
 
 def layer_split(num_layers: int, pp: int, offset: Union[int, List[int]] = 0,
@@ -160,10 +179,13 @@ class ParallelConfig:
                                   f"model.model_config.tie_word_embeddings True is not supported (the first and "
                                   f"last stage would share the embedding); use pipeline_stage 1")
             layer_split(model.num_layers, self.pipeline_stage, model.offset)
-        for name in ("num_heads", "n_kv_heads", "intermediate_size", "vocab_size"):
-            if getattr(model, name) % tp:
-                raise ConfigError(f"{where}.model_parallel={tp} does not divide "
-                                  f"model.model_config.{name}={getattr(model, name)}")
+        split = ("num_heads", "n_kv_heads", "intermediate_size", "vocab_size")
+        bad = [f"{name}={getattr(model, name)}" for name in split if getattr(model, name) % tp]
+        if bad:
+            ok = [d for d in range(1, model.num_heads + 1) if all(getattr(model, n) % d == 0 for n in split)]
+            raise ConfigError(f"{where}.model_parallel={tp} does not divide model.model_config.{', '.join(bad)} "
+                              f"(each TP rank holds whole heads and equal shares; model_parallel "
+                              f"{' or '.join(map(str, ok))} would)")
 
 
 @dataclass
@@ -229,8 +251,12 @@ def parallel_config_from_dict(raw: Dict[str, Any], where: str = "parallel_config
                   ignored if ignored is not None else [])
 
 
-def load_model_yaml(path: str) -> ModelYaml:
-    """Read a MindFormers-style model YAML; errors name the file and the field."""
+def load_model_yaml(path: str, hf_parallel: Optional[ParallelConfig] = None) -> ModelYaml:
+    """Read a MindFormers-style model YAML; errors name the file and the field. A Hugging Face model folder
+    (config.json) is read by configs/hf_config.py, in the layout `hf_parallel` (default: one rank)."""
+    from mindrlhf.configs.hf_config import is_hf_folder, model_yaml_from_hf     # it builds on this module
+    if is_hf_folder(path):
+        return model_yaml_from_hf(path, hf_parallel)
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: model config file not found")
     with open(path, "r", encoding="utf-8") as fh:

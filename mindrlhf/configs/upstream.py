@@ -220,8 +220,6 @@ MODEL_CHECKED = {
     "kv_channels": (lambda v, raw: int(v) * int(raw.get("num_heads", 0) or 1) == int(raw.get("hidden_size", 0)),
                     "hidden_size / num_heads"),
     "rotary_emb_base": (lambda v, raw: "theta" not in raw or float(v) == float(raw["theta"]), "theta"),
-    "extend_method": (lambda v, raw: v in (None, "None", "none"), "\"None\" (no RoPE scaling)"),
-    "scaling_factor": (lambda v, raw: raw.get("extend_method") in (None, "None", "none"), "unused: extend_method None"),
 }
 PARALLEL_INERT: Dict[str, str] = {
     "vocab_emb_dp": "embedding placement; the embedding is vocab-split over model_parallel either way",

@@ -5,7 +5,7 @@ import argparse
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pad_token_id", type=int, default=None, help="default: the tokenizer's <|endoftext|> id")
     p.add_argument("--dataset_type", default="gsm8k", choices=["gsm8k", "openr1math", "raw"])
     p.add_argument("--prompt_template", default="none",
-                   help=f"one of {sorted(PROMPT_TEMPLATES)} or a text file containing '{{question}}'")
+                   help=f"chat (the chat template of the model folder given as --vocab_path), one of "
+                        f"{sorted(PROMPT_TEMPLATES)}, or a text file containing '{{question}}'")
+    p.add_argument("--system_prompt", default="", help="with --prompt_template chat: a system message before "
+                                                       "each question (default: the template's own, if any)")
     p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip"],
                    help="what to do with prompts longer than --max_prompt_length (truncate keeps the end)")
     p.add_argument("--workers", type=int, default=0, help="tokenizer threads (0: all cores)")
@@ -53,16 +56,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_template(name: str) -> str:
+def resolve_template(name: str, vocab_path: str = "", system_prompt: str = "") -> Callable[[str], str]:
+    """question -> prompt text: a named template, a text file with '{question}', or `chat` (the model
+    folder's own chat template, data/chat_template.py)."""
+    if name == "chat":
+        from mindrlhf.data.chat_template import ChatTemplate
+        if not vocab_path or not os.path.isdir(vocab_path):
+            raise ConfigError(f"--prompt_template chat: renders the model folder's chat template; give the folder "
+                              f"as --vocab_path (got {vocab_path!r})")
+        chat = ChatTemplate(vocab_path)
+        return lambda question: chat.prompt(question, system_prompt)
+    if system_prompt:
+        raise ConfigError("--system_prompt: only --prompt_template chat has a system message")
     if name in PROMPT_TEMPLATES:
-        return PROMPT_TEMPLATES[name]
-    if os.path.isfile(name):
+        text = PROMPT_TEMPLATES[name]
+    elif os.path.isfile(name):
         with open(name, encoding="utf-8") as fh:
             text = fh.read()
         if "{question}" not in text:
             raise ConfigError(f"--prompt_template {name}: the template has no {{question}} placeholder")
-        return text
-    raise ConfigError(f"--prompt_template: expected one of {sorted(PROMPT_TEMPLATES)} or a file, got {name!r}")
+    else:
+        raise ConfigError(f"--prompt_template: expected chat, one of {sorted(PROMPT_TEMPLATES)} or a file, got "
+                          f"{name!r}")
+    return lambda question: text.format(question=question)
 
 
 def convert(args) -> ConvertSummary:
@@ -75,7 +91,7 @@ def convert(args) -> ConvertSummary:
         raise ConfigError(f"--output_path: the directory {out_dir} does not exist")
     if args.workers:
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)
-    template = resolve_template(args.prompt_template)
+    template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt)
     tok = load_tokenizer(args.vocab_path, args.merges_file_path)
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
     if pad is None:
@@ -97,7 +113,7 @@ def convert(args) -> ConvertSummary:
     for start in range(0, n_in, chunk):
         part = examples[start:start + chunk]
         # one tokenizer call per chunk (prompts then answers): the Rust side parallelises across both
-        ids = tok.encode_batch([template.format(question=e.question) for e in part] +
+        ids = tok.encode_batch([template(e.question) for e in part] +
                                [" " + e.answer_text for e in part])
         for ex, p_ids, a_ids in zip(part, ids[:len(part)], ids[len(part):]):
             if len(p_ids) > p_len:

@@ -17,15 +17,22 @@ QWEN2_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 class Tokenizer:
-    """Batch encode/decode with the ids our models use; `eos_token_id`/`pad_token_id` as in Qwen2."""
+    """Batch encode/decode with the ids our models use. `eos_token_id`/`pad_token_id`: the named tokens
+    (a tokenizer_config.json's eos_token / pad_token), else Qwen2's (<|im_end|>, <|endoftext|>)."""
 
-    def __init__(self, backend, source: str):
+    def __init__(self, backend, source: str, eos_token: Optional[str] = None, pad_token: Optional[str] = None):
         self._tok = backend
         self.source = source
-        self.pad_token_id = self.token_to_id("<|endoftext|>")
-        self.eos_token_id = self.token_to_id("<|im_end|>")
+        self.pad_token_id = self.token_to_id(pad_token or "<|endoftext|>")
+        self.eos_token_id = self.token_to_id(eos_token or "<|im_end|>")
+        for token, found in ((eos_token, self.eos_token_id), (pad_token, self.pad_token_id)):
+            if token and found is None:
+                raise ConfigError(f"{source}: the special token {token!r} named in tokenizer_config.json is not in "
+                                  f"the vocabulary")
         if self.eos_token_id is None:
             self.eos_token_id = self.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.eos_token_id
 
     @property
     def vocab_size(self) -> int:
@@ -108,9 +115,33 @@ def load_tokenizer_json(path: str) -> Tokenizer:
     if not os.path.isfile(file):
         raise ConfigError(f"{path}: no tokenizer.json found")
     try:
-        return Tokenizer(HFTokenizer.from_file(file), file)
+        backend = HFTokenizer.from_file(file)
     except Exception as err:  # tokenizers raises a bare Exception on bad JSON
         raise ConfigError(f"{file}: not a valid tokenizer.json ({err})") from None
+    special = tokenizer_config(os.path.dirname(file))
+    return Tokenizer(backend, file, _token_text(special.get("eos_token")), _token_text(special.get("pad_token")))
+
+
+def tokenizer_config(folder: str) -> dict:
+    """The folder's tokenizer_config.json ({} when there is none)."""
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path}: not readable JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return raw
+
+
+def _token_text(token) -> Optional[str]:
+    """A special token as tokenizer_config.json gives it: a string, or {"content": ...} (AddedToken)."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) and token else None
 
 
 class SentencePieceTokenizer:

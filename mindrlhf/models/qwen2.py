@@ -84,12 +84,31 @@ class RMSNormFunction(nn.Cell):
         return ops.cast(dx, x.dtype), ops.cast(dw, weight.dtype)
 
 
-def rope_tables(head_dim: int, max_positions: int, theta: float) -> Tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables (max_positions, head_dim), computed in float32 as Hugging Face does."""
+def rope_tables(head_dim: int, max_positions: int, theta: float,
+                scaling: Optional[Dict[str, float]] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables (max_positions, head_dim), computed in float32 as Hugging Face does; `scaling` is Llama
+    3's RoPE scaling (ModelConfig.scaling_factor with extend_method LLAMA3), None for plain RoPE."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    inv_freq = inv_freq.astype(np.float32)
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, **scaling)
     freqs = np.arange(max_positions, dtype=np.float32)[:, None] * inv_freq[None, :].astype(np.float32)
     emb = np.concatenate([freqs, freqs], axis=-1).astype(np.float32)
     return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def llama3_inv_freq(inv_freq: np.ndarray, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_max_position_embeddings: float) -> np.ndarray:
+    """Llama 3.x RoPE scaling: wavelengths longer than the original context / low_freq_factor are divided by
+    `factor`, shorter than context / high_freq_factor kept, those between interpolated smoothly."""
+    f32 = np.float32
+    context = f32(original_max_position_embeddings)
+    wavelen = f32(2 * np.pi) / inv_freq
+    scaled = np.where(wavelen > context / f32(low_freq_factor), inv_freq / f32(factor), inv_freq).astype(f32)
+    smooth = (context / wavelen - f32(low_freq_factor)) / f32(high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / f32(factor) + smooth * scaled
+    medium = ~(wavelen < context / f32(high_freq_factor)) & ~(wavelen > context / f32(low_freq_factor))
+    return np.where(medium, smoothed, scaled).astype(f32)
 
 
 def rope_swap(head_dim: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -342,7 +361,8 @@ class DecoderModel(nn.Cell):
         if self.last:
             self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type],
                                     mesh)
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embedding, cfg.theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_position_embedding, cfg.theta,
+                               cfg.scaling_factor if cfg.extend_method == "LLAMA3" else None)
         rdt = MS_DTYPES[cfg.rotary_dtype]
         self.cos_table = Tensor(cos).astype(rdt)
         self.signed_sin_table = Tensor(sin * rope_swap(cfg.head_dim)[1]).astype(rdt)     # see apply_rope

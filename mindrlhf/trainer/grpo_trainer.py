@@ -26,7 +26,8 @@ from mindrlhf.configs import upstream
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig
-from mindrlhf.configs.model_config import load_model_yaml
+from mindrlhf.configs.hf_config import is_hf_folder
+from mindrlhf.configs.model_config import ParallelConfig, load_model_yaml
 from mindrlhf.data.dataset import PromptDataset
 from mindrlhf.data.tokenizer import load_tokenizer
 from mindrlhf.models.qwen2 import CausalLM, left_pad, param_specs
@@ -98,9 +99,14 @@ class GRPOTrainer:
         run = self.cfg.run
         if not run.sft_path_train:
             raise ConfigError("sft_path_train: required (model YAML of the policy)")
-        train_yaml = load_model_yaml(run.sft_path_train)
-        infer_yaml = load_model_yaml(run.sft_path_infer) if run.sft_path_infer else train_yaml
-        ref_yaml = load_model_yaml(run.sft_path_ref) if run.sft_path_ref else None
+        hf_layout = ParallelConfig(data_parallel=self.world)      # an HF folder's layout: every rank data-parallel
+        train_yaml = load_model_yaml(run.sft_path_train, hf_layout)
+        infer_yaml = load_model_yaml(run.sft_path_infer, hf_layout) if run.sft_path_infer else train_yaml
+        ref_yaml = load_model_yaml(run.sft_path_ref, hf_layout) if run.sft_path_ref else None
+        for y in {y.path: y for y in (train_yaml, infer_yaml, ref_yaml) if y is not None}.values():
+            if is_hf_folder(y.path):
+                self.log(f"{y.path}: Hugging Face folder, layout data_parallel={self.world} (another layout: write "
+                         f"a model YAML with python -m mindrlhf.configs.hf_config {y.path} --model_parallel N)")
         for other, flag in ((infer_yaml, "sft_path_infer"), (ref_yaml, "sft_path_ref")):
             if other is not None and train_yaml.model.weight_shapes() != other.model.weight_shapes():
                 raise ConfigError(f"{flag} {other.path}: model.model_config describes another model than "
@@ -218,6 +224,8 @@ class GRPOTrainer:
                 by_source[y.path] = y.ignored
         for source, items in by_source.items():
             self.log(upstream.describe_ignored(source, items))
+        for line in self.cfg.derived:
+            self.log(line)
         if self.cfg.rl.beta == 0 and self.cfg.run.load_ref_checkpoint:
             self.log(f"note: load_ref_checkpoint {self.cfg.run.load_ref_checkpoint} is not loaded: rl.beta is 0, so "
                      f"there is no KL term and no reference model (set beta > 0 to use it)")
@@ -638,7 +646,7 @@ class GRPOTrainer:
         """Write the policy as HF safetensors (rank 0), its full tensors assembled from one replica each."""
         full = exchange.full_policy(self.policy)
         if self.rank == 0:
-            export_hf(full, out_dir, self.model_cfg)
+            export_hf(full, out_dir, self.model_cfg, tokenizer_dir=self.cfg.run.vocab_path)
         comm.barrier()
 
     def _train_layout_text(self) -> str:

@@ -74,3 +74,10 @@ def write_json(path: str, obj, indent: int = 1):
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(obj, fh, indent=indent)
+
+
+def write_text(path: str, text: str):
+    """Write `text` at `path` atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)

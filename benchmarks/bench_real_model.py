@@ -1,0 +1,296 @@
+"""GRPO from a real pretrained model, mindrlhf and TRL side by side: SmolLM2-135M-Instruct (30 layers) on
+one-step arithmetic word problems (examples/grpo/smollm2_arithmetic, whose README says why each setting).
+
+    python benchmarks/bench_real_model.py [--steps 100] [--eval_every 10] [--trl_python PY] [--quick]
+
+Both systems start from the same HF folder (scripts/get_smollm2.py), see the same prompts rendered by the
+model's own chat template, score with the same verifier (mindrlhf.reward.verifiers.accuracy_reward: the
+'#### n' answer must be right) and use the same settings: 4 prompts x 8 samples per step, <= 40 new tokens,
+temperature 0.5, beta 0 (no reference model), token-mean loss (TRL's "dapo"), clip 0.2 / 0.28, AdamW lr 1e-5
+constant after 3 warm-up updates, weight decay 0, gradient clip 1.0, one update per rollout. Held-out
+accuracy is greedy on the first 64 test prompts (never trained on), before step 1 and every --eval_every
+steps; evaluation time counts in the wall time, not in the step time.
+
+Each system runs in a fresh process, one after the other (2 cores: never at once). Per system one JSON line
+{"bench": "real_model", "system", "heldout_before", "heldout_after", "steps", "wall_min", "step_s",
+"first_step_s", "peak_rss_mb", "curve": [[step, accuracy], ...], "phases": {...}}, then
+{"bench": "real_model_vs_trl", "ratio": trl step_s / ours, "peak_rss_ratio": ours / trl, "first_step_s": ours,
+"heldout_gain": ours after - before, "heldout_gap_vs_trl": ours after - trl after, "matmul_gflops": ...,
+"floor": {phase: estimated FLOPs / the machine's matmul rate, seconds}}. step_s is the median over steps
+2..N (step 1 compiles). --quick: 10 steps and no evaluation (timing only). --plot writes both learning
+curves on one figure.
+
+The TRL side runs in --trl_python (a venv with trl; see bench_vs_trl.py).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import REPO, peak_rss_mb, run_child  # noqa: E402
+
+EXAMPLE = os.path.join(REPO, "examples", "grpo", "smollm2_arithmetic")
+PROMPTS, G, NEW, TEMPERATURE, LR, WARMUP, EVAL_PROMPTS = 4, 8, 40, 0.5, 1e-5, 3, 64
+PROMPT_WIDTH = 64         # rlhf_data.py --max_prompt_length (the prompts are 59-61 tokens)
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+
+# ---- shared inputs (this Python) ----------------------------------------------------------------------------
+def prepare(work: str, model_dir: str) -> dict:
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    from get_smollm2 import convert
+    convert(model_dir)
+    data = os.path.join(work, "data")
+    subprocess.run([sys.executable, os.path.join(EXAMPLE, "make_data.py"), data], check=True,
+                   stdout=subprocess.DEVNULL)
+    for split in ("train", "test"):
+        subprocess.run([sys.executable, os.path.join(REPO, "examples", "grpo", "qwen_grpo_tutorial", "rlhf_data.py"),
+                        "--vocab_path", model_dir, "--file_path", os.path.join(data, f"{split}.jsonl"),
+                        "--output_path", os.path.join(data, f"{split}.mindrecord"), "--prompt_template", "chat",
+                        "--max_prompt_length", str(PROMPT_WIDTH), "--seq_length", str(2 * PROMPT_WIDTH),
+                        "--no_progress"], check=True, stdout=subprocess.DEVNULL)
+    return {"model_dir": model_dir, "data": data}
+
+
+def matmul_gflops() -> float:
+    """This machine's float32 matmul rate (numpy, all cores), best of 5: the floor the phases are held to."""
+    import numpy as np
+    a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return 2 * 2048 ** 3 / best / 1e9
+
+
+def phase_flops(model_dir: str, mean_response: float) -> dict:
+    """Matmul FLOPs of one step's phases (2 per weight per token forward, 6 forward + backward; attention
+    scores and element-wise work left out): the rollout's prefill (each prompt once) and decode (every row at
+    each of the NEW positions), the training forward + backward over each group's prompt once and every
+    response (mindrlhf's shared-prompt layout; the head only on response positions)."""
+    with open(os.path.join(model_dir, "config.json")) as fh:
+        c = json.load(fh)
+    h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    kv = h * c["num_key_value_heads"] // c["num_attention_heads"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i
+    body, head = layers * per_layer, v * h
+    rows, prompt_tokens = PROMPTS * G, PROMPTS * PROMPT_WIDTH
+    rollout = 2 * body * (prompt_tokens + rows * NEW) + 2 * head * (PROMPTS + rows * NEW)
+    train = 6 * body * (prompt_tokens + rows * NEW) + 6 * head * rows * NEW
+    return {"rollout": rollout, "train": train, "mean_response_tokens": mean_response}
+
+
+# ---- mindrlhf (this Python) ---------------------------------------------------------------------------------
+def child_ours(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
+    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    from mindrlhf.trainer.metrics import read_metrics
+    out_dir = os.path.join(work, "mindrlhf")
+    overrides = {"sft_path_train": inputs["model_dir"], "mind_dataset_dir": os.path.join(inputs["data"], "train.mindrecord"),
+                 "save_ckpt_dir": out_dir, "total_steps": steps, "save_steps": 0, "export_hf": False,
+                 "progress": False, "tensorboard": False, "eval_prompts": EVAL_PROMPTS}
+    if eval_every:
+        overrides.update(eval_dataset=os.path.join(inputs["data"], "test.mindrecord"), eval_steps=eval_every)
+    else:
+        overrides.update(eval_steps=0)
+    cfg = load_grpo_config(os.path.join(EXAMPLE, "grpo_config.yaml"), overrides)
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(cfg, log=lambda *a, **k: None)
+    construct = time.perf_counter() - t0
+    history = trainer.fit()
+    wall = time.perf_counter() - t0
+    rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))
+    curve = [[r["step"], r["eval_accuracy"]] for r in rows if "eval_accuracy" in r]
+    later = history[1:]
+    phases = {"generation": "time_rollout", "reward": "time_reward", "old-policy log-probs": "time_old_logprob",
+              "reference log-probs": "time_ref_logprob", "policy fwd+bwd+AdamW": "time_train",
+              "weight sync": "time_weight_sync"}
+    return {"wall_s": wall, "first_step_s": construct + history[0]["time_step"],
+            "step_s": median([r["time_step"] for r in later]), "curve": curve,
+            "phases": {name: median([r.get(key, 0.0) for r in later]) for name, key in phases.items()},
+            "peak_rss_mb": peak_rss_mb(), "mean_response": median([r["response_len_mean"] for r in later]),
+            "train_reward": [round(r["reward_mean"], 4) for r in history]}
+
+
+# ---- TRL (the --trl_python) ---------------------------------------------------------------------------------
+def child_trl(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from mindrlhf.reward.verifiers import accuracy_reward
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(1)
+    tok = AutoTokenizer.from_pretrained(inputs["model_dir"])
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(inputs["model_dir"], dtype=torch.float32)
+
+    def read(split):
+        with open(os.path.join(inputs["data"], f"{split}.jsonl"), encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh]
+        return [{"prompt": [{"role": "user", "content": r["question"]}],
+                 "solution": r["answer"].rsplit("####", 1)[1].strip()} for r in rows]
+
+    train, test = read("train"), read("test")[:EVAL_PROMPTS]
+
+    def reward(completions, solution, **kw):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [accuracy_reward(t, s) for t, s in zip(texts, solution)]
+
+    def evaluate():
+        texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in test]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=NEW, do_sample=False, pad_token_id=tok.pad_token_id)
+        model.train(was_training)
+        answers = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        return sum(accuracy_reward(a, r["solution"]) for a, r in zip(answers, test)) / len(test)
+
+    args = GRPOConfig(output_dir=os.path.join(work, "trl"), per_device_train_batch_size=PROMPTS * G,
+                      num_generations=G, max_completion_length=NEW, learning_rate=LR, lr_scheduler_type="constant_with_warmup",
+                      warmup_steps=WARMUP, beta=0.0, loss_type="dapo", num_iterations=1, temperature=TEMPERATURE,
+                      top_p=1.0, epsilon=0.2, epsilon_high=0.28, max_steps=steps, logging_steps=1,
+                      save_strategy="no", report_to=[], use_cpu=True, seed=1, weight_decay=0.0, max_grad_norm=1.0,
+                      dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(train),
+                          processing_class=tok)
+    state = {"step_times": [], "curve": [], "eval_s": 0.0, "lengths": [], "rewards": [], "gen": []}
+
+    def timed_generate(fn):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            state["gen_now"] = state.get("gen_now", 0.0) + time.perf_counter() - t
+            return out
+        return wrapper
+
+    trainer._generate = timed_generate(trainer._generate)
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            state["gen_now"] = 0.0
+            state["t0"] = time.perf_counter()
+
+        def on_step_end(self, args_, state_, control, **k):
+            state["step_times"].append(time.perf_counter() - state["t0"])
+            state["gen"].append(state["gen_now"])
+            if eval_every and (state_.global_step % eval_every == 0 or state_.global_step == steps):
+                t = time.perf_counter()
+                state["curve"].append([state_.global_step, evaluate()])
+                state["eval_s"] += time.perf_counter() - t
+
+        def on_log(self, args_, state_, control, logs=None, **k):
+            if logs and "completions/mean_length" in logs:
+                state["lengths"].append(logs["completions/mean_length"])
+            if logs and "reward" in logs:
+                state["rewards"].append(round(logs["reward"], 4))
+
+    trainer.add_callback(Clock())
+    t0 = time.perf_counter()
+    if eval_every:
+        state["curve"].append([0, evaluate()])
+    trainer.train()
+    wall = time.perf_counter() - t0
+    times = state["step_times"]
+    return {"wall_s": wall, "first_step_s": times[0], "step_s": median(times[1:]), "curve": state["curve"],
+            "phases": {"generation": median(state["gen"][1:]),
+                       "policy fwd+bwd+AdamW": median([t - g for t, g in zip(times[1:], state["gen"][1:])])},
+            "peak_rss_mb": peak_rss_mb(), "mean_response": median(state["lengths"]) if state["lengths"] else 0.0,
+            "train_reward": state["rewards"]}
+
+
+# ---- report ---------------------------------------------------------------------------------------------------
+def summary(system: str, r: dict, steps: int) -> dict:
+    curve = r["curve"]
+    return {"bench": "real_model", "system": system, "heldout_before": curve[0][1] if curve else None,
+            "heldout_after": curve[-1][1] if curve else None, "steps": steps, "wall_min": round(r["wall_s"] / 60, 2),
+            "step_s": round(r["step_s"], 3), "first_step_s": round(r["first_step_s"], 2),
+            "peak_rss_mb": round(r["peak_rss_mb"]), "curve": curve,
+            "phases": {k: round(v, 3) for k, v in r["phases"].items()}}
+
+
+def plot(path: str, results: dict):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for system, r in results.items():
+        if r["curve"]:
+            ax.plot([s for s, _ in r["curve"]], [a for _, a in r["curve"]], marker="o", label=system)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel(f"held-out greedy accuracy ({EVAL_PROMPTS} prompts)")
+    ax.set_title("SmolLM2-135M-Instruct, one-step arithmetic word problems")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--eval_every", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="10 steps, no evaluation: timing only")
+    p.add_argument("--trl_python", default=sys.executable, help="Python with trl installed")
+    p.add_argument("--systems", default="mindrlhf,trl", help="which to run, in order")
+    p.add_argument("--model_dir", default=os.path.join(os.path.expanduser("~"), ".cache", "mindrlhf", "smollm2"),
+                   help="where the HF folder is written once (scripts/get_smollm2.py)")
+    p.add_argument("--work", default="", help="working directory (default: a new temporary one, kept)")
+    p.add_argument("--plot", default="", help="write the learning curves here (PNG)")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    steps, eval_every = (10, 0) if args.quick else (args.steps, args.eval_every)
+    if args.child:
+        which, work = args.child
+        with open(os.path.join(work, "inputs.json")) as fh:
+            inputs = json.load(fh)
+        child = child_ours if which == "mindrlhf" else child_trl
+        print(json.dumps(child(work, inputs, steps, eval_every)), flush=True)
+        return
+    import tempfile
+    work = args.work or tempfile.mkdtemp(prefix="bench_real_model_")
+    os.makedirs(work, exist_ok=True)
+    inputs = prepare(work, args.model_dir)
+    with open(os.path.join(work, "inputs.json"), "w") as fh:
+        json.dump(inputs, fh)
+    rate = matmul_gflops()
+    quick = ["--quick"] if args.quick else ["--steps", str(steps), "--eval_every", str(eval_every)]
+    results = {}
+    for system in args.systems.split(","):
+        python = sys.executable if system == "mindrlhf" else args.trl_python
+        results[system] = run_child(os.path.abspath(__file__), system, work, *quick, python=python)
+        print(json.dumps(summary(system, results[system], steps)), flush=True)
+    if args.plot:
+        plot(args.plot, results)
+    if "mindrlhf" in results:
+        ours = results["mindrlhf"]
+        flops = phase_flops(inputs["model_dir"], ours["mean_response"])
+        floor = {"generation": flops["rollout"] / rate / 1e9, "policy fwd+bwd+AdamW": flops["train"] / rate / 1e9}
+        line = {"bench": "real_model_vs_trl", "first_step_s": round(ours["first_step_s"], 2),
+                "matmul_gflops": round(rate, 1),
+                "floor": {k: {"s": round(v, 3), "ours_s": round(ours["phases"][k], 3),
+                              "ours_x_floor": round(ours["phases"][k] / v, 2)} for k, v in floor.items()}}
+        if ours["curve"]:
+            line["heldout_gain"] = round(ours["curve"][-1][1] - ours["curve"][0][1], 4)
+        if "trl" in results:
+            ref = results["trl"]
+            line.update(ratio=round(ref["step_s"] / ours["step_s"], 3),
+                        peak_rss_ratio=round(ours["peak_rss_mb"] / ref["peak_rss_mb"], 3))
+            if ours["curve"] and ref["curve"]:
+                line["heldout_gap_vs_trl"] = round(ours["curve"][-1][1] - ref["curve"][-1][1], 4)
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

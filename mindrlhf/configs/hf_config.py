@@ -1,0 +1,247 @@
+"""A Hugging Face model folder as a model config: config.json <-> ModelConfig, key by key.
+
+A user with an HF folder (config.json, safetensors, tokenizer.json) passes the folder where a MindFormers
+model YAML is expected (`--sft_path_train DIR`), or writes the YAML once with
+`python -m mindrlhf.configs.hf_config DIR --data_parallel 2 -o finetune.yaml` to edit its layout.
+
+Every config.json key is in one of the tables below: mapped to a ModelConfig field, inert (reported once,
+with the reason) or checked (an error unless it has the value we implement). An unknown key is an error
+naming it: it may change the model, and we would rather say so than train something else.
+generation_config.json's eos_token_id (an instruct model's end-of-turn token) is read as well.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+# config.json key -> ModelConfig field
+HF_MAPPED = {
+    "hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+    "num_key_value_heads": "n_kv_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+    "rms_norm_eps": "rms_norm_eps", "rope_theta": "theta", "attention_bias": "qkv_has_bias",
+    "tie_word_embeddings": "tie_word_embeddings", "max_position_embeddings": "max_position_embedding",
+    "bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pad_token_id": "pad_token_id",
+    "initializer_range": "initializer_range",
+    "rope_scaling": "extend_method / scaling_factor (rope_type default or llama3)",
+    "rope_parameters": "theta, extend_method / scaling_factor (transformers 5's spelling of rope_theta + "
+                       "rope_scaling)",
+}
+HF_INERT: Dict[str, str] = {}
+for _names, _why in (
+        ("transformers_version _name_or_path _model_name_or_path name_or_path transformers.js_config "
+         "is_llama_config auto_map tokenizer_class unk_token_id output_attentions output_hidden_states "
+         "return_dict problem_type", "bookkeeping; no effect on the weights or the math"),
+        ("torch_dtype dtype", "the weights load into the model config's dtypes (float32 by default)"),
+        ("use_cache", "the rollout always uses its KV cache"),
+        ("attention_dropout hidden_dropout embd_pdrop resid_pdrop", "dropout is off in RL fine-tuning"),
+        ("pretraining_tp", "a matmul split of the pretraining run; the same math"),
+        ("max_window_layers", "sliding-window attention is off (use_sliding_window false)"),
+        ("sliding_window", "sliding-window attention is off (use_sliding_window false)"),
+        ("bos_token", "token strings live in the tokenizer files")):
+    HF_INERT.update(dict.fromkeys(_names.split(), _why))
+# key -> (check(value, raw), what is expected)
+HF_CHECKED = {
+    "architectures": (lambda v, raw: len(v) == 1 and v[0] in ARCHITECTURES, " or ".join(ARCHITECTURES)),
+    "model_type": (lambda v, raw: v == ARCHITECTURES.get(raw["architectures"][0]), "llama or qwen2, as architectures"),
+    "hidden_act": (lambda v, raw: v == "silu", "\"silu\" (SwiGLU MLP)"),
+    "mlp_bias": (lambda v, raw: not v, "false"),
+    "use_sliding_window": (lambda v, raw: not v, "false"),
+    "rope_interleaved": (lambda v, raw: not v, "false (rotate-half RoPE)"),
+    "head_dim": (lambda v, raw: v is None or int(v) * int(raw["num_attention_heads"]) == int(raw["hidden_size"]),
+                 "hidden_size / num_attention_heads"),
+    "layer_types": (lambda v, raw: all(t == "full_attention" for t in v), "full_attention in every layer"),
+}
+ROPE_TYPES = ("default", "llama3")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def is_hf_folder(path: str) -> bool:
+    return bool(path) and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path}: not readable JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return raw
+
+
+def _rope(raw: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """theta and RoPE scaling from rope_theta + rope_scaling (transformers 4) or rope_parameters (5)."""
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = raw.get("rope_scaling")
+    if scaling:
+        params.update(scaling)
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    out: Dict[str, Any] = {"theta": float(theta)}
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(f"{where}: rope_scaling rope_type {rope_type!r} is not supported (supported: "
+                          f"{', '.join(ROPE_TYPES)})")
+    if rope_type == "llama3":
+        missing = [k for k in LLAMA3_KEYS if k not in params]
+        if missing:
+            raise ConfigError(f"{where}: rope_scaling (llama3) misses {', '.join(missing)}")
+        out["extend_method"] = "LLAMA3"
+        out["scaling_factor"] = {k: float(params[k]) for k in LLAMA3_KEYS}
+    return out
+
+
+def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides) -> ModelConfig:
+    """Our ModelConfig from an HF folder (or its config.json); inert keys are appended to `ignored` as
+    (key, reason), unsupported values and unknown keys raise ConfigError naming the file and key."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    cfg_path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    raw = _read_json(cfg_path)
+    ignored = ignored if ignored is not None else []
+    arch = raw.get("architectures") or []
+    if len(arch) != 1 or arch[0] not in ARCHITECTURES:
+        raise ConfigError(f"{cfg_path}: architectures {arch!r} is not supported (supported: "
+                          f"{', '.join(ARCHITECTURES)})")
+    if raw.get("model_type") != ARCHITECTURES[arch[0]]:
+        raise ConfigError(f"{cfg_path}: model_type {raw.get('model_type')!r} does not match {arch[0]} "
+                          f"(expected {ARCHITECTURES[arch[0]]!r})")
+    for key, value in raw.items():
+        if key in HF_MAPPED:
+            continue
+        if key in HF_CHECKED:
+            ok, expected = HF_CHECKED[key]
+            try:
+                good = ok(value, raw)
+            except (TypeError, ValueError, KeyError):
+                good = False
+            if not good:
+                raise ConfigError(f"{cfg_path}: {key}: {value!r} is not supported (expected {expected})")
+        elif key in HF_INERT:
+            ignored.append((key, HF_INERT[key]))
+        else:
+            raise ConfigError(f"{cfg_path}: {key}: unknown config.json key; it may change the model, so it is "
+                              f"not ignored (the keys read are listed in docs/UPSTREAM.md)")
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+        if key not in raw:
+            raise ConfigError(f"{cfg_path}: {key}: missing")
+    is_qwen = raw["model_type"] == "qwen2"
+    eos = raw.get("eos_token_id", 2)
+    gen_path = os.path.join(folder, "generation_config.json")
+    if os.path.isfile(gen_path):
+        generation = _read_json(gen_path)
+        eos = generation.get("eos_token_id", eos)     # an instruct model's end-of-turn token(s)
+        ignored += [(f"generation_config.json {k}", "sampling is set by the GRPO config's sampling section")
+                    for k in generation if k not in ("eos_token_id", "bos_token_id", "pad_token_id",
+                                                     "transformers_version", "_from_model_config")]
+    pad = raw.get("pad_token_id")
+    positions = int(raw.get("max_position_embeddings", 2048))
+    kwargs = dict(
+        hidden_size=raw["hidden_size"], num_layers=raw["num_hidden_layers"], num_heads=raw["num_attention_heads"],
+        n_kv_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"],
+        intermediate_size=raw["intermediate_size"], vocab_size=raw["vocab_size"],
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        qkv_has_bias=bool(is_qwen or raw.get("attention_bias", False)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        max_position_embedding=positions, seq_length=min(positions, 4096),
+        eos_token_id=eos, bos_token_id=raw.get("bos_token_id") if raw.get("bos_token_id") is not None else 1,
+        pad_token_id=pad if isinstance(pad, int) else 0,
+        initializer_range=float(raw.get("initializer_range", 0.02)),
+        **_rope(raw, cfg_path))
+    kwargs.update(overrides)
+    try:
+        return ModelConfig(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{cfg_path}: {err}") from None
+
+
+def model_yaml_from_hf(path: str, parallel: Optional[ParallelConfig] = None) -> ModelYaml:
+    """An HF folder as what a model YAML holds: its model, the given layout (default: one rank)."""
+    ignored: List[Tuple[str, str]] = []
+    model = model_config_from_hf(path, ignored)
+    parallel = parallel or ParallelConfig()
+    try:
+        parallel.check_model(model)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    return ModelYaml(model=model, parallel=parallel, path=path, ignored=ignored)
+
+
+def model_yaml_text(model: ModelConfig, parallel: ParallelConfig, source: str) -> str:
+    """A MindFormers-style model YAML for `model` in `parallel`'s layout (what load_model_yaml reads back)."""
+    fields = {k: v for k, v in vars(model).items() if v is not None}
+    if fields.get("extend_method", "None") == "None":
+        fields.pop("extend_method", None)
+        fields.pop("scaling_factor", None)
+    body = {"model": {"model_config": fields},
+            "parallel_config": {"data_parallel": parallel.data_parallel, "model_parallel": parallel.model_parallel,
+                                "pipeline_stage": parallel.pipeline_stage}}
+    return f"# written by mindrlhf.configs.hf_config from {source}\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+def hf_config_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict:
+    """A Qwen2 (qkv bias) or Llama (no bias) config.json for our model config (what model_config_from_hf
+    reads back to the same config)."""
+    common = {
+        "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.n_kv_heads,
+        "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.theta, "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embedding, "tie_word_embeddings": cfg.tie_word_embeddings,
+        "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "torch_dtype": torch_dtype,
+        "attention_dropout": 0.0, "initializer_range": cfg.initializer_range,
+    }
+    if cfg.extend_method == "LLAMA3":
+        common["rope_scaling"] = {"rope_type": "llama3", **cfg.scaling_factor}
+    if cfg.qkv_has_bias:
+        return {**common, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                "use_sliding_window": False}
+    return {**common, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
+            "mlp_bias": False, "pad_token_id": cfg.pad_token_id}
+
+
+def table_markdown() -> str:
+    """docs/UPSTREAM.md's config.json table (generated: scripts/gen_config_reference.py)."""
+    out = ["| key | status | here |", "| --- | --- | --- |"]
+    out += [f"| `{k}` | mapped | {v} |" for k, v in HF_MAPPED.items()]
+    out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in HF_CHECKED.items()]
+    out += [f"| `{k}` | inert | {why} |" for k, why in HF_INERT.items()]
+    out += ["| any other key | refused | an error naming it: it may change the model |"]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Write a MindFormers-style model YAML for an HF model folder.")
+    p.add_argument("hf_dir", help="folder with config.json")
+    p.add_argument("-o", "--output", default="-", help="YAML to write (default: stdout)")
+    p.add_argument("--data_parallel", type=int, default=1)
+    p.add_argument("--model_parallel", type=int, default=1)
+    p.add_argument("--pipeline_stage", type=int, default=1)
+    args = p.parse_args(argv)
+    try:
+        par = ParallelConfig(data_parallel=args.data_parallel, model_parallel=args.model_parallel,
+                             pipeline_stage=args.pipeline_stage)
+        spec = model_yaml_from_hf(args.hf_dir, par)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    text = model_yaml_text(spec.model, spec.parallel, args.hf_dir)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        from mindrlhf.utils.atomic import write_text
+        write_text(args.output, text)
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
