@@ -1,13 +1,15 @@
 """GRPO from a real pretrained model, mindrlhf and TRL side by side: SmolLM2-135M-Instruct (30 layers) on
 one-step arithmetic word problems (examples/grpo/smollm2_arithmetic, whose README says why each setting).
 
-    python benchmarks/bench_real_model.py [--steps 100] [--eval_every 10] [--trl_python PY] [--quick]
+    python benchmarks/bench_real_model.py [--steps 40] [--eval_every 5] [--trl_python PY] [--quick]
 
 Both systems start from the same HF folder (scripts/get_smollm2.py), see the same prompts rendered by the
 model's own chat template, score with the same verifier (mindrlhf.reward.verifiers.accuracy_reward: the
 '#### n' answer must be right) and use the same settings: 4 prompts x 8 samples per step, <= 40 new tokens,
 temperature 0.5, beta 0 (no reference model), token-mean loss (TRL's "dapo"), clip 0.2 / 0.28, AdamW lr 1e-5
-constant after 3 warm-up updates, weight decay 0, gradient clip 1.0, one update per rollout. Held-out
+constant after 3 warm-up updates, weight decay 0, gradient clip 1.0, one update per rollout. mindrlhf runs
+each update's forward/backward in micro-batches of one group (rl.micro_batch_size 8: the same update);
+TRL runs its default, the whole batch in one pass (per_device_train_batch_size 32). Held-out
 accuracy is greedy on the first 64 test prompts (never trained on), before step 1 and every --eval_every
 steps; evaluation time counts in the wall time, not in the step time.
 
@@ -239,8 +241,8 @@ def plot(path: str, results: dict):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--eval_every", type=int, default=10)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--eval_every", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="10 steps, no evaluation: timing only")
     p.add_argument("--trl_python", default=sys.executable, help="Python with trl installed")
     p.add_argument("--systems", default="mindrlhf,trl", help="which to run, in order")

@@ -309,19 +309,31 @@ def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg):
     from mindrlhf.configs import load_model_yaml
     save_checkpoint(model_state(CausalLM(load_model_yaml(path).model)), init)
     results = {}
-    for name, yaml_path in (("whole", assets["sft_path_train"]), ("parts", path)):
+    # the same cut asked for by the GRPO config: rl.micro_batch_size 4 rows of the mini-batch's 8
+    variants = (("whole", assets["sft_path_train"], {}), ("parts", path, {}),
+                ("micro_batch_size", assets["sft_path_train"], {"micro_batch_size": 4}))
+    for name, yaml_path, extra in variants:
         cfg = load_grpo_config(None, grpo_overrides(dict(assets, sft_path_train=yaml_path), str(tmp_path / name),
                                                     loss_agg=agg, beta=0.04, load_sft_checkpoint_train=init,
-                                                    verifier_function="digit_fraction_test", share_prompt=True))
+                                                    verifier_function="digit_fraction_test", share_prompt=True,
+                                                    **extra))
         trainer = GRPOTrainer(cfg, log=lambda *a: None)
-        assert trainer.micro_batches == (2 if name == "parts" else 1)
+        assert trainer.micro_batches == (1 if name == "whole" else 2)
         assert trainer.shared_prompt == (4, trainer.prompt_width)     # one group per micro-batch
         history = [trainer.train_one_step() for _ in range(2)]
         results[name] = (history, {p.name: param_as_f32(p).copy() for p in trainer.policy.get_parameters()})
-    (h1, w1), (h2, w2) = results["whole"], results["parts"]
-    for a, b in zip(h1, h2):
-        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean"):
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    h1, w1 = results["whole"]
     assert all(h["grad_norm"] > 1e-3 for h in h1)          # a real gradient in every step
-    diff = sum(np.linalg.norm(w2[n] - w) ** 2 for n, w in w1.items()) ** 0.5
-    assert diff <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5
+    for name in ("parts", "micro_batch_size"):
+        h2, w2 = results[name]
+        for a, b in zip(h1, h2):
+            for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean"):
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (name, key)
+        diff = sum(np.linalg.norm(w2[n] - w) ** 2 for n, w in w1.items()) ** 0.5
+        assert diff <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5, name
+    with pytest.raises(ConfigError, match="micro_batch_size: set, and .* both cut the mini-batch"):
+        GRPOTrainer(load_grpo_config(None, grpo_overrides(dict(assets, sft_path_train=path), str(tmp_path / "both"),
+                                                          micro_batch_size=4)), log=lambda *a: None)
+    with pytest.raises(ConfigError, match="micro_batch_size: 3 does not divide the 8 sequences"):
+        GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "three"), micro_batch_size=3)),
+                    log=lambda *a: None)

@@ -101,6 +101,10 @@ class RLConfig:
     batch_size: int = _f(4, "prompts per rollout-DP rank per step")
     mini_batch_size: int = _f(0, "sequences per optimizer update on each train-DP rank (a global mini-batch is "
                               "this x train data_parallel); 0 = all at once")
+    micro_batch_size: int = _f(0, "sequences per forward/backward pass within an update on each train-DP rank "
+                               "(verl's ppo_micro_batch_size_per_gpu): the update's gradients are summed over its "
+                               "micro-batches, the same update with a smaller activation peak; 0 = the whole "
+                               "mini-batch (or the model YAML's micro_batch_num x micro_batch_interleave_num)")
     num_iterations: int = _f(1, "passes over each rollout; the ratio's denominator is always the log-probs of the "
                              "policy before the step's first update (PPO's old policy): with one update per "
                              "rollout (1 pass, one mini-batch) the train forward's own, detached, with no extra pass")
@@ -229,6 +233,7 @@ class GRPOConfig:
         nonneg = [("optim.warmup_steps", self.optim.warmup_steps), ("optim.decay_steps", self.optim.decay_steps),
                   ("run.epochs", self.run.epochs), ("run.max_num_seqs", self.run.max_num_seqs),
                   ("run.max_model_len", self.run.max_model_len), ("rl.mini_batch_size", self.rl.mini_batch_size),
+                  ("rl.micro_batch_size", self.rl.micro_batch_size),
                   ("rl.ref_sync_steps", self.rl.ref_sync_steps), ("run.cpu_threads", self.run.cpu_threads)]
         for name, value in nonneg:
             if value < 0:

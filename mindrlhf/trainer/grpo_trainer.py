@@ -256,8 +256,11 @@ class GRPOTrainer:
             raise ConfigError(f"run.max_model_len: prompt length {self.prompt_width} + max_tokens {smp.max_tokens} = "
                               f"{need} exceeds max_model_len={run.max_model_len}")
         self.geometry = StepGeometry.from_config(rl, self.infer_mesh.dp, self.train_mesh.dp)
+        where = f"{run.sft_path_train}: parallel_config.micro_batch_num x micro_batch_interleave_num"
+        if rl.micro_batch_size:
+            self.micro_batches = self._micro_batches_of_size(rl.micro_batch_size, where)
+            where = "rl.micro_batch_size"
         if self.micro_batches > 1:
-            where = f"{run.sft_path_train}: parallel_config.micro_batch_num x micro_batch_interleave_num"
             micro_batch_count(self.geometry.mini_batch, self.micro_batches, where)
             if 1 < self.train_mesh.pp and self.micro_batches < self.train_mesh.pp:
                 self.log(f"warning: {where}={self.micro_batches} < pipeline_stage={self.train_mesh.pp}: some stages "
@@ -281,6 +284,21 @@ class GRPOTrainer:
                                   f"{run.eval_dataset} has {self.eval_dataset.num_rows}) cannot give each of the "
                                   f"{self.infer_mesh.dp} infer data-parallel replicas one")
         self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight)
+
+    def _micro_batches_of_size(self, size: int, yaml_where: str) -> int:
+        """Micro-batches per update for rl.micro_batch_size rows each: they must fill the mini-batch, and
+        with pipeline stages come in a multiple of the YAML's micro_batch_num."""
+        mini, pipeline = self.geometry.mini_batch, self.micro_batches
+        if mini % size:
+            raise ConfigError(f"rl.micro_batch_size: {size} does not divide the {mini} sequences of a mini-batch on "
+                              f"one train data-parallel rank (rl.mini_batch_size)")
+        if self.train_mesh.pp == 1 and pipeline > 1:
+            raise ConfigError(f"rl.micro_batch_size: set, and {yaml_where} = {pipeline}; both cut the mini-batch "
+                              f"into micro-batches: set one of them")
+        if (mini // size) % pipeline:
+            raise ConfigError(f"rl.micro_batch_size: {mini // size} micro-batches of {size} rows are not a multiple "
+                              f"of the pipeline's {yaml_where} = {pipeline}")
+        return mini // size
 
     def _with_solutions(self, dataset: PromptDataset) -> PromptDataset:
         if not dataset.has_solutions:
