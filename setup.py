@@ -17,7 +17,9 @@ setup(
     ],
     extras_require={
         # reference implementations used only by tests and benchmarks
-        "test": ["pytest", "torch==2.13.0", "transformers", "sentencepiece", "matplotlib", "tensorboard"],
+        # gguf + accelerate: transformers' GGUF loader, for scripts/get_smollm2.py (the real-model tests)
+        "test": ["pytest", "torch==2.13.0", "transformers", "sentencepiece", "matplotlib", "tensorboard", "gguf",
+                 "accelerate"],
         "plot": ["matplotlib"],
     },
 )

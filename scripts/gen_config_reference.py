@@ -1,4 +1,4 @@
-"""Rewrite README.md's config reference from the config dataclasses, and docs/UPSTREAM.md's tables from
+"""Rewrite docs/CONFIG.md's config reference from the config dataclasses, and docs/UPSTREAM.md's tables from
 mindrlhf/configs/upstream.py and mindrlhf/configs/hf_config.py (tests/test_docs.py checks all are current)."""
 import os
 import re
@@ -10,7 +10,7 @@ from mindrlhf.configs.hf_config import table_markdown as hf_table_markdown  # no
 from mindrlhf.configs.upstream import table_markdown  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-BLOCKS = [(os.path.join(ROOT, "README.md"), "config-reference", config_reference_markdown),
+BLOCKS = [(os.path.join(ROOT, "docs", "CONFIG.md"), "config-reference", config_reference_markdown),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "upstream-table", table_markdown),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "hf-config-table", hf_table_markdown)]
 

@@ -2,7 +2,7 @@
 the same trajectory as one 2-worker launch; node-local checkpoint directories survive a kill of both nodes
 and resume exactly; nodes that run different jobs are refused before training.
 
-These are the commands README's multi-node section shows.
+These are the commands docs/PARALLELISM.md's multi-node section shows.
 """
 import os
 import signal

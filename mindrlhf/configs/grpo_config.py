@@ -1,7 +1,7 @@
 """GRPO run configuration: one dataclass per section, every field typed, defaulted and documented.
 
 Sources, later wins: dataclass defaults < `--config grpo_config.yaml` < command-line flags that were
-actually given (a flag's absence never overrides the YAML). The CLI and the README's config reference are
+actually given (a flag's absence never overrides the YAML). The CLI and docs/CONFIG.md's config reference are
 both generated from these dataclasses, so they cannot drift.
 """
 from __future__ import annotations
@@ -362,7 +362,7 @@ def config_from_argv(argv=None) -> GRPOConfig:
 
 
 def config_reference_markdown() -> str:
-    """The README's config reference table, generated from the dataclasses."""
+    """docs/CONFIG.md's config reference table, generated from the dataclasses."""
     lines = ["| section | field | default | meaning |", "| --- | --- | --- | --- |"]
     for sec, f in _section_fields():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
