@@ -1,4 +1,5 @@
 """Tokenizer parity with transformers, jsonl -> MindRecord conversion, bad input, and the sharded reader."""
+import json
 import os
 
 import numpy as np
@@ -239,3 +240,35 @@ def test_mindrecord_pair_is_never_mixed(tmp_path, monkeypatch):
     from mindrlhf.data.mindrecord_io import read_columns
     write_mindrecord(path, {"step": [1, 2], "text": ["new", "newer"]}, schema)
     assert read_columns(path, ["text"])["text"] == ["new", "newer"]
+
+
+@pytest.mark.parametrize("row,pattern", [
+    ({"question": "a", "answer": "x\n#### "}, r"t\.jsonl:1: the final answer after '####' is empty"),
+    ({"question": "a", "answer": "x\n####"}, r"t\.jsonl:1: the final answer after '####' is empty"),
+])
+def test_empty_reference_answers_are_refused_at_conversion(tmp_path, tok_files, row, pattern):
+    src = write_jsonl(str(tmp_path / "t.jsonl"), [json.dumps(row)])
+    with pytest.raises(ConfigError, match=pattern):
+        convert(_args(tok_files, src, tmp_path / "o.mindrecord"))
+
+
+def test_empty_solutions_are_refused_at_load(tmp_path):
+    from mindrlhf.data.dataset import PromptDataset
+    table = dict(_table(4), prompt_length=np.full(4, 4, np.int64), solution=np.array(["1", "2", "", "4"], object))
+    with pytest.raises(ConfigError, match=r"p\.mindrecord: 1 row\(s\) have an empty solution, first at row 2"):
+        PromptDataset(str(tmp_path / "p.mindrecord"), 2, columns=table)
+
+
+def test_non_utf8_jsonl_names_file_and_line(tmp_path, tok_files):
+    src = tmp_path / "t.jsonl"
+    src.write_bytes(b'{"question": "a", "answer": "#### 1"}\n{"question": "\xff\xfe", "answer": "#### 2"}\n')
+    with pytest.raises(ConfigError, match=r"t\.jsonl:2: not UTF-8"):
+        convert(_args(tok_files, str(src), tmp_path / "o.mindrecord"))
+
+
+def test_a_template_file_with_literal_braces(tmp_path, tok_files):
+    """A template file may hold braces (\\boxed{}); only {question} is filled in."""
+    from mindrlhf.data.convert import resolve_template
+    path = tmp_path / "tpl.txt"
+    path.write_text("Put the answer in \\boxed{}. Q: {question}\nA:")
+    assert resolve_template(str(path))("1+1?") == "Put the answer in \\boxed{}. Q: 1+1?\nA:"

@@ -89,3 +89,23 @@ def test_answer_statistics_separate_format_from_correctness():
     stats = fn.score(["#### 4", "the answer is 4", "no number", "#### 5 (or 4)"], ["4"] * 4).stats
     assert stats["answer/missing"] == 0.5                   # 2nd and 3rd have no strict answer
     assert stats["answer/strict_flexible_disagree"] == 0.5  # 2nd: only the flexible one is right; 4th: only it
+
+
+@pytest.mark.parametrize("completion", ["\\boxed{}", "#### ", "<answer></answer>", "<answer> </answer>", ""])
+def test_an_empty_reference_answer_never_matches(completion):
+    """An empty solution (a gsm8k row ending in '#### ') must not reward an empty answer."""
+    assert accuracy_reward(completion, "") == 0.0
+    assert accuracy_reward(completion, "  ") == 0.0
+    assert not answers_equal("", "")
+
+
+def test_answer_extraction_is_linear_in_the_completion():
+    """Repeated unclosed tags: the regex scan was quadratic (80 KB: seconds per completion, on every rank)."""
+    import time
+    text = "<answer>" * 20000 + "x"            # 160 KB
+    t0 = time.perf_counter()
+    for _ in range(3):
+        assert extract_answer(text) is None
+        assert extract_answer(text + "</answer>") == "x"
+    assert time.perf_counter() - t0 < 0.5
+    assert extract_answer("<answer>a</answer> then <answer>b</answer>") == "b"

@@ -129,6 +129,19 @@ def test_bad_config_is_named(assets, tmp_path, extra, pattern):
         _trainer(assets, tmp_path, **extra)
 
 
+@pytest.mark.parametrize("field,value,pattern", [
+    ("num_generations", 1, r"rl.num_generations: 1 .* at least 2"),
+    ("temperature", float("nan"), r"sampling.temperature: expected a finite number, got nan"),
+    ("beta", float("nan"), r"rl.beta: expected a finite number, got nan"),
+    ("lr", float("inf"), r"optim.lr: expected a finite number, got inf"),
+])
+def test_values_that_would_train_silently_wrong_are_refused(field, value, pattern):
+    """A group of one has advantage 0 (no gradient, every dynamic-sampling step skipped); NaN slips through
+    `< 0` checks."""
+    with pytest.raises(ConfigError, match=pattern):
+        load_grpo_config(None, {field: value})
+
+
 def test_model_vocab_smaller_than_tokenizer(assets, tmp_path):
     small = model_yaml(str(tmp_path / "small.yaml"), vocab_size=128)
     with pytest.raises(ConfigError, match=r"tokenizer has \d+ tokens but model.model_config.vocab_size is 128"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -15,7 +16,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from mindrlhf.configs import choices, upstream
-from mindrlhf.configs.coerce import coerce
+from mindrlhf.configs.coerce import coerce, type_name
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.hf_config import is_hf_folder
 
@@ -217,6 +218,14 @@ class GRPOConfig:
         self.derived = []          # "field: value (why)": defaults filled from other fields, said at start-up
 
     def validate(self):
+        for sec, f in _section_fields():       # NaN passes every `< 0` check below
+            value = getattr(getattr(self, sec), f.name)
+            if type_name(f) == "float" and not math.isfinite(value):
+                raise ConfigError(f"{sec}.{f.name}: expected a finite number, got {value}")
+        if self.rl.num_generations < 2:
+            raise ConfigError(f"rl.num_generations: {self.rl.num_generations} sample(s) per prompt; GRPO compares "
+                              f"the samples of a prompt with each other, so a group needs at least 2 (with 1 every "
+                              f"advantage is 0 and nothing trains)")
         positive = [("rl.num_generations", self.rl.num_generations), ("rl.batch_size", self.rl.batch_size),
                     ("rl.num_iterations", self.rl.num_iterations), ("run.total_steps", self.run.total_steps),
                     ("run.keep_checkpoints", self.run.keep_checkpoints)]

@@ -70,15 +70,16 @@ def resolve_template(name: str, vocab_path: str = "", system_prompt: str = "") -
         raise ConfigError("--system_prompt: only --prompt_template chat has a system message")
     if name in PROMPT_TEMPLATES:
         text = PROMPT_TEMPLATES[name]
-    elif os.path.isfile(name):
-        with open(name, encoding="utf-8") as fh:
-            text = fh.read()
-        if "{question}" not in text:
-            raise ConfigError(f"--prompt_template {name}: the template has no {{question}} placeholder")
-    else:
+        return lambda question: text.format(question=question)
+    if not os.path.isfile(name):
         raise ConfigError(f"--prompt_template: expected chat, one of {sorted(PROMPT_TEMPLATES)} or a file, got "
                           f"{name!r}")
-    return lambda question: text.format(question=question)
+    with open(name, encoding="utf-8") as fh:
+        text = fh.read()
+    if "{question}" not in text:
+        raise ConfigError(f"--prompt_template {name}: the template has no {{question}} placeholder")
+    # a file's other braces are literal (\boxed{}): only the placeholder is filled in
+    return lambda question: text.replace("{question}", question)
 
 
 def convert(args) -> ConvertSummary:

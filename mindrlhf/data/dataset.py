@@ -44,6 +44,11 @@ class PromptDataset:
         if empty.size:
             raise ConfigError(f"{path}: {empty.size} prompt(s) are empty (no token other than pad_token_id="
                               f"{pad_token_id}), first at row {int(empty[0])}; remove them or re-run rlhf_data.py")
+        if self.has_solutions:
+            blank = [i for i, x in enumerate(self.table["solution"]) if not str(x).strip()]
+            if blank:
+                raise ConfigError(f"{path}: {len(blank)} row(s) have an empty solution, first at row {blank[0]}: such "
+                                  f"a row cannot be scored; re-run rlhf_data.py, which refuses them")
         if batch_size <= 0:
             raise ConfigError(f"batch_size: expected > 0, got {batch_size}")
         if n < batch_size * dp_size:

@@ -66,12 +66,18 @@ def parse_row(obj: dict, dataset_type: str, where: str) -> Example:
         question, answer = need("question"), need("answer")
         if "####" not in answer:
             raise ConfigError(f"{where}: answer has no '#### <number>' final answer")
-        return Example(question, answer, answer.rsplit("####", 1)[1].strip().replace(",", ""))
+        final = answer.rsplit("####", 1)[1].strip().replace(",", "")
+        if not final:
+            raise ConfigError(f"{where}: the final answer after '####' is empty (a row without a reference answer "
+                              f"cannot be scored)")
+        return Example(question, answer, final)
     if dataset_type == "openr1math":
         question = need("problem")
         solution = obj.get("answer")
         if not isinstance(solution, str):
             raise ConfigError(f"{where}: missing key 'answer' (dataset_type=openr1math expects it)")
+        if not solution.strip():
+            raise ConfigError(f"{where}: key 'answer' is empty (a row without a reference answer cannot be scored)")
         return Example(question, obj.get("solution", solution) or solution, solution.strip())
     if dataset_type == "raw":
         question = need("prompt")
@@ -84,8 +90,12 @@ def read_jsonl(path: str, dataset_type: str) -> List[Example]:
     if not os.path.isfile(path):
         raise ConfigError(f"--file_path: file not found: {path}")
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"{path}:{lineno}: not UTF-8 ({err.reason} at byte {err.start} of the line)") from None
             if not line.strip():
                 continue
             try:

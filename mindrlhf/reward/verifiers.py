@@ -46,9 +46,10 @@ def extract_answer(text: str) -> Optional[str]:
     boxed = _boxed(text)
     if boxed is not None:
         return boxed.strip()
-    tags = re.findall(r"<answer>(.*?)</answer>", text, flags=re.S)
-    if tags:
-        inner = tags[-1]
+    close = text.rfind("</answer>")            # the last tag pair, by two linear scans (a regex over
+    start = text.rfind("<answer>", 0, close)   # repeated unclosed tags is quadratic)
+    if close >= 0 and start >= 0:
+        inner = text[start + len("<answer>"):close]
         return (_boxed(inner) or inner).strip()
     hashes = re.findall(r"####\s*([^\n]+)", text)
     if hashes:
@@ -99,7 +100,9 @@ def last_number(text: str) -> Optional[str]:
 
 
 def answers_equal(predicted: Optional[str], reference: str) -> bool:
-    if predicted is None:
+    """Numerically when both parse as numbers, else as text without white space. An empty answer or an
+    empty reference never matches (a row with no reference answer must not reward an empty \\boxed{})."""
+    if predicted is None or not predicted.strip() or not str(reference).strip():
         return False
     a, b = to_number(predicted), to_number(reference)
     if a is not None and b is not None:
