@@ -284,3 +284,20 @@ def test_30_layer_logprobs_equal_transformers(tmp_path):
 def test_30_layer_first_step_kl_is_zero(tmp_path):
     trainer, _ = _trainer(smollm2(0), tmp_path)
     assert trainer.fit()[0]["kl"] <= 1e-6
+
+
+def test_compile_cache_key_and_node_check_read_the_folders_files(slice_dir, tmp_path):
+    """A folder given as sft_path_train is read by content: the same path holding another model (a
+    rewritten config.json) gets another compile cache (stale graphs would run otherwise) and another node
+    fingerprint."""
+    import shutil
+    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.trainer.node_check import _file_crc, compile_cache_dir
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(slice_dir, name), folder / name)
+    cfg = load_grpo_config(None, {"sft_path_train": str(folder), "save_ckpt_dir": str(tmp_path / "ck")})
+    key, crc = compile_cache_dir(cfg, 0), _file_crc(str(folder))
+    _with_config(folder, slice_dir, num_hidden_layers=1)
+    assert compile_cache_dir(cfg, 0) != key and _file_crc(str(folder)) != crc

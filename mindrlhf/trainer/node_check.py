@@ -47,7 +47,15 @@ def code_fingerprint() -> int:
     return crc % _MOD
 
 
+# what of a Hugging Face folder decides the model and its tokens (its weights are checked when loaded)
+HF_FOLDER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
 def _file_crc(path: str) -> int:
+    """A file's content checksum; for a folder (an HF model folder), that of its HF_FOLDER_FILES."""
+    if path and os.path.isdir(path):
+        return _crc(b"".join(str(_file_crc(os.path.join(path, name))).encode() + b";" for name in HF_FOLDER_FILES))
     if not (path and os.path.isfile(path)):
         return -1
     with open(path, "rb") as fh:
