@@ -68,12 +68,13 @@ def is_hf_folder(path: str) -> bool:
     return bool(path) and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
 
 
-def _read_json(path: str) -> Dict[str, Any]:
+def read_json_object(path: str, what: str = "JSON") -> Dict[str, Any]:
+    """A JSON file holding an object (an HF folder's config files, vocab.json); errors name the file."""
     try:
         with open(path, encoding="utf-8") as fh:
             raw = json.load(fh)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{path}: not readable JSON ({err})") from None
+        raise ConfigError(f"{path}: not readable {what} ({err})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return raw
@@ -105,7 +106,7 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides)
     (key, reason), unsupported values and unknown keys raise ConfigError naming the file and key."""
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     cfg_path = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    raw = _read_json(cfg_path)
+    raw = read_json_object(cfg_path)
     ignored = ignored if ignored is not None else []
     arch = raw.get("architectures") or []
     if len(arch) != 1 or arch[0] not in ARCHITECTURES:
@@ -137,7 +138,7 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides)
     eos = raw.get("eos_token_id", 2)
     gen_path = os.path.join(folder, "generation_config.json")
     if os.path.isfile(gen_path):
-        generation = _read_json(gen_path)
+        generation = read_json_object(gen_path)
         eos = generation.get("eos_token_id", eos)     # an instruct model's end-of-turn token(s)
         ignored += [(f"generation_config.json {k}", "sampling is set by the GRPO config's sampling section")
                     for k in generation if k not in ("eos_token_id", "bos_token_id", "pad_token_id",

@@ -5,11 +5,11 @@ the chat special tokens. Llama's `tokenizer.model` goes through sentencepiece.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import List, Optional, Sequence
 
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.hf_config import read_json_object
 
 QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                            r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
@@ -74,13 +74,7 @@ def _qwen2_pipeline(tok):
 
 def _check_vocab_merges(vocab_path: str, merges_path: str):
     """Name the first merges.txt line whose pieces or result are not in vocab.json."""
-    try:
-        with open(vocab_path, encoding="utf-8") as fh:
-            vocab = json.load(fh)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{vocab_path}: not a readable vocab.json ({err})") from None
-    if not isinstance(vocab, dict):
-        raise ConfigError(f"{vocab_path}: expected a JSON object mapping tokens to ids")
+    vocab = read_json_object(vocab_path, "vocab.json")
     with open(merges_path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             line = line.rstrip("\n")
@@ -125,16 +119,7 @@ def load_tokenizer_json(path: str) -> Tokenizer:
 def tokenizer_config(folder: str) -> dict:
     """The folder's tokenizer_config.json ({} when there is none)."""
     path = os.path.join(folder, "tokenizer_config.json")
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{path}: not readable JSON ({err})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return raw
+    return read_json_object(path) if os.path.isfile(path) else {}
 
 
 def _token_text(token) -> Optional[str]:
