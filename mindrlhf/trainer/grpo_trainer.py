@@ -613,14 +613,20 @@ class GRPOTrainer:
 
     # ---- evaluation, checkpoints, the loop ----------------------------------------------------------
     def evaluate(self) -> float:
-        """Greedy accuracy on up to eval_prompts held-out prompts, split over infer-DP replicas."""
+        """Greedy accuracy on up to eval_prompts held-out prompts, split over infer-DP replicas, in chunks of
+        the rollout's rows per replica: the decode graphs the rollout compiled serve here too (a deep model's
+        decode graph costs seconds to compile and memory to keep)."""
         table = self.eval_dataset.table
         n = min(self.cfg.run.eval_prompts, len(table["prompt_ids"]))
         idx = np.arange(n)[self.infer_mesh.dp_index::self.infer_mesh.dp]
         prompts = [table["prompt_ids"][i][:table["prompt_length"][i]].tolist() for i in idx]
         self.swap.groups["kv_cache"].reload()
-        out = self.engine.generate(prompts, self.sampling_params(greedy=True))
-        texts = self.tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(out.response_ids, out.response_mask)])
+        rows = self.cfg.rl.batch_size * self.cfg.rl.num_generations
+        texts = []
+        for start in range(0, len(prompts), rows):
+            out = self.engine.generate(prompts[start:start + rows], self.sampling_params(greedy=True))
+            texts += self.tokenizer.decode_batch([r[m == 1].tolist()
+                                                  for r, m in zip(out.response_ids, out.response_mask)])
         correct = sum(accuracy_reward(t, table["solution"][i]) for t, i in zip(texts, idx))
         total = exchange.sum_over_replicas([correct, len(idx)], self.infer_mesh)
         return float(total[0] / max(total[1], 1))
