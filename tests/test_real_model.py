@@ -226,7 +226,7 @@ def _check_logprobs_against_transformers(model_dir, tmp_path, tolerance):
     assert worst <= tolerance, worst
     # left padding really happened: rows with shorter prompts than the width
     assert (samples.prompt_mask == 0).any()
-    return trainer
+    print(f"largest |log-prob - transformers'| over rollout, old and reference: {worst:.2e}")
 
 
 def test_rollout_old_and_reference_logprobs_equal_transformers(slice_dir, tmp_path):
