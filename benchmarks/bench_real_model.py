@@ -73,7 +73,7 @@ def matmul_gflops() -> float:
     return 2 * 2048 ** 3 / best / 1e9
 
 
-def phase_flops(model_dir: str, mean_response: float) -> dict:
+def phase_flops(model_dir: str) -> dict:
     """Matmul FLOPs of one step's phases (2 per weight per token forward, 6 forward + backward; attention
     scores and element-wise work left out): the rollout's prefill (each prompt once) and decode (every row at
     each of the NEW positions), the training forward + backward over each group's prompt once and every
@@ -87,7 +87,7 @@ def phase_flops(model_dir: str, mean_response: float) -> dict:
     rows, prompt_tokens = PROMPTS * G, PROMPTS * PROMPT_WIDTH
     rollout = 2 * body * (prompt_tokens + rows * NEW) + 2 * head * (PROMPTS + rows * NEW)
     train = 6 * body * (prompt_tokens + rows * NEW) + 6 * head * rows * NEW
-    return {"rollout": rollout, "train": train, "mean_response_tokens": mean_response}
+    return {"rollout": rollout, "train": train}
 
 
 # ---- mindrlhf (this Python) ---------------------------------------------------------------------------------
@@ -118,8 +118,7 @@ def child_ours(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
     return {"wall_s": wall, "first_step_s": construct + history[0]["time_step"],
             "step_s": median([r["time_step"] for r in later]), "curve": curve,
             "phases": {name: median([r.get(key, 0.0) for r in later]) for name, key in phases.items()},
-            "peak_rss_mb": peak_rss_mb(), "mean_response": median([r["response_len_mean"] for r in later]),
-            "train_reward": [round(r["reward_mean"], 4) for r in history]}
+            "peak_rss_mb": peak_rss_mb()}
 
 
 # ---- TRL (the --trl_python) ---------------------------------------------------------------------------------
@@ -166,7 +165,7 @@ def child_trl(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
                       dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(train),
                           processing_class=tok)
-    state = {"step_times": [], "curve": [], "eval_s": 0.0, "lengths": [], "rewards": [], "gen": []}
+    state = {"step_times": [], "curve": [], "gen": []}
 
     def timed_generate(fn):
         def wrapper(*a, **k):
@@ -187,15 +186,7 @@ def child_trl(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
             state["step_times"].append(time.perf_counter() - state["t0"])
             state["gen"].append(state["gen_now"])
             if eval_every and (state_.global_step % eval_every == 0 or state_.global_step == steps):
-                t = time.perf_counter()
                 state["curve"].append([state_.global_step, evaluate()])
-                state["eval_s"] += time.perf_counter() - t
-
-        def on_log(self, args_, state_, control, logs=None, **k):
-            if logs and "completions/mean_length" in logs:
-                state["lengths"].append(logs["completions/mean_length"])
-            if logs and "reward" in logs:
-                state["rewards"].append(round(logs["reward"], 4))
 
     trainer.add_callback(Clock())
     t0 = time.perf_counter()
@@ -207,8 +198,7 @@ def child_trl(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
     return {"wall_s": wall, "first_step_s": times[0], "step_s": median(times[1:]), "curve": state["curve"],
             "phases": {"generation": median(state["gen"][1:]),
                        "policy fwd+bwd+AdamW": median([t - g for t, g in zip(times[1:], state["gen"][1:])])},
-            "peak_rss_mb": peak_rss_mb(), "mean_response": median(state["lengths"]) if state["lengths"] else 0.0,
-            "train_reward": state["rewards"]}
+            "peak_rss_mb": peak_rss_mb()}
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
@@ -277,7 +267,7 @@ def main():
         plot(args.plot, results)
     if "mindrlhf" in results:
         ours = results["mindrlhf"]
-        flops = phase_flops(inputs["model_dir"], ours["mean_response"])
+        flops = phase_flops(inputs["model_dir"])
         floor = {"generation": flops["rollout"] / rate / 1e9, "policy fwd+bwd+AdamW": flops["train"] / rate / 1e9}
         line = {"bench": "real_model_vs_trl", "first_step_s": round(ours["first_step_s"], 2),
                 "matmul_gflops": round(rate, 1),
