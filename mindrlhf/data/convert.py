@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output_path", required=True, help="output .mindrecord (a .db index is written beside it)")
     p.add_argument("--max_prompt_length", type=int, default=256, help="prompt_ids column length")
     p.add_argument("--seq_length", type=int, default=512, help="pretrain_ids/loss_mask column length")
-    p.add_argument("--pad_token_id", type=int, default=None, help="default: the tokenizer's <|endoftext|> id")
+    p.add_argument("--pad_token_id", type=int, default=None,
+                   help="default: the tokenizer's pad token (a folder's tokenizer_config.json pad_token, else "
+                        "<|endoftext|>)")
     p.add_argument("--dataset_type", default="gsm8k", choices=["gsm8k", "openr1math", "raw"])
     p.add_argument("--prompt_template", default="none",
                    help=f"chat (the chat template of the model folder given as --vocab_path), one of "
