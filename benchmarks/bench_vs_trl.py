@@ -22,7 +22,7 @@ Ours runs with run.enable_compile_cache on, twice in the same directory: the fir
 Start-up ("startup_*") is the trainer's construction plus its first step, on both sides: mindrlhf compiles
 its training graph while it is constructed (utils/compile_ahead.py), the rest in the first step. Peak RSS
 is the process's whole-life VmHWM (common.peak_rss_mb: mindrlhf's trainer restarts VmHWM per phase for its
-peak_mb_* metrics and keeps the highest mark; until session 18 a 5 ms thread watched VmRSS instead, which
+peak_mb_* metrics and keeps the highest mark; earlier versions watched VmRSS from a 5 ms thread instead, which
 slowed the watched GRPO step by 8-15% on two cores).
 
 This machine's speed drifts by 10-30% within minutes, moving one side at a time (measured on a 2-core AMD
