@@ -50,8 +50,6 @@ for _names, _why in (
     HF_INERT.update(dict.fromkeys(_names.split(), _why))
 # key -> (check(value, raw), what is expected)
 HF_CHECKED = {
-    "architectures": (lambda v, raw: len(v) == 1 and v[0] in ARCHITECTURES, " or ".join(ARCHITECTURES)),
-    "model_type": (lambda v, raw: v == ARCHITECTURES.get(raw["architectures"][0]), "llama or qwen2, as architectures"),
     "hidden_act": (lambda v, raw: v == "silu", "\"silu\" (SwiGLU MLP)"),
     "mlp_bias": (lambda v, raw: not v, "false"),
     "use_sliding_window": (lambda v, raw: not v, "false"),
@@ -116,7 +114,7 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides)
         raise ConfigError(f"{cfg_path}: model_type {raw.get('model_type')!r} does not match {arch[0]} "
                           f"(expected {ARCHITECTURES[arch[0]]!r})")
     for key, value in raw.items():
-        if key in HF_MAPPED:
+        if key in HF_MAPPED or key in ("architectures", "model_type"):     # checked above
             continue
         if key in HF_CHECKED:
             ok, expected = HF_CHECKED[key]
@@ -213,6 +211,8 @@ def table_markdown() -> str:
     """docs/UPSTREAM.md's config.json table (generated: scripts/gen_config_reference.py)."""
     out = ["| key | status | here |", "| --- | --- | --- |"]
     out += [f"| `{k}` | mapped | {v} |" for k, v in HF_MAPPED.items()]
+    out += [f"| `architectures` | checked | must be one of {', '.join(ARCHITECTURES)} |",
+            "| `model_type` | checked | must match architectures (llama, qwen2) |"]
     out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in HF_CHECKED.items()]
     out += [f"| `{k}` | inert | {why} |" for k, why in HF_INERT.items()]
     out += ["| any other key | refused | an error naming it: it may change the model |"]
