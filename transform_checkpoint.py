@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from mindrlhf.checkpoint.slicing import transform
-from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.configs.errors import CheckpointError, ConfigError
 
 
 def main(argv=None) -> int:
@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     p.add_argument("--world_size", type=int, default=1, help="number of cooperating invocations")
     p.add_argument("--transform_process_num", type=int, default=1, help="worker processes for this invocation")
     p.add_argument("--transform_by_rank", default=None, help="accepted (MindRLHF); the output is the same either way")
+    p.add_argument("--overwrite", action="store_true", help="replace --dst_checkpoint as a whole even when it holds "
+                   "files this tool did not write (refused otherwise)")
     p.add_argument("--no_progress", action="store_true")
     args = p.parse_args(argv)
     if args.transform_by_rank is not None:
@@ -50,8 +52,9 @@ def main(argv=None) -> int:
     try:
         report = transform(args.src_checkpoint, args.dst_checkpoint, args.dst_strategy, args.src_strategy,
                            args.format, args.prefix, progress if args.transform_process_num == 1 else None,
-                           rank_id=args.rank_id, world_size=args.world_size, processes=args.transform_process_num)
-    except CheckpointError as err:
+                           rank_id=args.rank_id, world_size=args.world_size, processes=args.transform_process_num,
+                           overwrite=args.overwrite)
+    except (CheckpointError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:

@@ -80,7 +80,7 @@ def test_rank_shares_and_worker_processes_write_the_same_files(tmp_path, fmt):
         for other in ("shared", "procs"):
             got = read_checkpoint(str(tmp_path / other / name))
             assert set(got) == set(want) and all(got[n].tobytes() == want[n].tobytes() for n in want), (other, r)
-    assert sorted(os.listdir(tmp_path / "shared")) == [f"rank_{r}" for r in range(4)]   # no temp dirs left
+    assert sorted(os.listdir(tmp_path / "shared")) == [".mindrlhf_output.json"] + [f"rank_{r}" for r in range(4)]
     with pytest.raises(CheckpointError, match="--rank_id 4: the destination has only 4 rank"):
         transform(src, str(tmp_path / "x"), dst_strategy=strat, rank_id=4, world_size=5)
 

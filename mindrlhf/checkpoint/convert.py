@@ -70,6 +70,23 @@ MINDFORMERS_MODELS = ("qwen2_5", "qwen2", "llama")
 MINDFORMERS_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32", "bfloat16": "bfloat16"}
 
 
+def _check_fits_yaml(tensors, config_path: str):
+    """Every parameter of the YAML's model is among `tensors` (name, array) with the YAML's shape."""
+    from mindrlhf.configs.model_config import load_model_yaml
+    from mindrlhf.models.qwen2 import param_specs
+    specs = param_specs(load_model_yaml(config_path).model)
+    seen = set()
+    for name, arr in tensors:
+        seen.add(name)
+        if name in specs and tuple(arr.shape) != tuple(specs[name][0]):
+            raise ConfigError(f"--config_path {config_path}: {name} has shape {tuple(arr.shape)} in the weights "
+                              f"to convert, the YAML's model expects {tuple(specs[name][0])}")
+    missing = sorted(set(specs) - seen)
+    if missing:
+        raise ConfigError(f"--config_path {config_path}: the weights to convert lack {missing[:3]} "
+                          f"({len(missing)} parameter(s) the YAML's model has)")
+
+
 def mindformers_main(argv=None) -> int:
     """`python convert_weight.py` with MindFormers' flags (Qwen2/Qwen2.5/Llama decoders only)."""
     p = argparse.ArgumentParser(description="HF <-> MindSpore weights with MindFormers' convert_weight.py flags")
@@ -98,22 +115,10 @@ def mindformers_main(argv=None) -> int:
             convert(output=args.output_path, dtype=dtype, to_hf=True, input_path=args.input_path,
                     model_yaml=args.config_path)
             return
+        if args.config_path:             # the weights must fit the model the YAML describes: checked first,
+            from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms     # so a mismatch replaces nothing
+            _check_fits_yaml(iter_hf_as_ms(args.input_path), args.config_path)
         convert(hf_dir=args.input_path, output=args.output_path, dtype=dtype)
-        if args.config_path:             # the weights must fit the model the YAML describes
-            from mindrlhf.checkpoint.model_io import iter_checkpoint
-            from mindrlhf.configs.model_config import load_model_yaml
-            from mindrlhf.models.qwen2 import param_specs
-            specs = param_specs(load_model_yaml(args.config_path).model)
-            seen = set()
-            for name, arr in iter_checkpoint(args.output_path):
-                seen.add(name)
-                if name in specs and tuple(arr.shape) != tuple(specs[name][0]):
-                    raise ConfigError(f"--config_path {args.config_path}: {name} has shape {tuple(arr.shape)} in "
-                                      f"the converted weights, the YAML's model expects {tuple(specs[name][0])}")
-            missing = sorted(set(specs) - seen)
-            if missing:
-                raise ConfigError(f"--config_path {args.config_path}: the converted weights lack {missing[:3]} "
-                                  f"({len(missing)} parameter(s) the YAML's model has)")
 
     rc = _run(run)
     if rc == 0:

@@ -18,6 +18,7 @@ from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.configs.hf_config import hf_config_dict
 from mindrlhf.configs.model_config import ModelConfig
 from mindrlhf.utils.atomic import write_json
+from mindrlhf.utils.output_dir import owned_output_dir
 
 _LAYER_MAP = [  # (our suffix, HF suffix) inside model.layers.N.
     ("attention_norm.weight", "input_layernorm.weight"),
@@ -100,39 +101,44 @@ def iter_hf_as_ms(path: str) -> Iterator[Tuple[str, np.ndarray]]:
                 yield ours, f.get(hf_name)
 
 
+EXPORT_TOOL = "hf_export"
+
 # what makes an HF folder usable beyond its weights: copied from the tokenizer folder on export
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
 def export_hf(tensors: Dict[str, np.ndarray], out_dir: str, cfg: ModelConfig,
-              max_shard_bytes: int = 4 << 30, torch_dtype: str = "float32", tokenizer_dir: str = ""):
+              max_shard_bytes: int = 4 << 30, torch_dtype: str = "float32", tokenizer_dir: str = "",
+              overwrite: bool = False, flag: str = "HF export folder"):
     """Write our full (unsharded) tensors as an HF Qwen2/Llama checkpoint directory with config.json, and the
-    tokenizer files (TOKENIZER_FILES) of `tokenizer_dir` when it is a folder."""
-    os.makedirs(out_dir, exist_ok=True)
-    if tokenizer_dir and os.path.isdir(tokenizer_dir):
-        for name in TOKENIZER_FILES:
-            if os.path.isfile(os.path.join(tokenizer_dir, name)):
-                shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
-    items = [(ms_to_hf_name(n), a) for n, a in tensors.items()
-             if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
-    shards, current, size = [], [], 0
-    for name, arr in items:
-        if current and size + arr.nbytes > max_shard_bytes:
-            shards.append(current)
-            current, size = [], 0
-        current.append((name, arr))
-        size += arr.nbytes
-    shards.append(current)
-    if len(shards) == 1:
-        write_safetensors(os.path.join(out_dir, "model.safetensors"), shards[0], {"format": "pt"})
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards):
-            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            write_safetensors(os.path.join(out_dir, fname), shard, {"format": "pt"})
-            weight_map.update({n: fname for n, _ in shard})
-        total = sum(a.nbytes for _, a in items)
-        write_json(os.path.join(out_dir, "model.safetensors.index.json"),
-                    {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
-    write_json(os.path.join(out_dir, "config.json"), hf_config_dict(cfg, torch_dtype), indent=2)
+    tokenizer files (TOKENIZER_FILES) of `tokenizer_dir` when it is a folder. Written to a temp folder and
+    swapped in whole: a crash mid-export, or files of an earlier export (a stale shard index), never make a
+    mixed model; a folder holding files we did not write is refused (utils/output_dir) unless `overwrite`."""
+    with owned_output_dir(out_dir, EXPORT_TOOL, flag, overwrite) as tmp:
+        if tokenizer_dir and os.path.isdir(tokenizer_dir):
+            for name in TOKENIZER_FILES:
+                if os.path.isfile(os.path.join(tokenizer_dir, name)):
+                    shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(tmp, name))
+        items = [(ms_to_hf_name(n), a) for n, a in tensors.items()
+                 if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
+        shards, current, size = [], [], 0
+        for name, arr in items:
+            if current and size + arr.nbytes > max_shard_bytes:
+                shards.append(current)
+                current, size = [], 0
+            current.append((name, arr))
+            size += arr.nbytes
+        shards.append(current)
+        if len(shards) == 1:
+            write_safetensors(os.path.join(tmp, "model.safetensors"), shards[0], {"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                write_safetensors(os.path.join(tmp, fname), shard, {"format": "pt"})
+                weight_map.update({n: fname for n, _ in shard})
+            total = sum(a.nbytes for _, a in items)
+            write_json(os.path.join(tmp, "model.safetensors.index.json"),
+                       {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        write_json(os.path.join(tmp, "config.json"), hf_config_dict(cfg, torch_dtype), indent=2)

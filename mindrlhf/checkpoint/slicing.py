@@ -4,7 +4,8 @@ Streams parameter by parameter: read one full tensor's worth of source slices, c
 shard with the same `plan_tensor` the online re-layout uses, append each shard to its rank's output.
 Peak memory is about one full parameter plus whatever the output format buffers (.safetensors outputs
 are streamed; .ckpt outputs are collected per rank because MindSpore writes them whole). Output goes to a
-temp directory renamed onto the destination at the end: a failure leaves no partial files.
+temp directory renamed onto the destination at the end: a failure leaves no partial files. The destination
+is replaced only when it holds nothing but this tool's earlier output (utils/output_dir).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from mindrlhf.parallel.plan import full_layout, plan_tensor
 from mindrlhf.parallel.strategy import StrategyEntry, load_strategy
 from mindrlhf.utils.atomic import atomic_dir
 from mindrlhf.utils.bf16 import BF16, contiguous
+from mindrlhf.utils.output_dir import check_output_dir, owned_output_dir, write_marker
+
+TOOL = "transform_checkpoint"
 
 
 # ---- sources ------------------------------------------------------------------------------------------
@@ -207,10 +211,11 @@ def _worker(args) -> int:
 def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[str] = None,
               src_strategy: Optional[str] = None, out_format: str = "ckpt", prefix: str = "checkpoint_",
               progress: Optional[Callable[[int, int, str], None]] = None, rank_id: int = 0, world_size: int = 1,
-              processes: int = 1) -> SliceReport:
+              processes: int = 1, overwrite: bool = False) -> SliceReport:
     """Write every destination rank (the destination directory replaced as a whole), or with world_size > 1
     only the ranks r with r % world_size == rank_id (cooperating invocations, as MindRLHF's
-    `--rank_id/--world_size`; each rank directory replaced on its own). `processes` > 1 splits this
+    `--rank_id/--world_size`; each rank directory replaced on its own). A destination holding anything but
+    our own earlier output is refused unless `overwrite` (utils/output_dir). `processes` > 1 splits this
     invocation's ranks over that many spawned worker processes (each imports MindSpore and reads the source;
     cutting and writing split): worth it for large checkpoints on many cores and disks."""
     t0 = time.time()
@@ -229,13 +234,15 @@ def transform(src_checkpoint: str, dst_checkpoint: str, dst_strategy: Optional[s
     ext = "." + out_format
     with contextlib.ExitStack() as stack:
         if world_size == 1:
-            root = stack.enter_context(atomic_dir(dst_checkpoint))
+            root = stack.enter_context(owned_output_dir(dst_checkpoint, TOOL, "--dst_checkpoint", overwrite))
             dirs = {r: rank_dir(root, r) for r in mine}
             for d in dirs.values():
                 os.makedirs(d)
         else:
-            os.makedirs(dst_checkpoint, exist_ok=True)
-            dirs = {r: stack.enter_context(atomic_dir(rank_dir(dst_checkpoint, r))) for r in mine}
+            root = check_output_dir(dst_checkpoint, TOOL, "--dst_checkpoint", overwrite)
+            os.makedirs(root, exist_ok=True)
+            write_marker(root, TOOL, ["rank_*"])
+            dirs = {r: stack.enter_context(atomic_dir(rank_dir(root, r))) for r in mine}
         groups = [dict(list(dirs.items())[k::processes]) for k in range(min(processes, len(mine)))]
         if len(groups) == 1:
             report.bytes_in = _write_ranks(plan, dirs, prefix, ext, progress)

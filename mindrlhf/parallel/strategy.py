@@ -19,6 +19,7 @@ import numpy as np
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel.layouts import Layout
 from mindrlhf.utils.atomic import atomic_path
+from mindrlhf.utils.output_dir import owned_output_dir
 
 
 @dataclass(frozen=True)
@@ -144,10 +145,14 @@ def role_strategy_paths(out_dir: str, role: str, world: int) -> List[str]:
 
 
 def save_role_strategy(out_dir: str, role: str, layouts: Dict[str, Layout], world: int) -> List[str]:
+    """A role's per-rank files, as one folder replaced whole (a larger world's rank files would otherwise stay
+    and be read with these), and its merged file."""
     paths = role_strategy_paths(out_dir, role, world)
-    os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
-    for rank, p in enumerate(paths):
-        write_strategy(p, {n: lay for n, lay in layouts.items() if rank in lay.ranks})
+    os.makedirs(out_dir, exist_ok=True)
+    with owned_output_dir(os.path.dirname(paths[0]), "strategy", f"{role} strategy folder") as tmp:
+        for rank, p in enumerate(paths):
+            write_strategy(os.path.join(tmp, os.path.basename(p)),
+                           {n: lay for n, lay in layouts.items() if rank in lay.ranks})
     merged = os.path.join(out_dir, f"{role}_merged_strategy.ckpt")
     write_strategy(merged, layouts, merged=True)
     return paths + [merged]
