@@ -183,7 +183,7 @@ def stage_grpo(work: str, paths: Dict[str, str], sliced: Dict[str, str], full_ck
            "--eval_dataset", os.path.join(work, "test.mindrecord"), "--save_ckpt_dir", ckpt_dir,
            "--use_parallel", "True", "--load_sft_checkpoint_train", sliced["train"],
            "--load_sft_checkpoint_infer", sliced["infer"], "--load_ref_checkpoint", full_ckpt,
-           "--progress", "False"]
+           "--progress", "False", "--overwrite_ckpt_dir", "True"]      # the demo's own folder: a rerun starts over
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), GLOG_v="3")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log0 = os.path.join(work, "grpo_log", "worker_0.log")
@@ -280,7 +280,10 @@ def _check_export(hf_dir: str, model_yaml: str) -> bool:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", default="demo_output", help="everything the demo writes goes here")
+    p.add_argument("--workdir", default="demo_output", help="everything the demo writes goes here (a folder holding "
+                   "anything else is refused)")
+    p.add_argument("--overwrite", action="store_true", help="use --workdir even if it holds files the demo did not "
+                   "write (they may be replaced)")
     p.add_argument("--steps", type=int, default=100, help="GRPO steps")
     p.add_argument("--sft_steps", type=int, default=600, help="supervised warm-up steps")
     p.add_argument("--workers", type=int, default=2, help="msrun workers (2 or 4 on this CPU)")
@@ -290,8 +293,15 @@ def main(argv=None) -> int:
     p.add_argument("--dynamic_sampling", action="store_true", help="DAPO's dynamic sampling (rl.dynamic_sampling)")
     args = p.parse_args(argv)
     t0 = time.time()
-    work = os.path.abspath(args.workdir)
+    from mindrlhf.utils.output_dir import check_output_dir, write_marker
+    from mindrlhf.configs.errors import ConfigError
+    try:
+        work = check_output_dir(args.workdir, "demo", "--workdir", args.overwrite)   # ours, or refused
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     os.makedirs(work, exist_ok=True)
+    write_marker(work, "demo", ["*"])
     train = stage_data(work, args.train_rows)
     vocab, merges = stage_tokenizer(work, train)
     stage_convert(work, vocab, merges)

@@ -7,7 +7,7 @@ import pytest
 
 from grpo_helpers import WORKER, cli_args, grpo_overrides, make_grpo_assets, model_yaml
 from mindrlhf.checkpoint.model_io import model_state
-from mindrlhf.configs import ConfigError
+from mindrlhf.configs import CheckpointError, ConfigError
 from mindrlhf.configs.grpo_config import load_grpo_config
 from mindrlhf.trainer import checkpointing
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer, TrainingError
@@ -548,7 +548,8 @@ def test_a_rerun_from_the_compile_cache_trains_the_same_and_starts_without_compi
     runs = []
     for _ in range(2):
         _run_grpo_worker(assets, save, total_steps=2, save_steps=0, enable_compile_cache=True,
-                         verifier_function="response_length_test", temperature=0.7, beta=0.04)
+                         verifier_function="response_length_test", temperature=0.7, beta=0.04,
+                         overwrite_ckpt_dir=True)      # the same job again: the compile cache stays
         files = {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
                  for d, _, names in os.walk(os.path.join(save, "compile_cache")) for f in names}
         runs.append((read_metrics(os.path.join(save, "metrics.jsonl")), files))
@@ -560,3 +561,29 @@ def test_a_rerun_from_the_compile_cache_trains_the_same_and_starts_without_compi
     for c, w in zip(cold, warm):
         assert _computed(w) == _computed(c), c["step"]
     assert cold[1]["grad_norm"] > 0 and cold[1]["kl"] > 0 and cold[0]["loss"] != 0
+
+
+def test_a_fresh_run_refuses_another_runs_directory_and_overwrite_starts_over(assets, tmp_path):
+    """A second run into a save_ckpt_dir holding a run is refused (before any model is built) unless told to
+    overwrite; overwriting leaves only the new run's checkpoints and metrics; a complete step is never
+    written again, and resume refuses a step another run wrote."""
+    first = _trainer(assets, tmp_path, total_steps=1)
+    first.fit()
+    old_run = json.load(open(tmp_path / "RUN"))["run_id"]
+    with pytest.raises(ConfigError, match=r"holds another run's state \(RUN, step_000001, metrics.jsonl, ...\)"):
+        _trainer(assets, tmp_path, total_steps=1)
+    assert checkpointing.complete_steps(str(tmp_path)) == [1]
+    second = _trainer(assets, tmp_path, total_steps=1, overwrite_ckpt_dir=True, seed=7)
+    second.fit()
+    new_run = json.load(open(tmp_path / "RUN"))["run_id"]
+    assert new_run != old_run
+    assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1]
+    assert json.load(open(tmp_path / "step_000001" / "trainer_state.json"))["run_id"] == new_run
+    before = open(tmp_path / "step_000001" / "rank_0" / "policy.safetensors", "rb").read()
+    with pytest.raises(CheckpointError, match="already marked complete"):
+        second.save()
+    assert open(tmp_path / "step_000001" / "rank_0" / "policy.safetensors", "rb").read() == before
+    with open(tmp_path / "RUN", "w") as fh:
+        json.dump({"run_id": old_run}, fh)
+    with pytest.raises(CheckpointError, match="written by run .* mixes two runs"):
+        _trainer(assets, tmp_path, total_steps=2, resume=True)

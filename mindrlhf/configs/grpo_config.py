@@ -64,6 +64,9 @@ class RunConfig:
                                      "Off: MindSpore's cache is off too (MS_COMPILER_CACHE_ENABLE is ignored, "
                                      "with a note)")
     resume: bool = _f(False, "continue from the newest checkpoint complete on every node (agreed by all ranks)")
+    overwrite_ckpt_dir: bool = _f(False, "start afresh in a save_ckpt_dir that holds another run: its checkpoints, "
+                                  "RUN, hf_policy, metrics, TensorBoard events and rollout log are deleted first "
+                                  "(without it such a directory is refused unless resume)")
     checkpoint_storage: str = _f("shared", "shared: save_ckpt_dir is one filesystem seen by every node (rank 0 marks "
                                  "steps complete); node_local: each node's own disk, each node writes its ranks' "
                                  "shards and marks them, a step counts once every node has marked it",

@@ -29,7 +29,7 @@ from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import distributed_env
 from mindrlhf.utils.atomic import atomic_dir, write_json
 
-_STEP_RE = re.compile(r"^step_(\d+)$")
+STEP_RE = re.compile(r"^step_(\d+)$")
 
 
 def step_dir(root: str, step: int) -> str:
@@ -41,7 +41,7 @@ def complete_steps(root: str) -> List[int]:
         return []
     steps = []
     for name in os.listdir(root):
-        m = _STEP_RE.match(name)
+        m = STEP_RE.match(name)
         if m and os.path.isfile(os.path.join(root, name, "COMPLETE")):
             steps.append(int(m.group(1)))
     return sorted(steps)
@@ -54,6 +54,9 @@ def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer,
     once every rank's shard is durable."""
     marks = rank == 0 if marks is None else marks
     target = step_dir(root, step)
+    if os.path.isfile(os.path.join(target, "COMPLETE")):
+        raise CheckpointError(f"{target}: already marked complete; a complete step is never written again (is "
+                              f"another run writing to save_ckpt_dir?)")
     os.makedirs(target, exist_ok=True)
     with atomic_dir(rank_dir(target, rank)) as tmp:
         save_checkpoint(model_state(policy), os.path.join(tmp, "policy.safetensors"))
@@ -74,11 +77,20 @@ def _prune(root: str, keep: int):
     done = complete_steps(root)
     newest = done[-1] if done else -1
     for name in os.listdir(root):
-        m = _STEP_RE.match(name)
+        m = STEP_RE.match(name)
         if not m:
             continue
         s = int(m.group(1))
         if (s in done and s not in done[-keep:]) or (s not in done and s < newest):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def drop_steps_after(root: str, step: int):
+    """Resume from `step`: later step folders (complete on some nodes only, or never marked) are abandoned;
+    their steps are trained and saved again."""
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        m = STEP_RE.match(name)
+        if m and int(m.group(1)) > step:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 

@@ -1,6 +1,6 @@
 """Every exchange between ranks that the GRPO loop makes, in one place (weights inside the train step and
 the weight sync excepted): rollout samples, training statistics (whose all-reduce is also the "did anyone
-hit a NaN" vote), eval counts and the exported policy. Solutions need none: every rank reads the prompt
+hit a NaN" vote), eval counts, votes and barriers, and the exported policy. Solutions need none: every rank reads the prompt
 table and the step's global batch.
 """
 from __future__ import annotations
@@ -62,6 +62,17 @@ def rows_of_all_replicas(local: np.ndarray, rows: np.ndarray, total: int, mesh) 
     if mesh.tp_index == 0 and mesh.is_last_stage:      # pipeline stages hold the same rows too
         full[rows] = local
     return comm.all_reduce_sum(full, world)
+
+
+def ranks_flagging(flag: bool) -> list:
+    """The ranks whose `flag` is set, the same list on every rank (a vote before acting alike)."""
+    world = comm.world_ranks()
+    flags = comm.all_gather(np.array([float(flag)], np.float32), world, distributed_env()[0])
+    return [r for r in world if flags[r, 0] > 0]
+
+
+def barrier():
+    comm.barrier()
 
 
 def full_policy(model) -> Dict[str, np.ndarray]:

@@ -40,7 +40,7 @@ from mindrlhf.parallel.topology import Nodes, discover_nodes, ranks_not_sharing
 from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
-from mindrlhf.trainer import checkpointing, exchange
+from mindrlhf.trainer import checkpointing, exchange, run_dir
 from mindrlhf.trainer.experience_file import write_experience
 from mindrlhf.trainer.grpo_math import group_advantages, informative_groups, overlong_penalty
 from mindrlhf.trainer.metrics import MetricsLogger, sample_metrics
@@ -76,6 +76,7 @@ class GRPOTrainer:
         if cfg.run.use_parallel:
             check_nodes_agree(cfg, self.nodes)    # before anything else: every node runs the same job
         self._report_storage()
+        self.run_id = None if cfg.run.resume else run_dir.claim(cfg.run, self.rank, self._marks_checkpoints())
         self._set_cpu_threads()
         if blocking is not None:
             self.log(f"MindSpore host work in the calling thread: {cpu_threads.BLOCKING_RUN}={blocking} "
@@ -646,19 +647,26 @@ class GRPOTrainer:
             checkpointing.save_training_checkpoint(
                 run.save_ckpt_dir, self.step, self.rank, self.policy, self.optimizer,
                 rank_state={"data": self.dataset.state_dict()},
-                trainer_state={"step": self.step, "layout": self.layout_state()}, keep=run.keep_checkpoints,
+                trainer_state={"step": self.step, "layout": self.layout_state(), "run_id": self.run_id}, keep=run.keep_checkpoints,
                 extra_models=extra, marks=self._marks_checkpoints())
 
     def _resume(self):
         extra = {"ref": self.ref_model} if self._reference_moves() else {}
         root = self.cfg.run.save_ckpt_dir
         step = checkpointing.agreed_resume_step(root, self.cfg.run.checkpoint_storage == "shared", self.nodes)
+        recorded = self.run_id = run_dir.run_id_of(root)
+        if self._marks_checkpoints():
+            checkpointing.drop_steps_after(root, step or 0)      # never written into again
+            self.run_id = recorded or run_dir.new_run(root)
         state = None if step is None else checkpointing.load_training_checkpoint(
             root, self.rank, self.policy, self.optimizer, extra_models=extra, expect_layout=self.layout_state(),
             step=step)
         if state is None:
             self.log(f"resume: no complete checkpoint in {self.cfg.run.save_ckpt_dir}; starting fresh")
+            self.metrics.truncate_after(0)
+            self.rollout_log.restore(0)
             return
+        run_dir.check_same_run(state["trainer_state"], state["dir"], recorded)
         self.step = state["step"]
         self.dataset.load_state_dict(state["rank_state"]["data"])
         self.weight_sync.sync()
@@ -670,8 +678,9 @@ class GRPOTrainer:
         """Write the policy as HF safetensors (rank 0), its full tensors assembled from one replica each."""
         full = exchange.full_policy(self.policy)
         if self.rank == 0:
-            export_hf(full, out_dir, self.model_cfg, tokenizer_dir=self.cfg.run.vocab_path)
-        comm.barrier()
+            export_hf(full, out_dir, self.model_cfg, tokenizer_dir=self.cfg.run.vocab_path,
+                      overwrite=self.cfg.run.overwrite_ckpt_dir, flag="save_ckpt_dir/" + run_dir.EXPORT_DIR)
+        exchange.barrier()
 
     def _train_layout_text(self) -> str:
         m = self.train_mesh
@@ -709,6 +718,6 @@ class GRPOTrainer:
         self.weight_sync.close()
         self.rollout_log.flush()
         if run.export_hf:
-            self.export_policy(os.path.join(run.save_ckpt_dir, "hf_policy"))
+            self.export_policy(os.path.join(run.save_ckpt_dir, run_dir.EXPORT_DIR))
         self.metrics.close()
         return history

@@ -57,8 +57,8 @@ def check_output_dir(path: str, tool: str, flag: str, overwrite: bool = False) -
         what = ("is a file, not a directory" if not os.path.isdir(real) else
                 f"holds {foreign[0]!r}" + (f" and {len(foreign) - 1} more entr{'y' if len(foreign) == 2 else 'ies'}"
                                            if len(foreign) > 1 else "") + f", which {tool} did not write")
-        raise ConfigError(f"{flag} {path}: {what}; it would be replaced. Choose an empty or new directory, or "
-                          f"pass --overwrite to replace the directory as a whole")
+        raise ConfigError(f"{flag} {path}: {what}. Choose an empty or new directory, or pass --overwrite "
+                          f"(what is there may then be replaced)")
     return real
 
 
