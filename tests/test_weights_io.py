@@ -1,5 +1,8 @@
 """HF <-> MindSpore weight interop, checkpoint files, and clear errors on bad checkpoints/configs."""
+import json
 import os
+import re
+import struct
 
 import numpy as np
 import pytest
@@ -7,8 +10,9 @@ import pytest
 from hf_reference import make_hf_model, tiny_model_kwargs
 from model_helpers import load_ours
 from mindrlhf.checkpoint.hf_interop import export_hf, hf_weight_files, iter_hf_as_ms
-from mindrlhf.checkpoint.model_io import (load_full_weights, model_state, read_checkpoint, save_checkpoint)
-from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, write_safetensors
+from mindrlhf.checkpoint.model_io import (load_full_weights, load_weights, model_state, read_checkpoint,
+                                         save_checkpoint)
+from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, SafeTensorsStreamWriter, write_safetensors
 from mindrlhf.configs import CheckpointError, ConfigError, ModelConfig, load_model_yaml
 from mindrlhf.utils.bf16 import bf16_to_f32, f32_to_bf16
 from mindrlhf.models.qwen2 import CausalLM, param_specs
@@ -126,6 +130,103 @@ def test_corrupt_safetensors_is_reported(tmp_path):
     with pytest.raises(CheckpointError, match="bad.safetensors.*truncated"):
         SafeTensorsFile(str(path))
 
+
+
+# ---- untrusted safetensors files: the header must describe the data exactly, as HF's safetensors checks ----
+def _raw_safetensors(path, header, data=b"", length=None):
+    """A file put together by hand: `header` as bytes or a dict (JSON-encoded), its length field `length`."""
+    blob = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob) if length is None else length) + blob + data)
+    return str(path)
+
+
+def _f32(shape, begin, end=None):
+    return {"dtype": "F32", "shape": list(shape), "data_offsets": [begin, begin + 4 * int(np.prod(shape))
+                                                                    if end is None else end]}
+
+
+_BAD_FILES = [  # id, header, bytes of data, what the error must say
+    ("negative_offsets", {"w": _f32([2], -8, 0)}, 8, r"tensor w: data_offsets \[-8, 0\] .*0 <= begin <= end"),
+    ("overlap", {"a": _f32([2], 0), "b": _f32([2], 4)}, 12, r"tensor b \(bytes 4\.\.12\) overlaps tensor a"),
+    ("gap", {"a": _f32([2], 0), "b": _f32([2], 12)}, 20, r"4 bytes between tensor a and tensor b belong to no tensor"),
+    ("past_the_end", {"a": _f32([4], 0)}, 8, r"tensor a runs past the end of the file .*truncated"),
+    ("bytes_vs_shape", {"a": _f32([3], 0, 8)}, 8, r"tensor a: data_offsets \[0, 8\] hold 8 bytes, shape \[3\] of F32 "
+                                                   r"needs 12"),
+    ("unindexed_tail", {"a": _f32([2], 0)}, 12, r"4 bytes after tensor a belong to no tensor"),
+    ("malformed_json", b'{"a": {"dtype": ', 0, r"header is not valid JSON"),
+    ("header_not_a_dict", b"[1, 2]", 0, r"header is a list, expected a JSON object"),
+    ("missing_data_offsets", {"w": {"dtype": "F32", "shape": [2]}}, 8, r"tensor w: missing data_offsets"),
+    ("entry_not_a_dict", {"w": [0, 8]}, 8, r"tensor w: expected an object with dtype, shape and data_offsets"),
+    ("negative_dim", {"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, 8,
+     r"tensor w: shape \[-2\] is not a list of non-negative integers"),
+    ("unknown_dtype", {"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, 8,
+     r"tensor w has unsupported dtype 'Q4'"),
+    ("metadata_not_strings", {"__metadata__": {"step": 3}}, 0, r"__metadata__ must map strings to strings"),
+]
+
+
+@pytest.mark.parametrize("header, nbytes, message", [c[1:] for c in _BAD_FILES], ids=[c[0] for c in _BAD_FILES])
+def test_untrusted_safetensors_header_is_checked(tmp_path, header, nbytes, message):
+    path = _raw_safetensors(tmp_path / "x.safetensors", header, bytes(nbytes))
+    with pytest.raises(CheckpointError, match=r"x\.safetensors: " + message):
+        SafeTensorsFile(path)
+
+
+def test_untrusted_safetensors_header_length_is_bounded(tmp_path):
+    """A claimed header over 100 MB is refused before anything is read (the file is sparse: no disk used)."""
+    path = tmp_path / "big.safetensors"
+    _raw_safetensors(path, b"{}", length=100_000_001)
+    with open(path, "r+b") as fh:
+        fh.truncate(8 + 200_000_000)
+    with pytest.raises(CheckpointError, match=r"big\.safetensors: header length 100000001 is over the limit of "
+                                              r"100000000"):
+        SafeTensorsFile(str(path))
+
+
+@pytest.mark.parametrize("layout", ["full", "hf", "rank_dirs"])
+def test_integer_tensor_is_not_loaded_as_a_weight(tmp_path, layout):
+    """An I8 tensor of the right shape (a quantized or wrong file) would be cast into float weights silently."""
+    cfg = ModelConfig(**tiny_model_kwargs(True, False))
+    state = _full_state(cfg)
+    state["model.norm_out.weight"] = np.ones(state["model.norm_out.weight"].shape, np.int8)
+    root = tmp_path / "ck"
+    if layout == "hf":
+        export_hf(state, str(root), cfg)
+        path, file, name = root, "model.safetensors", "model.norm.weight"
+    else:
+        folder = root / "rank_0" if layout == "rank_dirs" else root
+        folder.mkdir(parents=True)
+        save_checkpoint(state, str(folder / "w.safetensors"))
+        path = root if layout == "rank_dirs" else folder / "w.safetensors"
+        file, name = "w.safetensors", "model.norm_out.weight"
+    with pytest.raises(CheckpointError, match=rf"{file}: tensor {re.escape(name)} has dtype I8, expected a float"):
+        load_weights(CausalLM(cfg), str(path))
+
+
+def test_safetensors_package_files_are_read_and_ours_are_read_by_it(tmp_path):
+    """The checks accept what the safetensors package writes (bf16, ints, 0-element tensors, padded header),
+    and it accepts what our two writers write."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    src = {"w": torch.randn(3, 4).to(torch.bfloat16), "empty": torch.zeros(0, 5), "ids": torch.arange(6),
+           "h": torch.ones(2, dtype=torch.float16), "none": torch.zeros(0), "mask": torch.tensor([True, False])}
+    save_file(src, str(tmp_path / "theirs.safetensors"), metadata={"format": "pt"})
+    f = SafeTensorsFile(str(tmp_path / "theirs.safetensors"))
+    assert sorted(f.keys()) == sorted(src) and f.metadata == {"format": "pt"}
+    assert (f.dtype_code("w"), f.dtype_code("ids"), f.dtype_code("mask")) == ("BF16", "I64", "BOOL")
+    ours = {k: f.get(k) for k in f.keys()}
+    for k, t in src.items():
+        want = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+        assert ours[k].shape == want.shape and ours[k].tobytes() == want.tobytes(), k
+    write_safetensors(str(tmp_path / "ours.safetensors"), ours.items())
+    stream = SafeTensorsStreamWriter(str(tmp_path / "stream.safetensors"),
+                                     [(k, f.dtype_code(k), f.shape(k)) for k in f.keys()])
+    for k in f.keys():
+        stream.write(k, ours[k])
+    stream.close()
+    for name in ("ours", "stream"):
+        back = load_file(str(tmp_path / f"{name}.safetensors"))
+        assert all(torch.equal(back[k], src[k]) for k in src), name
 
 def _write_yaml(tmp_path, model_config, parallel=None, extra=""):
     import yaml

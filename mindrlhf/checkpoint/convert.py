@@ -18,6 +18,7 @@ def convert(hf_dir: str = "", output: str = "", dtype=None, to_hf: bool = False,
     """HF directory -> one MindSpore checkpoint, or (to_hf) a MindSpore checkpoint -> an HF directory."""
     from mindrlhf.checkpoint.hf_interop import export_hf, iter_hf_as_ms
     from mindrlhf.checkpoint.model_io import iter_checkpoint, save_checkpoint
+    from mindrlhf.checkpoint.safetensors_io import require_float
     from mindrlhf.utils.bf16 import BF16, bf16_to_f32, f32_to_bf16
 
     def cast(a):
@@ -32,7 +33,8 @@ def convert(hf_dir: str = "", output: str = "", dtype=None, to_hf: bool = False,
             raise ConfigError("converting to HF needs the MindSpore checkpoint and the model YAML that describes it")
         from mindrlhf.configs.model_config import load_model_yaml
         cfg = load_model_yaml(model_yaml).model
-        export_hf({n: cast(a) for n, a in iter_checkpoint(input_path)}, output, cfg, torch_dtype=dtype or "float32")
+        tensors = {n: cast(require_float(a, n, input_path)) for n, a in iter_checkpoint(input_path)}
+        export_hf(tensors, output, cfg, torch_dtype=dtype or "float32")
     else:
         if not hf_dir:
             raise ConfigError("--hf_dir: required (or --to_hf)")

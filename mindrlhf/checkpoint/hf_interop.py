@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, write_safetensors
+from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, require_float, write_safetensors
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.configs.hf_config import hf_config_dict
 from mindrlhf.configs.model_config import ModelConfig
@@ -98,7 +98,7 @@ def iter_hf_as_ms(path: str) -> Iterator[Tuple[str, np.ndarray]]:
         for hf_name in f.keys():
             ours = hf_to_ms_name(hf_name)
             if ours is not None:
-                yield ours, f.get(hf_name)
+                yield ours, require_float(f.get(hf_name), hf_name, file)
 
 
 EXPORT_TOOL = "hf_export"

@@ -13,7 +13,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, write_safetensors
+from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, require_float, write_safetensors
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.utils.atomic import atomic_path
 from mindrlhf.utils.bf16 import BF16, bf16_to_f32
@@ -35,6 +35,7 @@ def load_full_weights(model, tensors: Iterable[Tuple[str, np.ndarray]], source: 
             raise CheckpointError(f"{source}: unexpected parameter {name} (the model has no such weight; "
                                   f"wrong model config?)")
         layout = layouts[name]
+        require_float(arr, name, source)
         if tuple(arr.shape) != layout.full_shape:
             raise CheckpointError(f"{source}: parameter {name} has shape {tuple(arr.shape)}, the model "
                                   f"expects {layout.full_shape}")
@@ -58,6 +59,7 @@ def load_sharded_weights(model, tensors: Dict[str, np.ndarray], source: str):
             raise CheckpointError(f"{source}: missing parameter {name} (expected shape {params[name].shape})")
         if name not in params:
             raise CheckpointError(f"{source}: unexpected parameter {name}")
+        require_float(tensors[name], name, source)
         if tuple(tensors[name].shape) != tuple(params[name].shape):
             raise CheckpointError(f"{source}: parameter {name} has shape {tuple(tensors[name].shape)}, this "
                                   f"rank expects {tuple(params[name].shape)}")
@@ -158,6 +160,6 @@ def load_weights(model, path: str):
     this model's layout."""
     if checkpoint_kind(path) == "rank_dirs":
         shard = rank_checkpoint_file(path, model.mesh.rank, f"rank {model.mesh.rank}")
-        load_sharded_weights(model, read_checkpoint(shard), os.path.dirname(shard))
+        load_sharded_weights(model, read_checkpoint(shard), shard)
         return
     load_full_weights(model, iter_full_tensors(path), path)

@@ -24,6 +24,7 @@ import numpy as np
 
 from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, rank_dir, read_checkpoint, save_checkpoint,
                                          write_param)
+from mindrlhf.checkpoint.safetensors_io import require_float
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import distributed_env
@@ -140,19 +141,23 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_mode
     shard_dir = rank_dir(target, rank)
     if not os.path.isdir(shard_dir):
         raise CheckpointError(f"{target}: no shard for rank {rank}; was it saved with another world size?")
-    load_sharded_weights(policy, read_checkpoint(os.path.join(shard_dir, "policy.safetensors")), shard_dir)
+    policy_path = os.path.join(shard_dir, "policy.safetensors")
+    load_sharded_weights(policy, read_checkpoint(policy_path), policy_path)
     for name, model in (extra_models or {}).items():
         path = os.path.join(shard_dir, f"{name}.safetensors")
         if not os.path.isfile(path):
             raise CheckpointError(f"{path}: missing; this run needs the saved {name} model (it was saved without)")
-        load_sharded_weights(model, read_checkpoint(path), shard_dir)
-    opt_state = read_checkpoint(os.path.join(shard_dir, "optimizer.safetensors"))
+        load_sharded_weights(model, read_checkpoint(path), path)
+    opt_path = os.path.join(shard_dir, "optimizer.safetensors")
+    opt_state = read_checkpoint(opt_path)
     for p in optimizer.state_parameters():
         if p.name not in opt_state:
-            raise CheckpointError(f"{shard_dir}/optimizer.safetensors: missing {p.name}")
+            raise CheckpointError(f"{opt_path}: missing {p.name}")
         if tuple(opt_state[p.name].shape) != tuple(p.shape):
-            raise CheckpointError(f"{shard_dir}/optimizer.safetensors: {p.name} has shape "
-                                  f"{tuple(opt_state[p.name].shape)}, expected {tuple(p.shape)}")
+            raise CheckpointError(f"{opt_path}: {p.name} has shape {tuple(opt_state[p.name].shape)}, expected "
+                                  f"{tuple(p.shape)}")
+        if p.is_floating_point():          # the moments; the step counter is an integer and saved as one
+            require_float(opt_state[p.name], p.name, opt_path)
         write_param(p, opt_state[p.name])
     with open(os.path.join(shard_dir, "rank_state.json"), encoding="utf-8") as fh:
         rank_state = json.load(fh)
