@@ -42,7 +42,7 @@ def worker(work: str):
     for transport in ("shm", "collective"):
         sync = WeightSync(policy.weights(), rollout.weights(), transport)
         runs = 3 if transport == "shm" else 1
-        sync.sync()                                  # first run allocates segments
+        sync.sync()                                  # first run faults in the segments' pages
         times = []
         for _ in range(runs):
             comm.barrier()

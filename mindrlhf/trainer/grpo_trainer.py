@@ -321,7 +321,7 @@ class GRPOTrainer:
             self.rollout_model = CausalLM(self.infer_model_cfg, self.infer_mesh)
         shared = self.rollout_model is self.policy
         self.weight_sync = WeightSync(self.policy.weights(), None if shared else self.rollout_model.weights(),
-                                      run.reshard_transport)
+                                      run.reshard_transport, log=self.log)
         if run.load_sft_checkpoint_infer and self.rollout_model is not self.policy:
             load_weights(self.rollout_model, run.load_sft_checkpoint_infer)   # checked by the logprob gap
         else:
