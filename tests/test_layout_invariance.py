@@ -95,7 +95,8 @@ def _args(assets, name, out_dir, **extra):
              "total_steps": STEPS, "save_steps": 1, "keep_checkpoints": 2, "seed": 7, "batch_size": batch,
              "num_generations": 4, "mini_batch_size": mini, "num_iterations": 2, "beta": 0.04,
              "ref_sync_steps": 2, "temperature": 0.8, "top_p": 0.9, "max_tokens": 8, "lr": 1e-4,
-             "verifier_function": "half_constant_length_test,solution_length_test", "verifier_weight": "1.0,1.0",
+             "verifier_function": "half_constant_length_test,solution_length_test,scoring_rank_test",
+             "verifier_weight": "1.0,1.0,0.0",
              "dynamic_sampling": True, "max_num_gen_batches": 3, "mask_truncated_completions": True, "tis": True,
              "tis_cap": 1.5,
              "rollout_log_file": os.path.join(out_dir, "rollouts.mindrecord"), "progress": False, "export_hf": True}
@@ -188,6 +189,18 @@ def test_pipeline_and_sequence_parallel_trajectory_on_four_workers(assets, runs,
     out = _run(assets, name)
     _check_layout(assets, out, name, *_check_reference(assets, runs, "single_untied"))
     _crash_and_resume(assets, name, out, tmp_path)
+
+
+def test_each_sample_is_scored_once_and_every_rank_uses_that_score(runs):
+    """scoring_rank_test is 1 on rank 0 and 0 elsewhere (weight 0): on two ranks, about half of what rank 0
+    reports came from rank 1's scoring; the equal trajectories (test_trajectory_is_layout_invariant) show
+    every rank trained on the same rewards."""
+    for name in LAYOUTS:
+        means = [r["reward/scoring_rank_test"] for r in read_metrics(os.path.join(runs[name], "metrics.jsonl"))]
+        if name.startswith("single"):
+            assert means == [1.0] * STEPS, name
+        else:
+            assert all(0.3 < m < 0.7 for m in means), (name, means)
 
 
 def test_long_solutions_reach_the_verifier_on_every_layout(runs):

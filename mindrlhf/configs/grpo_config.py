@@ -193,6 +193,10 @@ class RewardConfig:
     """Rule-based rewards, combined by weight."""
     verifier_function: List[str] = _f(["accuracy_reward"], "names from mindrlhf.reward.verifiers")
     verifier_weight: List[float] = _f([1.0], "one weight per verifier_function")
+    verifier_timeout: float = _f(5.0, "seconds one verifier may spend on one completion (timer signal, main "
+                                 "thread); past it the completion scores 0 for that verifier, counted in "
+                                 "reward/errors. Each completion is scored once, on one rank, and shared. 0: no "
+                                 "limit")
 
 
 @dataclass
@@ -246,7 +250,8 @@ class GRPOConfig:
                   ("run.epochs", self.run.epochs), ("run.max_num_seqs", self.run.max_num_seqs),
                   ("run.max_model_len", self.run.max_model_len), ("rl.mini_batch_size", self.rl.mini_batch_size),
                   ("rl.micro_batch_size", self.rl.micro_batch_size),
-                  ("rl.ref_sync_steps", self.rl.ref_sync_steps), ("run.cpu_threads", self.run.cpu_threads)]
+                  ("rl.ref_sync_steps", self.rl.ref_sync_steps), ("run.cpu_threads", self.run.cpu_threads),
+                  ("reward.verifier_timeout", self.reward.verifier_timeout)]
         for name, value in nonneg:
             if value < 0:
                 raise ConfigError(f"{name}: expected >= 0, got {value}")

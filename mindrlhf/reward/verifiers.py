@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
+
 from mindrlhf.configs.errors import ConfigError
 
 VERIFIERS: Dict[str, Callable[[str, str], float]] = {}
@@ -167,31 +169,53 @@ class RewardFn:
         scores = self.score(completions, solutions)
         return scores.total, scores.parts
 
-    def score(self, completions: Sequence[str], solutions: Sequence[str]) -> Scores:
-        """Rewards plus the shares a reader needs to tell format learning from real learning:
-        `reward/errors` (verifier calls that raised or overran), `answer/missing` (no final answer in a
-        recognised form), `answer/strict_flexible_disagree` (the strict answer (boxed, <answer>, ####) and
-        the last number in the text differ in correctness)."""
-        errors = 0
-        parts: Dict[str, List[float]] = {}
-        with _time_limits(self.time_limit) as call:
-            for n in self.names:
-                values = []
-                for c, s in zip(completions, solutions):
-                    value = call(VERIFIERS[n], c, s)
-                    errors += value is None
-                    values.append(0.0 if value is None else float(value))
-                parts[n] = values
-        total = [sum(w * parts[n][i] for n, w in zip(self.names, self.weights)) for i in range(len(completions))]
-        count = max(len(completions), 1)
+    # per-completion flags behind the batch statistics, as columns after the total and the verifiers' parts
+    FLAGS = ("reward/errors", "answer/missing", "answer/strict_flexible_disagree")
+
+    @property
+    def columns(self) -> int:
+        return 1 + len(self.names) + len(self.FLAGS)
+
+    def score_rows(self, completions: Sequence[str], solutions: Sequence[str]) -> np.ndarray:
+        """(n, columns) float32: per completion the weighted reward, each verifier's value, and the flags
+        `reward/errors` (share of verifier calls that raised or overran), `answer/missing` (no final answer
+        in a recognised form), `answer/strict_flexible_disagree` (the strict answer (boxed, <answer>, ####)
+        and the last number in the text differ in correctness). Rows of a table are independent, so ranks
+        can each score a share of a batch and add their tables (the trainer does)."""
+        table = np.zeros((len(completions), self.columns), np.float32)
+        parts = np.zeros((len(completions), len(self.names)))        # float64 until the weighted sum
+        errors = np.zeros(len(completions))
+        for k, n in enumerate(self.names):
+            values = score_each(VERIFIERS[n], completions, solutions, self.time_limit)
+            errors += [v is None for v in values]
+            parts[:, k] = [0.0 if v is None else float(v) for v in values]
+        table[:, 0] = [sum(w * float(v) for w, v in zip(self.weights, row)) for row in parts]
+        table[:, 1:1 + len(self.names)] = parts
         # our own extractions are bounded (linear scans, bounded numbers): no timer needed
         strict = [extract_answer(c) for c in completions]
-        disagree = sum(answers_equal(a, s) != answers_equal(last_number(c), s)
-                       for a, c, s in zip(strict, completions, solutions))
-        stats = {"reward/errors": errors / (count * max(len(self.names), 1)),
-                 "answer/missing": sum(a is None for a in strict) / count,
-                 "answer/strict_flexible_disagree": disagree / count}
-        return Scores(total, parts, stats)
+        flags = table[:, 1 + len(self.names):]
+        flags[:, 0] = errors / max(len(self.names), 1)
+        flags[:, 1] = [a is None for a in strict]
+        flags[:, 2] = [answers_equal(a, s) != answers_equal(last_number(c), s)
+                       for a, c, s in zip(strict, completions, solutions)]
+        return table
+
+    def scores_of(self, table: np.ndarray) -> Scores:
+        """The Scores of a (n, columns) table from score_rows: statistics are means over its rows."""
+        parts = {n: table[:, 1 + k].tolist() for k, n in enumerate(self.names)}
+        flags = table[:, 1 + len(self.names):]
+        stats = {f: float(flags[:, j].mean()) if len(table) else 0.0 for j, f in enumerate(self.FLAGS)}
+        return Scores(table[:, 0].tolist(), parts, stats)
+
+    def score(self, completions: Sequence[str], solutions: Sequence[str]) -> Scores:
+        """Rewards plus the shares a reader needs to tell format learning from real learning (score_rows)."""
+        return self.scores_of(self.score_rows(completions, solutions))
+
+
+def score_each(fn, completions: Sequence[str], solutions: Sequence[str], time_limit: float) -> List[Optional[float]]:
+    """fn(completion, solution) for each pair, None where it raised or ran past `time_limit` seconds."""
+    with _time_limits(time_limit) as call:
+        return [call(fn, c, s) for c, s in zip(completions, solutions)]
 
 
 class _Overrun(Exception):

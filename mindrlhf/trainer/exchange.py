@@ -52,6 +52,12 @@ def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:
     return arr if len(world) == 1 else comm.all_reduce_sum(arr, world)
 
 
+def rows_of_all_ranks(table: np.ndarray) -> np.ndarray:
+    """Every rank gets the table whose rows each rank filled its share of (zeros elsewhere): the sum."""
+    world = comm.world_ranks()
+    return table if len(world) == 1 else comm.all_reduce_sum(table, world)
+
+
 def rows_of_all_replicas(local: np.ndarray, rows: np.ndarray, total: int, mesh) -> np.ndarray:
     """Every rank gets the (total, ...) array whose `rows` each train-DP replica holds in `local` (its TP-0
     rank on the last pipeline stage contributes; the other rows are zero there, so a sum assembles them)."""

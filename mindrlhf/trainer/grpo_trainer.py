@@ -6,7 +6,7 @@ weight sync -> metrics / checkpoint / eval. Each phase is one method below; the 
 every exchange between ranks in exchange, the swap policy in swap_schedule.
 
 Layout invariance: a step's prompts are the dataset's global batch, sample j of prompt i draws from a
-random stream keyed by (seed, step, i, j), every rank scores the whole batch, the train-DP ranks split each
+random stream keyed by (seed, step, i, j), every rank holds the whole batch's scores, the train-DP ranks split each
 global mini-batch (not the step) and losses are normalised over the global mini-batch. So a seed gives the
 same trajectory on any train/infer layout, up to float reassociation in TP reductions.
 """
@@ -37,7 +37,7 @@ from mindrlhf.parallel.pipeline import bubble_fraction
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.parallel.topology import Nodes, discover_nodes, ranks_not_sharing
-from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer
+from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer, score_each
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing, exchange, run_dir
@@ -284,7 +284,8 @@ class GRPOTrainer:
                 raise ConfigError(f"run.eval_prompts: {n} eval prompt(s) (eval_prompts={run.eval_prompts}, "
                                   f"{run.eval_dataset} has {self.eval_dataset.num_rows}) cannot give each of the "
                                   f"{self.infer_mesh.dp} infer data-parallel replicas one")
-        self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight)
+        self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight,
+                                  self.cfg.reward.verifier_timeout)
 
     def _micro_batches_of_size(self, size: int, yaml_where: str) -> int:
         """Micro-batches per update for rl.micro_batch_size rows each: they must fill the mini-batch, and
@@ -427,7 +428,12 @@ class GRPOTrainer:
         texts = self.tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(samples.response_ids,
                                                                                samples.response_mask)])
         sols = [solutions[i] for i in samples.solution_index]
-        result = self.reward_fn.score(texts, sols)
+        # each sample is scored once, by one rank, and every rank uses those numbers: a verifier near its
+        # time limit, or one that differs by host, cannot give TP peers different rewards
+        mine = range(self.rank, len(texts), self.world)
+        table = np.zeros((len(texts), self.reward_fn.columns), np.float32)
+        table[mine] = self.reward_fn.score_rows([texts[i] for i in mine], [sols[i] for i in mine])
+        result = self.reward_fn.scores_of(exchange.rows_of_all_ranks(table))
         return np.array(result.total, np.float32), result, texts
 
     def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
@@ -493,8 +499,8 @@ class GRPOTrainer:
         """The step's training batch and its statistics. Without dynamic sampling: one round. With it
         (DAPO): rounds until batch_size x infer dp informative groups (rewards not all equal) are held or
         max_num_gen_batches rounds ran; the batch is the first informative groups in round order, topped
-        up, when short, by dropped groups whose loss is masked out (group_mask). Every rank scores every
-        sample, so every rank makes the same choice."""
+        up, when short, by dropped groups whose loss is masked out (group_mask). Every rank holds every
+        sample's score (each scored once, shared), so every rank makes the same choice."""
         rl, g = self.cfg.rl, self.cfg.rl.num_generations
         target = self.geometry.sequences // g
         rounds = [self._generate_round(phase, 0)]
@@ -628,7 +634,8 @@ class GRPOTrainer:
             out = self.engine.generate(prompts[start:start + rows], self.sampling_params(greedy=True))
             texts += self.tokenizer.decode_batch([r[m == 1].tolist()
                                                   for r, m in zip(out.response_ids, out.response_mask)])
-        correct = sum(accuracy_reward(t, table["solution"][i]) for t, i in zip(texts, idx))
+        correct = sum(v or 0.0 for v in score_each(accuracy_reward, texts, [table["solution"][i] for i in idx],
+                                                   self.cfg.reward.verifier_timeout))
         total = exchange.sum_over_replicas([correct, len(idx)], self.infer_mesh)
         return float(total[0] / max(total[1], 1))
 

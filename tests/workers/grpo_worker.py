@@ -41,6 +41,13 @@ def solution_length(completion, solution):
     return len(solution.encode("utf-8")) / 1000.0 + (0.5 if solution.endswith("7") else 0.0)
 
 
+@register_verifier("scoring_rank_test")
+def scoring_rank(completion, solution):
+    """1 on rank 0, 0 elsewhere (as a verifier that times out on one rank only): with weight 0 it changes
+    no reward, and its mean tells which ranks scored the samples rank 0 reports."""
+    return 1.0 if os.environ.get("RANK_ID", "0") == "0" else 0.0
+
+
 def _inject_failure():
     spec = os.environ.get("MINDRLHF_TEST_FAIL_AT")
     if not spec:
