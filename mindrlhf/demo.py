@@ -170,28 +170,35 @@ def stage_strategy_and_slice(work: str, paths: Dict[str, str], full_ckpt: str) -
 def stage_grpo(work: str, paths: Dict[str, str], sliced: Dict[str, str], full_ckpt: str, vocab: str, merges: str,
                workers: int, steps: int):
     import socket
+    from mindrlhf.parallel.rendezvous import note_path
     say(8, f"GRPO under msrun with {workers} workers, {steps} steps (logs: {work}/grpo_log)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ckpt_dir = os.path.join(work, "grpo_ckpt")
-    cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
-           f"--master_port={port}", "--join=True", f"--log_dir={os.path.join(work, 'grpo_log')}",
-           os.path.join(TUTORIAL, "grpo_one_stage.py"), "--config", paths["grpo"],
-           "--sft_path_train", paths["train"], "--sft_path_infer", paths["infer"], "--vocab_path", vocab,
-           "--merges_file_path", merges, "--mind_dataset_dir", os.path.join(work, "train.mindrecord"),
-           "--eval_dataset", os.path.join(work, "test.mindrecord"), "--save_ckpt_dir", ckpt_dir,
-           "--use_parallel", "True", "--load_sft_checkpoint_train", sliced["train"],
-           "--load_sft_checkpoint_infer", sliced["infer"], "--load_ref_checkpoint", full_ckpt,
-           "--progress", "False", "--overwrite_ckpt_dir", "True"]      # the demo's own folder: a rerun starts over
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), GLOG_v="3")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log0 = os.path.join(work, "grpo_log", "worker_0.log")
-    shown = 0
-    while proc.poll() is None:
-        time.sleep(2)
-        shown = _echo_new_lines(log0, shown)
-    _echo_new_lines(log0, shown)
+    for attempt in range(3):   # a free port can be taken before msrun binds it: that fails fast, try another
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
+               f"--master_port={port}", "--join=True", f"--log_dir={os.path.join(work, 'grpo_log')}",
+               os.path.join(TUTORIAL, "grpo_one_stage.py"), "--config", paths["grpo"],
+               "--sft_path_train", paths["train"], "--sft_path_infer", paths["infer"], "--vocab_path", vocab,
+               "--merges_file_path", merges, "--mind_dataset_dir", os.path.join(work, "train.mindrecord"),
+               "--eval_dataset", os.path.join(work, "test.mindrecord"), "--save_ckpt_dir", ckpt_dir,
+               "--use_parallel", "True", "--load_sft_checkpoint_train", sliced["train"],
+               "--load_sft_checkpoint_infer", sliced["infer"], "--load_ref_checkpoint", full_ckpt,
+               "--progress", "False", "--overwrite_ckpt_dir", "True"]  # the demo's own folder: a rerun starts over
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), GLOG_v="3")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log0 = os.path.join(work, "grpo_log", "worker_0.log")
+        shown = 0
+        while proc.poll() is None:
+            time.sleep(2)
+            shown = _echo_new_lines(log0, shown)
+        _echo_new_lines(log0, shown)
+        taken = note_path(port, proc.pid)
+        if proc.returncode == 0 or not os.path.exists(taken):
+            break
+        os.remove(taken)
+        print(f"      port {port} was taken meanwhile; launching again on another", flush=True)
     if proc.returncode != 0:
         raise SystemExit(f"demo: GRPO failed (exit {proc.returncode}); see {work}/grpo_log/worker_*.log")
     return ckpt_dir

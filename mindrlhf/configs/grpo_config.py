@@ -64,6 +64,9 @@ class RunConfig:
                                      "Off: MindSpore's cache is off too (MS_COMPILER_CACHE_ENABLE is ignored, "
                                      "with a note)")
     resume: bool = _f(False, "continue from the newest checkpoint complete on every node (agreed by all ranks)")
+    watchdog_timeout: float = _f(1800.0, "under msrun: a rank that reaches no collective for this many seconds "
+                                 "ends the job, naming its rank, node and phase (parallel/watchdog.py); set it "
+                                 "above the longest phase (the first step compiles); 0: off")
     overwrite_ckpt_dir: bool = _f(False, "start afresh in a save_ckpt_dir that holds another run: its checkpoints, "
                                   "RUN, hf_policy, metrics, TensorBoard events and rollout log are deleted first "
                                   "(without it such a directory is refused unless resume)")
@@ -251,7 +254,8 @@ class GRPOConfig:
                   ("run.max_model_len", self.run.max_model_len), ("rl.mini_batch_size", self.rl.mini_batch_size),
                   ("rl.micro_batch_size", self.rl.micro_batch_size),
                   ("rl.ref_sync_steps", self.rl.ref_sync_steps), ("run.cpu_threads", self.run.cpu_threads),
-                  ("reward.verifier_timeout", self.reward.verifier_timeout)]
+                  ("reward.verifier_timeout", self.reward.verifier_timeout),
+                  ("run.watchdog_timeout", self.run.watchdog_timeout)]
         for name, value in nonneg:
             if value < 0:
                 raise ConfigError(f"{name}: expected >= 0, got {value}")

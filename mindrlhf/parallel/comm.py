@@ -11,6 +11,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 from mindspore import Tensor, ops
 
+from mindrlhf.parallel import watchdog
 from mindrlhf.parallel.mesh import distributed_env, group_for
 
 _REDUCERS: Dict[Tuple[int, ...], ops.AllReduce] = {}
@@ -30,6 +31,14 @@ def world_ranks() -> Tuple[int, ...]:
 def all_reduce_sum(array: np.ndarray, ranks: Sequence[int]) -> np.ndarray:
     if len(ranks) == 1:
         return np.array(array, copy=True)
+    watchdog.beat(in_collective=True)
+    try:
+        return _all_reduce_sum(array, ranks)
+    finally:
+        watchdog.beat(in_collective=False)
+
+
+def _all_reduce_sum(array: np.ndarray, ranks: Sequence[int]) -> np.ndarray:
     arr = np.asarray(array)
     if arr.dtype.kind in "iub":
         # exact through float32 while |values| < 2**24 (token ids and counts are)

@@ -36,7 +36,10 @@ def init_distributed() -> Tuple[int, int]:
         return 0, 1
     from mindspore.communication import get_group_size, get_rank, init
     if not _INITIALIZED:
+        from mindrlhf.parallel import rendezvous
+        rendezvous.guard_start()
         init()
+        rendezvous.started()
         _INITIALIZED = True
     return get_rank(), get_group_size()
 

@@ -31,7 +31,7 @@ from mindrlhf.configs.model_config import ParallelConfig, load_model_yaml
 from mindrlhf.data.dataset import PromptDataset
 from mindrlhf.data.tokenizer import load_tokenizer
 from mindrlhf.models.qwen2 import CausalLM, left_pad, param_specs
-from mindrlhf.parallel import comm
+from mindrlhf.parallel import watchdog
 from mindrlhf.parallel.mesh import init_distributed, mesh_for
 from mindrlhf.parallel.pipeline import bubble_fraction
 from mindrlhf.parallel.reshard import WeightSync
@@ -74,6 +74,7 @@ class GRPOTrainer:
         self.log = log if self.rank == 0 else (lambda *a, **k: None)
         self.nodes = discover_nodes() if cfg.run.use_parallel else Nodes([0], 0)
         if cfg.run.use_parallel:
+            watchdog.start(cfg.run.watchdog_timeout, self.rank, self.nodes.node_of_rank[self.rank])
             check_nodes_agree(cfg, self.nodes)    # before anything else: every node runs the same job
         self._report_storage()
         self.run_id = None if cfg.run.resume else run_dir.claim(cfg.run, self.rank, self._marks_checkpoints())
@@ -529,6 +530,7 @@ class GRPOTrainer:
         times, peaks = {}, {}
 
         def phase(name, fn, *args):
+            watchdog.enter(name)
             memory.reset_peak()
             t0 = time.time()
             result = fn(*args)
@@ -623,6 +625,7 @@ class GRPOTrainer:
         """Greedy accuracy on up to eval_prompts held-out prompts, split over infer-DP replicas, in chunks of
         the rollout's rows per replica: the decode graphs the rollout compiled serve here too (a deep model's
         decode graph costs seconds to compile and memory to keep)."""
+        watchdog.enter("eval")
         table = self.eval_dataset.table
         n = min(self.cfg.run.eval_prompts, len(table["prompt_ids"]))
         idx = np.arange(n)[self.infer_mesh.dp_index::self.infer_mesh.dp]
@@ -647,6 +650,7 @@ class GRPOTrainer:
         return state
 
     def save(self):
+        watchdog.enter("save")
         run = self.cfg.run
         self.rollout_log.flush()             # before COMPLETE: a complete step always has its rollout rows
         extra = {"ref": self.ref_model} if self._reference_moves() else {}
@@ -654,10 +658,11 @@ class GRPOTrainer:
             checkpointing.save_training_checkpoint(
                 run.save_ckpt_dir, self.step, self.rank, self.policy, self.optimizer,
                 rank_state={"data": self.dataset.state_dict()},
-                trainer_state={"step": self.step, "layout": self.layout_state(), "run_id": self.run_id}, keep=run.keep_checkpoints,
-                extra_models=extra, marks=self._marks_checkpoints())
+                trainer_state={"step": self.step, "layout": self.layout_state(), "run_id": self.run_id},
+                keep=run.keep_checkpoints, extra_models=extra, marks=self._marks_checkpoints())
 
     def _resume(self):
+        watchdog.enter("resume")
         extra = {"ref": self.ref_model} if self._reference_moves() else {}
         root = self.cfg.run.save_ckpt_dir
         step = checkpointing.agreed_resume_step(root, self.cfg.run.checkpoint_storage == "shared", self.nodes)
@@ -683,6 +688,7 @@ class GRPOTrainer:
 
     def export_policy(self, out_dir: str):
         """Write the policy as HF safetensors (rank 0), its full tensors assembled from one replica each."""
+        watchdog.enter("export")
         full = exchange.full_policy(self.policy)
         if self.rank == 0:
             export_hf(full, out_dir, self.model_cfg, tokenizer_dir=self.cfg.run.vocab_path,
@@ -727,4 +733,5 @@ class GRPOTrainer:
         if run.export_hf:
             self.export_policy(os.path.join(run.save_ckpt_dir, run_dir.EXPORT_DIR))
         self.metrics.close()
+        watchdog.stop()
         return history

@@ -5,6 +5,9 @@
 `MINDRLHF_TEST_FAIL_AT="rank:step"` makes that rank raise inside that step's update (the failure test);
 `MINDRLHF_TEST_PAUSE_IN_SAVE="step:marker"` makes rank 0 stop inside that step's checkpoint save, after its
 policy shard is written, touch `marker` and wait to be killed (the crash-resume test).
+`MINDRLHF_TEST_FAULT="rank:step:phase:action"` (tests/test_faults.py): when that rank enters that phase
+(the loop's phase names: rollout, reward, train, weight_sync, save, ...) in that step, `kill` SIGKILLs the
+process, `hang` sleeps for an hour, `enospc` makes its next checkpoint file write fail with ENOSPC.
 """
 import os
 import sys
@@ -82,7 +85,45 @@ def _inject_pause():
     checkpointing.save_checkpoint = save_checkpoint
 
 
+def _inject_fault():
+    spec = os.environ.get("MINDRLHF_TEST_FAULT")
+    if not spec:
+        return
+    rank, step, phase, action = spec.split(":")
+    import errno
+    import signal
+    import time
+    from mindrlhf.parallel import watchdog
+    from mindrlhf.trainer import checkpointing
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    state = {"step": 0}
+    original_step, original_enter, original_save = GRPOTrainer.train_one_step, watchdog.enter, \
+        checkpointing.save_checkpoint
+
+    def train_one_step(self):
+        state["step"] = self.step + 1
+        return original_step(self)
+
+    def enter(name):
+        original_enter(name)
+        if name != phase or state["step"] != int(step) or os.environ.get("RANK_ID", "0") != rank:
+            return
+        print(f"fault: {action} on rank {rank} in step {step}, phase {phase}", flush=True)
+        if action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif action == "hang":
+            time.sleep(3600)
+        elif action == "enospc":
+            def full(tensors, path):
+                raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
+            checkpointing.save_checkpoint = full
+
+    GRPOTrainer.train_one_step = train_one_step
+    watchdog.enter = enter
+
+
 if __name__ == "__main__":
     _inject_failure()
     _inject_pause()
+    _inject_fault()
     sys.exit(grpo_main(sys.argv[1:]))
