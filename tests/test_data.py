@@ -272,3 +272,104 @@ def test_a_template_file_with_literal_braces(tmp_path, tok_files):
     path = tmp_path / "tpl.txt"
     path.write_text("Put the answer in \\boxed{}. Q: {question}\nA:")
     assert resolve_template(str(path))("1+1?") == "Put the answer in \\boxed{}. Q: 1+1?\nA:"
+
+
+def _array_bytes(obj) -> int:
+    """Bytes of the numpy arrays an object keeps (in its attributes, dicts and lists, one level each)."""
+    total = 0
+    for value in vars(obj).values():
+        for item in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]):
+            total += item.nbytes if isinstance(item, np.ndarray) else 0
+    return total
+
+
+def _wide_file(path, n=64, prompt=8, seq=2048, columns=tuple(SCHEMA)):
+    """A prompt MindRecord whose pretrain_ids/loss_mask dwarf the prompt columns (as at seq_length 8192);
+    the answer part of row i is the tokens [10 + i, 7]."""
+    prompt_ids = np.zeros((n, prompt), np.int64)
+    prompt_ids[:, :3] = 5
+    pretrain = np.zeros((n, seq), np.int64)
+    mask = np.zeros((n, seq), np.int64)
+    pretrain[:, :3], pretrain[:, 3], pretrain[:, 4] = 5, 10 + np.arange(n), 7
+    mask[:, 3:5] = 1
+    table = {"prompt_ids": prompt_ids, "pretrain_ids": pretrain, "loss_mask": mask,
+             "prompt_length": np.full(n, 3, np.int64), "solution": [str(i) for i in range(n)]}
+    write_mindrecord(path, {k: table[k] for k in columns}, {k: SCHEMA[k] for k in columns})
+    return n * prompt * 8
+
+
+def test_the_reader_keeps_only_the_prompt_columns(tmp_path):
+    """GRPO never reads pretrain_ids/loss_mask: a rank must not hold them (~29 GB for 220k rows at 8192)."""
+    path = str(tmp_path / "wide.mindrecord")
+    prompt_bytes = _wide_file(path)
+    ds = PromptDataset(path, batch_size=4, pad_token_id=0)
+    assert sorted(ds.table) == ["prompt_ids", "prompt_length", "solution"]
+    assert _array_bytes(ds) <= 2 * prompt_bytes          # prompt_ids, prompt_length, the solutions' pointers
+    assert ds.next_batch()["prompt_ids"].shape == (4, 8)
+    assert read_mindrecord(path)["pretrain_ids"].shape == (64, 2048)     # the SFT warm-up still reads them all
+
+
+def test_three_column_solutions_are_recovered_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """A MindRLHF file's solutions come from the answer part of pretrain_ids, read in chunks and dropped:
+    only the solution strings stay."""
+    import mindrlhf.data.dataset as dataset_module
+    path = str(tmp_path / "old.mindrecord")
+    prompt_bytes = _wide_file(path, columns=("prompt_ids", "pretrain_ids", "loss_mask"))
+    monkeypatch.setattr(dataset_module, "ANSWER_CHUNK_ROWS", 10)
+    ds = PromptDataset(path, batch_size=4, pad_token_id=0)
+    calls = []
+
+    def decode(rows):
+        calls.append(len(rows))
+        return [" ".join(map(str, r)) for r in rows]
+
+    ds.recover_solutions(decode, lambda text: text.split()[0])
+    assert ds.table["solution"].tolist() == [str(10 + i) for i in range(64)]
+    assert sum(calls) == 64 and max(calls) <= 10
+    assert "pretrain_ids" not in ds.table and _array_bytes(ds) <= 2 * prompt_bytes
+
+
+def _convert_peak(tmp_path, tok_files, n, name):
+    import tracemalloc
+    src = write_jsonl(str(tmp_path / f"{name}.jsonl"), arithmetic_rows(n))
+    tracemalloc.start()
+    try:
+        convert(_args(tok_files, src, tmp_path / f"{name}.mindrecord", "--max_prompt_length", "24",
+                      "--seq_length", "512"))
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_conversion_holds_a_bounded_number_of_rows(tmp_path, tok_files, monkeypatch):
+    """rlhf_data.py streams: the jsonl is read line by line and rows go to the file a write batch at a
+    time, so four times the rows does not take four times the memory (whole arrays: n x 512 x 16 bytes)."""
+    import mindrlhf.data.convert as convert_module
+    monkeypatch.setattr(convert_module, "TOKENIZE_ROWS", 64)
+    monkeypatch.setattr(convert_module, "WRITE_BATCH_ROWS", 64)
+    warm = write_jsonl(str(tmp_path / "warm.jsonl"), arithmetic_rows(3))
+    convert(_args(tok_files, warm, tmp_path / "warm.mindrecord"))
+    small = _convert_peak(tmp_path, tok_files, 400, "small")      # (after one-off imports and set-up)
+    large = _convert_peak(tmp_path, tok_files, 1600, "large")
+    assert large < 1.5 * small, (small, large)
+
+
+def test_streamed_conversion_writes_what_one_whole_table_write_does(tmp_path, tok_files, monkeypatch):
+    """Rows reach MindRecord in the same write batches as write_mindrecord's: the bytes are the same (the
+    page layout depends on the batches), here over several batches and pages and a skipped row."""
+    import mindrlhf.data.convert as convert_module
+    monkeypatch.setattr(convert_module, "TOKENIZE_ROWS", 7)
+    monkeypatch.setattr(convert_module, "WRITE_BATCH_ROWS", 16)
+    rows = arithmetic_rows(120)
+    rows[20] = {"question": "word " * 60, "answer": "#### 1"}
+    src = write_jsonl(str(tmp_path / "t.jsonl"), rows)
+    out = str(tmp_path / "streamed.mindrecord")
+    summary = convert(_args(tok_files, src, out, "--max_prompt_length", "24", "--seq_length", "8192",
+                            "--on_long_prompt", "skip"))             # 128 KB rows: several 1 MB pages
+    assert (summary.rows_in, summary.rows_written) == (120, 119)
+    os.mkdir(tmp_path / "whole")
+    whole = str(tmp_path / "whole" / "streamed.mindrecord")    # the header names the file: the same name
+    write_mindrecord(whole, read_mindrecord(out), SCHEMA, index_fields=["prompt_length"], batch_rows=16)
+    for suffix in ("", ".db"):
+        with open(out + suffix, "rb") as a, open(whole + suffix, "rb") as b:
+            assert a.read() == b.read(), suffix

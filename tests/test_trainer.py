@@ -250,6 +250,7 @@ def test_resume_with_a_moving_reference_is_exact(assets, tmp_path):
         stopped.metrics.log(stopped.step + 1, stopped.train_one_step(), echo=None)
         if stopped.step == 2:
             stopped.save()
+    stopped.rollout_log.flush()             # step 3's rows on disk, its checkpoint never written: resume drops them
     resumed = _trainer(assets, split_dir, rollout_log_file=log, resume=True, **common)
     assert resumed.step == 2
     resumed.fit()
@@ -587,3 +588,54 @@ def test_a_fresh_run_refuses_another_runs_directory_and_overwrite_starts_over(as
         json.dump({"run_id": old_run}, fh)
     with pytest.raises(CheckpointError, match="written by run .* mixes two runs"):
         _trainer(assets, tmp_path, total_steps=2, resume=True)
+
+
+def _log_step(log, step, rows=3):
+    """One step's rows into a RolloutLog, with stand-ins for the samples and the tokenizer."""
+    from types import SimpleNamespace
+    samples = SimpleNamespace(prompt_ids=np.tile([[step, 2, 0]], (rows, 1)),
+                              prompt_mask=np.tile([[1, 1, 0]], (rows, 1)), solution_index=[0] * rows)
+    tokenizer = SimpleNamespace(decode_batch=lambda ids, skip_special_tokens: [" ".join(map(str, r)) for r in ids])
+    log.add(step, samples, [f"step {step} sample {i}" for i in range(rows)], np.arange(rows) / rows, [str(step)],
+            tokenizer)
+
+
+def _log_rows(path):
+    from mindrlhf.data.mindrecord_io import read_columns
+    from mindrlhf.trainer.rollout_log import SCHEMA
+    cols = read_columns(path, list(SCHEMA))
+    return list(zip(*[[str(v) for v in cols[k]] for k in SCHEMA]))
+
+
+def test_the_rollout_log_holds_only_the_rows_since_the_last_checkpoint(tmp_path):
+    """Each checkpoint appends the rows since the previous one and forgets them: memory does not grow with
+    the run. Resume cuts the file back to the resumed step's rows without loading them, and the resumed
+    log equals the uninterrupted one."""
+    from mindrlhf.trainer.rollout_log import RolloutLog
+    full = RolloutLog(str(tmp_path / "full.mindrecord"))
+    for step in range(1, 7):
+        _log_step(full, step)
+        assert len(full.rows["step"]) <= 2 * 3
+        if step % 2 == 0:
+            full.flush()
+            assert len(full.rows["step"]) == 0
+    want = _log_rows(full.path)
+    assert [int(r[0]) for r in want] == [s for s in range(1, 7) for _ in range(3)]
+
+    path = str(tmp_path / "split.mindrecord")
+    earlier = RolloutLog(path)
+    _log_step(earlier, 9)
+    earlier.flush()                                 # an earlier run's file: a fresh run replaces it
+    stopped = RolloutLog(path)
+    for step in range(1, 6):
+        _log_step(stopped, step)
+        if step in (2, 4, 5):                       # 5: flushed, but the run died before step 5's checkpoint
+            stopped.flush()
+    resumed = RolloutLog(path)
+    resumed.restore(4)
+    assert len(resumed.rows["step"]) == 0
+    assert _log_rows(path) == want[:4 * 3]
+    for step in (5, 6):
+        _log_step(resumed, step)
+    resumed.flush()
+    assert _log_rows(path) == want

@@ -47,8 +47,9 @@ class RunConfig:
                              "(prompt_completion_ids, prompts_mask, responses_mask, ref_per_token_logps, "
                              "advantages; one row per sample), replaced atomically every step by rank 0")
     rollout_log_file: str = _f("", "the readable rollout log: every sample (step, prompt, response, reward, "
-                               "solution) as a MindRecord; rewritten at each checkpoint (before it is marked "
-                               "complete) and at the end; resume keeps the rows of the steps it resumes from")
+                               "solution) as a MindRecord; each checkpoint appends the steps since the previous one "
+                               "(before it is marked complete), so only those are held in memory; resume keeps the "
+                               "rows of the steps it resumes from")
     load_sft_checkpoint_train: str = _f("", "policy weights: HF dir/safetensors or MindSpore .ckpt/.safetensors")
     load_sft_checkpoint_infer: str = _f("", "rollout weights (default: the policy's; they are synced each step)")
     load_ref_checkpoint: str = _f("", "reference weights (default: the initial policy's)")

@@ -1,7 +1,11 @@
-"""jsonl (GSM8K / OpenR1-Math / raw) -> GRPO prompt MindRecord. The library behind `rlhf_data.py`."""
+"""jsonl (GSM8K / OpenR1-Math / raw) -> GRPO prompt MindRecord. The library behind `rlhf_data.py`.
+
+Streams: the jsonl is read a line at a time and rows go to the file one write batch at a time, so memory
+does not grow with the file (a 220k-row file at seq_length 8192 is ~29 GB as whole arrays)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -10,8 +14,10 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES, SCHEMA, read_jsonl, write_mindrecord
+from mindrlhf.data.mindrecord_io import (PROMPT_TEMPLATES, SCHEMA, WRITE_BATCH_ROWS, MindRecordWriter, iter_jsonl)
 from mindrlhf.data.tokenizer import load_tokenizer
+
+TOKENIZE_ROWS = 2048    # rows per tokenizer call (the Rust side parallelises across one call's texts)
 
 
 @dataclass
@@ -99,56 +105,85 @@ def convert(args) -> ConvertSummary:
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
     if pad is None:
         raise ConfigError("--pad_token_id: the tokenizer has no <|endoftext|> token; give the id explicitly")
-    examples = read_jsonl(args.file_path, args.dataset_type)
-    summary = ConvertSummary(rows_in=len(examples))
-
+    examples = iter_jsonl(args.file_path, args.dataset_type)
+    summary = ConvertSummary()
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
-        progress = tqdm(total=len(examples), desc="tokenize", unit="rows")
-    n_in, p_len, s_len = len(examples), args.max_prompt_length, args.seq_length
-    cols = {"prompt_ids": np.full((n_in, p_len), pad, np.int64),
-            "pretrain_ids": np.full((n_in, s_len), pad, np.int64),
-            "loss_mask": np.zeros((n_in, s_len), np.int64), "prompt_length": np.zeros(n_in, np.int64),
-            "solution": []}
+        progress = tqdm(total=_count_rows(args.file_path), desc="tokenize", unit="rows")
+    batch = _WriteBatch(WRITE_BATCH_ROWS, args.max_prompt_length, args.seq_length, pad)
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    row, chunk = 0, 2048
-    for start in range(0, n_in, chunk):
-        part = examples[start:start + chunk]
-        # one tokenizer call per chunk (prompts then answers): the Rust side parallelises across both
-        ids = tok.encode_batch([template(e.question) for e in part] +
-                               [" " + e.answer_text for e in part])
-        for ex, p_ids, a_ids in zip(part, ids[:len(part)], ids[len(part):]):
-            if len(p_ids) > p_len:
-                if args.on_long_prompt == "skip":
-                    summary.prompts_skipped += 1
-                    continue
-                summary.prompts_truncated += 1
-                p_ids = p_ids[-p_len:]
-            full = p_ids + a_ids + eos
-            if len(full) > s_len:
-                summary.answers_truncated += 1
-                full = full[:s_len]
-            cols["prompt_ids"][row, :len(p_ids)] = p_ids
-            cols["pretrain_ids"][row, :len(full)] = full
-            cols["loss_mask"][row, len(p_ids):len(full)] = 1
-            cols["prompt_length"][row] = len(p_ids)
-            cols["solution"].append(ex.solution)
-            row += 1
+    with MindRecordWriter(args.output_path, SCHEMA, index_fields=["prompt_length"]) as out:
+        while True:
+            part = list(itertools.islice(examples, TOKENIZE_ROWS))
+            if not part:
+                break
+            summary.rows_in += len(part)
+            # one tokenizer call per chunk (prompts then answers): the Rust side parallelises across both
+            ids = tok.encode_batch([template(e.question) for e in part] + [" " + e.answer_text for e in part])
+            for ex, p_ids, a_ids in zip(part, ids[:len(part)], ids[len(part):]):
+                if len(p_ids) > args.max_prompt_length:
+                    if args.on_long_prompt == "skip":
+                        summary.prompts_skipped += 1
+                        continue
+                    summary.prompts_truncated += 1
+                    p_ids = p_ids[-args.max_prompt_length:]
+                full = p_ids + a_ids + eos
+                if len(full) > args.seq_length:
+                    summary.answers_truncated += 1
+                    full = full[:args.seq_length]
+                batch.add(p_ids, full, ex.solution)
+                summary.rows_written += 1
+                if batch.rows == WRITE_BATCH_ROWS:
+                    batch.write_to(out)
+            if progress:
+                progress.update(len(part))
         if progress:
-            progress.update(len(part))
-    if progress:
-        progress.close()
-    for name in ("prompt_ids", "pretrain_ids", "loss_mask", "prompt_length"):
-        cols[name] = cols[name][:row]
-    summary.rows_written = row
-    if summary.rows_written == 0:
-        raise ConfigError(f"{args.file_path}: every row was skipped (prompts longer than "
-                          f"--max_prompt_length={args.max_prompt_length}); nothing written")
-    write_mindrecord(args.output_path, cols, SCHEMA, index_fields=["prompt_length"])
+            progress.close()
+        if summary.rows_written == 0:
+            raise ConfigError(f"{args.file_path}: every row was skipped (prompts longer than "
+                              f"--max_prompt_length={args.max_prompt_length}); nothing written")
+        batch.write_to(out)
+        out.commit()
     summary.output_bytes = sum(os.path.getsize(args.output_path + s) for s in ("", ".db"))
     summary.seconds = time.time() - t0
     return summary
+
+
+class _WriteBatch:
+    """One MindRecord write call's rows, filled in place and reused: the same calls (so the same file
+    bytes) as writing the whole table with write_mindrecord, without holding it."""
+
+    def __init__(self, size: int, prompt_len: int, seq_len: int, pad: int):
+        self.pad, self.rows = pad, 0
+        self.cols = {"prompt_ids": np.full((size, prompt_len), pad, np.int64),
+                     "pretrain_ids": np.full((size, seq_len), pad, np.int64),
+                     "loss_mask": np.zeros((size, seq_len), np.int64), "prompt_length": np.zeros(size, np.int64),
+                     "solution": []}
+
+    def add(self, prompt_ids: List[int], full: List[int], solution: str):
+        row, cols = self.rows, self.cols
+        cols["prompt_ids"][row, :len(prompt_ids)] = prompt_ids
+        cols["pretrain_ids"][row, :len(full)] = full
+        cols["loss_mask"][row, len(prompt_ids):len(full)] = 1
+        cols["prompt_length"][row] = len(prompt_ids)
+        cols["solution"].append(solution)
+        self.rows += 1
+
+    def write_to(self, out: MindRecordWriter):
+        if not self.rows:
+            return
+        out.write({k: v[:self.rows] for k, v in self.cols.items()}, batch_rows=self.rows)
+        for name in ("prompt_ids", "pretrain_ids"):
+            self.cols[name][:self.rows] = self.pad
+        self.cols["loss_mask"][:self.rows] = 0
+        self.cols["solution"], self.rows = [], 0
+
+
+def _count_rows(path: str) -> int:
+    """Non-blank lines: the progress bar's total, without holding the file."""
+    with open(path, "rb") as fh:
+        return sum(1 for raw in fh if raw.strip())
 
 
 def main(argv: Optional[List[str]] = None) -> int:

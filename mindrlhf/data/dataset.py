@@ -1,6 +1,7 @@
 """Prompt reader for GRPO: global seeded shuffle per epoch, sharded by data-parallel rank, resumable.
 
-Every rank reads the (small) prompt table with MindDataset and permutes it with a seed that depends on
+Every rank reads the prompt columns (prompt_ids, prompt_length, solution; never the seq_length-wide
+pretrain_ids/loss_mask) with MindDataset and permutes them with a seed that depends on
 (seed, epoch) only. Step s of an epoch takes the next `batch_size * dp_size` rows of that order (the global
 batch, the same for any DP size with the same global batch); DP rank d takes the d-th run of `batch_size`
 of them. So the DP shards are disjoint, their union is the epoch, the global batch does not depend on the
@@ -14,7 +15,10 @@ from typing import Callable, Dict, Iterator, Optional
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.data.mindrecord_io import read_mindrecord
+from mindrlhf.data.mindrecord_io import iter_chunks, read_mindrecord
+
+PROMPT_COLUMNS = ("prompt_ids", "prompt_length", "solution")    # all GRPO reads of a prompt file
+ANSWER_CHUNK_ROWS = 1024    # rows of pretrain_ids/loss_mask recover_solutions holds at a time
 
 
 @dataclass
@@ -32,7 +36,8 @@ def prompt_lengths(prompt_ids: np.ndarray, pad_token_id: int) -> np.ndarray:
 class PromptDataset:
     def __init__(self, path: str, batch_size: int, dp_size: int = 1, dp_rank: int = 0, seed: int = 0,
                  pad_token_id: int = 0, shuffle: bool = True, columns: Optional[Dict[str, np.ndarray]] = None):
-        self.table = columns if columns is not None else read_mindrecord(path)
+        table = columns if columns is not None else read_mindrecord(path, PROMPT_COLUMNS)
+        self.table = {k: v for k, v in table.items() if k in PROMPT_COLUMNS}
         self.path = path
         n = len(self.table["prompt_ids"])
         if "prompt_length" not in self.table:
@@ -97,9 +102,11 @@ class PromptDataset:
         """MindRLHF's rlhf_data.py stores no solution column; the reference answer is the answer part of
         `pretrain_ids` (where `loss_mask` is 1). Take each row's final answer from there (`extract`, the
         verifiers' extraction), or stop naming the first row without one: training on rewards that can only
-        be 0 must never happen silently."""
-        answers = decode([ids[m == 1].tolist() for ids, m in zip(self.table["pretrain_ids"], self.table["loss_mask"])])
-        solutions = [extract(a) or "" for a in answers]
+        be 0 must never happen silently. The file is read again a chunk at a time: only the solutions stay."""
+        solutions = []
+        for part in iter_chunks(self.path, ["pretrain_ids", "loss_mask"], ANSWER_CHUNK_ROWS):
+            answers = decode([ids[m == 1].tolist() for ids, m in zip(part["pretrain_ids"], part["loss_mask"])])
+            solutions += [extract(a) or "" for a in answers]
         missing = [i for i, s in enumerate(solutions) if not s]
         if missing:
             raise ConfigError(f"{self.path}: the file has no 'solution' column (MindRLHF's three-column format), "

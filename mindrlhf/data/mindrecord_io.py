@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ SCHEMA = {
     "solution": {"type": "string"},
 }
 MINDRLHF_COLUMNS = ("prompt_ids", "pretrain_ids", "loss_mask")
+WRITE_BATCH_ROWS = 8192    # rows per MindRecord write call (the page layout, so the file's bytes, depend on it)
 
 PROMPT_TEMPLATES = {
     "none": "{question}",
@@ -86,10 +87,15 @@ def parse_row(obj: dict, dataset_type: str, where: str) -> Example:
     raise ConfigError(f"--dataset_type: expected gsm8k, openr1math or raw, got {dataset_type!r}")
 
 
-def read_jsonl(path: str, dataset_type: str) -> List[Example]:
+def iter_jsonl(path: str, dataset_type: str) -> Iterator[Example]:
+    """The file's rows one line at a time (a conversion never holds the whole file); errors name file:line."""
     if not os.path.isfile(path):
         raise ConfigError(f"--file_path: file not found: {path}")
-    rows = []
+    return _jsonl_rows(path, dataset_type)
+
+
+def _jsonl_rows(path: str, dataset_type: str) -> Iterator[Example]:
+    count = 0
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             try:
@@ -104,42 +110,81 @@ def read_jsonl(path: str, dataset_type: str) -> List[Example]:
                 raise ConfigError(f"{path}:{lineno}: not valid JSON ({err})") from None
             if not isinstance(obj, dict):
                 raise ConfigError(f"{path}:{lineno}: expected a JSON object per line")
-            rows.append(parse_row(obj, dataset_type, f"{path}:{lineno}"))
-    if not rows:
+            count += 1
+            yield parse_row(obj, dataset_type, f"{path}:{lineno}")
+    if not count:
         raise ConfigError(f"{path}: the file has no rows")
-    return rows
 
 
 def write_mindrecord(path: str, columns: Dict[str, Sequence], schema: Dict[str, dict],
-                     index_fields: Optional[List[str]] = None, batch_rows: int = 8192):
+                     index_fields: Optional[List[str]] = None, batch_rows: int = WRITE_BATCH_ROWS):
     """Write rows to `path` (+ `.db`): both files appear or none (see _install_pair), fsynced.
 
     `columns` maps each schema field to its values in row order: a 2-D array (one row per line) or a list
     for array fields, a 1-D array or list for scalar fields. `index_fields`: the scalar fields MindRecord
     indexes in the `.db` (default: all of them; each costs commit time).
     """
-    from mindspore.mindrecord import FileWriter
-    out_dir = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(out_dir):
-        raise ConfigError(f"--output_path: the directory {out_dir} does not exist")
-    n = len(next(iter(columns.values())))
-    tmp_dir = tempfile.mkdtemp(prefix=".tmp_mindrecord_", dir=out_dir)
-    try:
-        tmp_file = os.path.join(tmp_dir, os.path.basename(path))
-        writer = FileWriter(tmp_file, shard_num=1, overwrite=True)
-        writer.set_page_size(1 << 20)    # MindRecord's default 32 MB page bloats small prompt files
-        writer.set_header_size(1 << 20)
-        writer.add_schema(schema, "mindrlhf_grpo_prompts")
-        if index_fields:
-            writer.add_index(list(index_fields))
+    with MindRecordWriter(path, schema, index_fields) as out:
+        out.write(columns, batch_rows)
+        out.commit()
+
+
+class MindRecordWriter:
+    """Rows to `path` (+ `.db`) a batch at a time, so a writer need not hold the whole table: they go to a
+    temp pair beside `path` that `commit` installs (fsynced, see _install_pair); leaving the `with` block
+    without `commit` leaves `path` as it was.
+
+    append=True continues the existing pair (MindRecord's open_for_append) on a copy of it: appending
+    rewrites the header and the index in place, and a crash half-way would leave neither pair readable.
+    """
+
+    def __init__(self, path: str, schema: Dict[str, dict], index_fields: Optional[List[str]] = None,
+                 append: bool = False):
+        from mindspore.mindrecord import FileWriter
+        out_dir = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(out_dir):
+            raise ConfigError(f"--output_path: the directory {out_dir} does not exist")
+        self.path, self.schema = path, schema
+        self._tmp_dir = tempfile.mkdtemp(prefix=".tmp_mindrecord_", dir=out_dir)
+        self._tmp_file = os.path.join(self._tmp_dir, os.path.basename(path))
+        try:
+            if append:
+                for suffix in ("", ".db"):
+                    shutil.copyfile(path + suffix, self._tmp_file + suffix)
+                self._writer = FileWriter.open_for_append(self._tmp_file)
+            else:
+                self._writer = FileWriter(self._tmp_file, shard_num=1, overwrite=True)
+                self._writer.set_page_size(1 << 20)    # MindRecord's default 32 MB page bloats small prompt files
+                self._writer.set_header_size(1 << 20)
+                self._writer.add_schema(schema, "mindrlhf_grpo_prompts")
+                if index_fields:
+                    self._writer.add_index(list(index_fields))
+        except BaseException:
+            self.close()
+            raise
+
+    def write(self, columns: Dict[str, Sequence], batch_rows: int = WRITE_BATCH_ROWS):
+        """Every row of `columns` (as write_mindrecord takes them), `batch_rows` per MindRecord write call:
+        the page layout, so the file's bytes, depend on where the calls split the rows."""
+        n = len(next(iter(columns.values())))
         for start in range(0, n, batch_rows):
             stop = min(n, start + batch_rows)
-            if not _write_serialised(writer, columns, schema, start, stop):
-                writer.write_raw_data([{k: columns[k][i] for k in columns} for i in range(start, stop)])
-        writer.commit()
-        _install_pair(tmp_file, path)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+            if not _write_serialised(self._writer, columns, self.schema, start, stop):
+                self._writer.write_raw_data([{k: columns[k][i] for k in columns} for i in range(start, stop)])
+
+    def commit(self):
+        self._writer.commit()
+        _install_pair(self._tmp_file, self.path)
+        self.close()
+
+    def close(self):
+        shutil.rmtree(self._tmp_dir, ignore_errors=True)
+
+    def __enter__(self) -> "MindRecordWriter":
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _install_pair(tmp_file: str, path: str):
@@ -191,11 +236,8 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
         shard.open(writer._paths, writer._overwrite)
     if not shard.get_shard_header():
         shard.set_shard_header(writer._header)
-    blob_rows = []
-    if blocks:
-        table = np.concatenate(blocks, axis=1)
-        raw, width = table.tobytes(), table.shape[1]
-        blob_rows = [raw[i * width:(i + 1) * width] for i in range(stop - start)]
+    # each row's blob joined straight from the column blocks: one copy of the batch, not three
+    blob_rows = [b"".join([block[i] for block in blocks]) for i in range(stop - start)] if blocks else []
     scalar_fields = [f for f in schema if f not in blob_fields]
     scalars = {f: [v.item() if isinstance(v, np.generic) else v for v in columns[f][start:stop]]
                for f in scalar_fields}
@@ -206,8 +248,9 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
     return True
 
 
-def read_mindrecord(path: str) -> Dict[str, np.ndarray]:
-    """All rows of a prompt MindRecord as column arrays, in file order (our schema or MindRLHF's)."""
+def read_mindrecord(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
+    """The rows of a prompt MindRecord as column arrays, in file order (our schema or MindRLHF's): the
+    `columns` asked for (default: all) that the file has, each filled in place (no per-row copies kept)."""
     if not os.path.isfile(path):
         raise ConfigError(f"--mind_dataset_dir: MindRecord file not found: {path}")
     from mindspore.mindrecord import FileReader
@@ -216,25 +259,59 @@ def read_mindrecord(path: str) -> Dict[str, np.ndarray]:
         header_cols = set(reader.schema().keys()) if hasattr(reader, "schema") else None
     finally:
         reader.close()
-    cols = [c for c in SCHEMA if header_cols is None or c in header_cols]
-    missing = [c for c in MINDRLHF_COLUMNS if c not in cols]
+    present = [c for c in SCHEMA if header_cols is None or c in header_cols]
+    missing = [c for c in MINDRLHF_COLUMNS if c not in present]
     if missing:
         raise ConfigError(f"{path}: MindRecord lacks column(s) {missing}; expected at least {MINDRLHF_COLUMNS}")
-    raw = read_columns(path, cols)
-    result = {c: np.stack(v) if c not in ("solution",) else np.array(v, dtype=object) for c, v in raw.items()}
+    cols = [c for c in present if columns is None or c in columns]
+    n = _dataset(path, cols).get_dataset_size()
+    if n == 0:
+        raise ConfigError(f"{path}: the MindRecord has no rows")
+    result = {}
+    for i, row in enumerate(iter_rows(path, cols)):
+        for c in cols:
+            value = row[c]
+            if c not in result:
+                result[c] = np.empty(n, object) if isinstance(value, str) else np.empty((n,) + value.shape, value.dtype)
+            elif not isinstance(value, str) and value.shape != result[c].shape[1:]:
+                raise ConfigError(f"{path}: row {i} of {c} has shape {value.shape}, row 0 {result[c].shape[1:]}; "
+                                  f"the columns must be padded to one width")
+            result[c][i] = value
     if "prompt_length" in result:
         result["prompt_length"] = result["prompt_length"].reshape(-1)
     return result
 
 
+def _dataset(path: str, cols: List[str]):
+    import mindspore.dataset as ds
+    return ds.MindDataset(path, columns_list=cols, shuffle=False)
+
+
+def iter_rows(path: str, cols: List[str]) -> Iterator[Dict[str, object]]:
+    """Each row's values of `cols` as MindDataset gives them, in file order; strings decoded."""
+    for row in _dataset(path, cols).create_dict_iterator(num_epochs=1, output_numpy=True):
+        yield {c: _as_str(row[c]) if row[c].dtype.kind in "SUO" else row[c] for c in cols}
+
+
+def iter_chunks(path: str, cols: List[str], rows: int) -> Iterator[Dict[str, list]]:
+    """read_columns `rows` rows at a time: columns too big to hold whole can still be read through."""
+    chunk: Dict[str, list] = {c: [] for c in cols}
+    for row in iter_rows(path, cols):
+        for c in cols:
+            chunk[c].append(row[c])
+        if len(chunk[cols[0]]) == rows:
+            yield chunk
+            chunk = {c: [] for c in cols}
+    if chunk[cols[0]]:
+        yield chunk
+
+
 def read_columns(path: str, cols: List[str]) -> Dict[str, list]:
     """Every row's values of `cols` as MindDataset gives them, in file order; strings decoded."""
-    import mindspore.dataset as ds
     out: Dict[str, list] = {c: [] for c in cols}
-    for row in ds.MindDataset(path, columns_list=cols, shuffle=False).create_dict_iterator(num_epochs=1,
-                                                                                           output_numpy=True):
+    for row in iter_rows(path, cols):
         for c in cols:
-            out[c].append(_as_str(row[c]) if row[c].dtype.kind in "SUO" else row[c])
+            out[c].append(row[c])
     return out
 
 

@@ -1,23 +1,29 @@
-"""The readable rollout log (`rollout_log_file`): every sample of the run as a MindRecord, rewritten whole
-(atomically) at each checkpoint, so after a crash it holds at least the rows of the last complete
-checkpoint; resume keeps exactly the rows of the steps it resumes from."""
+"""The readable rollout log (`rollout_log_file`): every sample of the run as a MindRecord. Each checkpoint
+appends the rows since the previous one (atomically and fsynced, before the step is marked complete) and
+forgets them, so memory holds one checkpoint interval of rows however long the run; after a crash the file
+holds at least the rows of the last complete checkpoint. Resume cuts it back to the rows of the steps it
+resumes from, so a resumed run's log equals an uninterrupted run's."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
 
-from mindrlhf.data.mindrecord_io import read_columns, write_mindrecord
+from mindrlhf.data.mindrecord_io import WRITE_BATCH_ROWS, MindRecordWriter, iter_chunks, iter_rows
 from mindrlhf.trainer.samples import SampleBatch
 
 SCHEMA = {"step": {"type": "int64"}, "prompt": {"type": "string"}, "response": {"type": "string"},
           "reward": {"type": "float32"}, "solution": {"type": "string"}}
+# MindRecord's default indexes every field: the texts twice on disk, and re-indexed at each append
+INDEX_FIELDS = ["step"]
+_CAST = {"step": lambda v: np.int64(int(v)), "reward": lambda v: np.float32(float(v))}
 
 
 class RolloutLog:
     def __init__(self, path: str):
         self.path = path
-        self.rows = {k: [] for k in SCHEMA}
+        self.rows = {k: [] for k in SCHEMA}     # the rows since the last flush
+        self._append = False                    # the file on disk is this run's (a resumed one): add after it
 
     def add(self, step: int, samples: SampleBatch, texts, rewards, solutions, tokenizer):
         if not self.path:
@@ -32,14 +38,33 @@ class RolloutLog:
             self.rows["solution"].append(solutions[samples.solution_index[i]])
 
     def flush(self):
-        if self.path and self.rows["step"]:
-            write_mindrecord(self.path, self.rows, SCHEMA)
+        """Append the rows since the last flush; a run's first flush replaces an earlier run's file."""
+        if not (self.path and self.rows["step"]):
+            return
+        with MindRecordWriter(self.path, SCHEMA, INDEX_FIELDS, append=self._append) as out:
+            out.write(self.rows)
+            out.commit()
+        self._append = True
+        self.rows = {k: [] for k in SCHEMA}
 
     def restore(self, up_to_step: int):
-        """Resume: the rows already written for steps <= up_to_step (later ones are trained again)."""
+        """Resume: keep the file's rows of steps <= up_to_step (later ones are trained again), copied through
+        a chunk at a time when some must go, and append after them."""
         if not (self.path and os.path.isfile(self.path)):
             return
-        cols = read_columns(self.path, list(SCHEMA))
-        keep = [i for i, s in enumerate(cols["step"]) if int(s) <= up_to_step]
-        cast = {"step": lambda v: np.int64(int(v)), "reward": lambda v: np.float32(float(v))}
-        self.rows = {k: [cast.get(k, str)(cols[k][i]) for i in keep] for k in SCHEMA}
+        if max((int(row["step"]) for row in iter_rows(self.path, ["step"])), default=0) <= up_to_step:
+            self._append = True
+            return
+        kept = 0
+        with MindRecordWriter(self.path, SCHEMA, INDEX_FIELDS) as out:
+            for part in iter_chunks(self.path, list(SCHEMA), WRITE_BATCH_ROWS):
+                mine = [i for i, s in enumerate(part["step"]) if int(s) <= up_to_step]
+                if mine:
+                    out.write({k: [_CAST.get(k, str)(part[k][i]) for i in mine] for k in SCHEMA})
+                    kept += len(mine)
+            if kept:
+                out.commit()
+        if not kept:                            # nothing of this run's resumed steps: the next flush starts anew
+            os.remove(self.path)
+            os.remove(self.path + ".db")
+        self._append = bool(kept)
