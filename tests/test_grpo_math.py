@@ -151,3 +151,13 @@ def test_tis_weights_and_weighted_policy_loss():
     # float32 exp on both sides: ~4e-7 apart; a weight on the KL or a missing cap moves these by > 1e-2
     assert float(pg.asnumpy()) == pytest.approx(exp_pg, abs=1e-6)
     assert float(loss.asnumpy()) == pytest.approx(exp_pg + 0.1 * exp_kl, abs=1e-6)
+
+
+def test_registries_hold_exactly_the_names_a_config_may_choose():
+    """The registries fill at definition (decorators); the config's choices must name the same functions."""
+    from mindrlhf.configs import choices
+    from mindrlhf.trainer.grpo_math import KL_ESTIMATORS, register_kl
+    assert tuple(KL_ESTIMATORS) == choices.KL_ESTIMATORS and KL_ESTIMATORS["k3"] is kl_k3
+    assert tuple(LOSS_AGGREGATIONS) == choices.LOSS_AGGREGATIONS
+    with pytest.raises(ValueError, match="registered twice"):
+        register_kl("k1")(lambda logp, ref: logp)

@@ -1,4 +1,6 @@
 """Rule-based verifiers: extraction, numeric equivalence, format, weighted combination."""
+import os
+
 import pytest
 
 from mindrlhf.configs import ConfigError
@@ -109,3 +111,27 @@ def test_answer_extraction_is_linear_in_the_completion():
         assert extract_answer(text + "</answer>") == "x"
     assert time.perf_counter() - t0 < 0.5
     assert extract_answer("<answer>a</answer> then <answer>b</answer>") == "b"
+
+
+def test_a_reward_module_registers_its_verifiers_by_file_or_module_name(tmp_path, monkeypatch):
+    from mindrlhf.reward.verifiers import VERIFIERS, load_reward_module
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "grpo", "custom_reward", "my_rewards.py")
+    assert load_reward_module(example) == ["concise_answer"]
+    fn = RewardFn(["accuracy_reward", "concise_answer"], [1.0, 0.5])
+    assert fn(["#### 4", "x" * 700 + " #### 4"], ["4", "4"])[0] == [1.5, 1.0]
+    (tmp_path / "team_rewards.py").write_text(
+        "from mindrlhf.reward.verifiers import register_verifier\n\n"
+        "@register_verifier('starts_with_answer_test')\ndef f(c, s):\n    return float(c.startswith(s))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_reward_module("team_rewards") == ["starts_with_answer_test"]
+    assert VERIFIERS["starts_with_answer_test"]("42 is it", "42") == 1.0
+    (tmp_path / "nothing.py").write_text("x = 1\n")
+    (tmp_path / "broken.py").write_text("import not_a_module_anywhere\n")
+    with pytest.raises(ConfigError, match="registers no verifier"):
+        load_reward_module(str(tmp_path / "nothing.py"))
+    with pytest.raises(ConfigError, match="broken.py: importing it failed: ModuleNotFoundError"):
+        load_reward_module(str(tmp_path / "broken.py"))
+    with pytest.raises(ConfigError, match="no such file"):
+        load_reward_module(str(tmp_path / "missing.py"))
+    with pytest.raises(ConfigError, match="importing it failed"):
+        load_reward_module("no_such_reward_module")

@@ -639,3 +639,12 @@ def test_the_rollout_log_holds_only_the_rows_since_the_last_checkpoint(tmp_path)
         _log_step(resumed, step)
     resumed.flush()
     assert _log_rows(path) == want
+
+
+def test_verifiers_from_a_reward_module_score_the_run(assets, tmp_path):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "grpo", "custom_reward", "my_rewards.py")
+    metrics = _trainer(assets, tmp_path, total_steps=1, reward_module=example,
+                       verifier_function="accuracy_reward,concise_answer", verifier_weight="1.0,0.5").fit()[0]
+    assert "reward/concise_answer" in metrics and "reward/accuracy_reward" in metrics
+    with pytest.raises(ConfigError, match="reward.reward_module .*no such file"):
+        _trainer(assets, tmp_path / "other", total_steps=1, reward_module=str(tmp_path / "absent.py"))

@@ -197,6 +197,8 @@ class RewardConfig:
     """Rule-based rewards, combined by weight."""
     verifier_function: List[str] = _f(["accuracy_reward"], "names from mindrlhf.reward.verifiers")
     verifier_weight: List[float] = _f([1.0], "one weight per verifier_function")
+    reward_module: str = _f("", "your verifiers: a .py file or an importable module whose @register_verifier "
+                            "functions (mindrlhf.reward.verifiers) become names for verifier_function")
     verifier_timeout: float = _f(5.0, "seconds one verifier may spend on one completion (timer signal, main "
                                  "thread); past it the completion scores 0 for that verifier, counted in "
                                  "reward/errors. Each completion is scored once, on one rank, and shared. 0: no "

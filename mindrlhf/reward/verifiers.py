@@ -1,7 +1,8 @@
 """Rule-based rewards for math: answer extraction, numeric equivalence, format; combined by name.
 
 A verifier is `fn(completion: str, solution: str) -> float`. Register your own with `@register_verifier`
-and name it in `verifier_function` with a weight in `verifier_weight`.
+in a module of yours, name that module in `reward_module` (a dotted name or a .py file) and the verifier in
+`verifier_function` with a weight in `verifier_weight`.
 """
 from __future__ import annotations
 
@@ -25,6 +26,36 @@ def register_verifier(name: str):
         VERIFIERS[name] = fn
         return fn
     return wrap
+
+
+def load_reward_module(spec: str) -> List[str]:
+    """Import a user's verifiers: `spec` is a .py file or an importable dotted module name whose
+    `@register_verifier` functions register on import. Returns the names it registered."""
+    import importlib
+    import importlib.util
+    import os
+    if not spec:
+        return []
+    before = set(VERIFIERS)
+    try:
+        if spec.endswith(".py") or os.sep in spec:
+            if not os.path.isfile(spec):
+                raise ConfigError(f"reward.reward_module: no such file: {spec}")
+            name = "mindrlhf_reward_module_" + os.path.splitext(os.path.basename(spec))[0]
+            module_spec = importlib.util.spec_from_file_location(name, spec)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            importlib.import_module(spec)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's module: any failure is a set-up error naming it
+        raise ConfigError(f"reward.reward_module {spec}: importing it failed: {type(err).__name__}: {err}") from None
+    added = sorted(set(VERIFIERS) - before)
+    if not added:
+        raise ConfigError(f"reward.reward_module {spec}: registers no verifier (decorate each with "
+                          f"@register_verifier(\"name\") from mindrlhf.reward.verifiers)")
+    return added
 
 
 def _boxed(text: str) -> Optional[str]:

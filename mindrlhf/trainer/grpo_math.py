@@ -1,6 +1,8 @@
 """GRPO math as pure functions: advantages (numpy, on host), KL estimators, clipped policy loss and
-loss aggregation (MindSpore ops, usable inside a jit-compiled train step). Registered by name so configs
-pick them and tests check each against hand-computed numpy values.
+loss aggregation (MindSpore ops, usable inside a jit-compiled train step). KL estimators and aggregations
+register by name at their definition (`@register_kl`, `@register_aggregation`); the config's choices
+(configs/choices.py) must name exactly the registered ones (tests/test_grpo_math.py checks), and tests
+check each against hand-computed numpy values.
 
 Shapes: N sequences (prompts x G samples, row i*G + j is sample j of prompt i), R response positions.
 """
@@ -12,7 +14,6 @@ import numpy as np
 import mindspore as ms
 from mindspore import ops
 
-from mindrlhf.configs import choices
 from mindrlhf.configs.errors import ConfigError
 
 
@@ -45,22 +46,41 @@ def overlong_penalty(lengths: np.ndarray, max_tokens: int, buffer_len: int, fact
     return np.minimum(-exceed / buffer_len * factor, 0.0).astype(np.float32)
 
 
+KL_ESTIMATORS: Dict[str, Callable] = {}
+LOSS_AGGREGATIONS: Dict[str, Callable] = {}
+
+
+def _registrar(registry: Dict[str, Callable], what: str):
+    def register(name: str):
+        def wrap(fn):
+            if name in registry:
+                raise ValueError(f"{what} {name!r} is registered twice")
+            registry[name] = fn
+            return fn
+        return wrap
+    return register
+
+
+register_kl = _registrar(KL_ESTIMATORS, "KL estimator")
+register_aggregation = _registrar(LOSS_AGGREGATIONS, "loss aggregation")
+
+
 # ---- KL estimators: KL(pi || ref) per token, from samples of pi ---------------------------------------
+@register_kl("k1")
 def kl_k1(logp, ref_logp):
     return logp - ref_logp
 
 
+@register_kl("k2")
 def kl_k2(logp, ref_logp):
     return 0.5 * ops.square(logp - ref_logp)
 
 
+@register_kl("k3")
 def kl_k3(logp, ref_logp):
     """Schulman's unbiased, non-negative estimator: r - log r - 1 with r = ref/pi."""
     log_r = ref_logp - logp
     return ops.exp(log_r) - log_r - 1.0
-
-
-KL_ESTIMATORS: Dict[str, Callable] = dict(zip(choices.KL_ESTIMATORS, (kl_k1, kl_k2, kl_k3)))
 
 
 # ---- aggregation of per-token values into one scalar --------------------------------------------------
@@ -68,26 +88,24 @@ KL_ESTIMATORS: Dict[str, Callable] = dict(zip(choices.KL_ESTIMATORS, (kl_k1, kl_
 # The sequence means are exact that way (every rank holds as many sequences); the token mean is not, since
 # ranks hold different numbers of tokens: `token_norm` = (tokens of the whole mini-batch on all DP ranks) /
 # dp makes the DP average equal the global token mean, as DAPO defines it. None = this rank's own count.
+@register_aggregation("token-mean")
 def agg_token_mean(values, mask, max_len, token_norm=None):
     """Every token in the (global) mini-batch weighs the same (DAPO)."""
     denom = ops.maximum(ops.sum(mask), 1.0) if token_norm is None else token_norm
     return ops.sum(values * mask) / denom
 
 
+@register_aggregation("seq-mean-token-mean")
 def agg_seq_mean_token_mean(values, mask, max_len, token_norm=None):
     """Mean over sequences of each sequence's token mean (original GRPO)."""
     per_seq = ops.sum(values * mask, -1) / ops.maximum(ops.sum(mask, -1), 1.0)
     return ops.mean(per_seq)
 
 
+@register_aggregation("seq-mean-token-sum-norm")
 def agg_seq_mean_token_sum_norm(values, mask, max_len, token_norm=None):
     """Token sum divided by a fixed length, averaged over sequences (Dr.GRPO): no length bias."""
     return ops.mean(ops.sum(values * mask, -1) / max_len)
-
-
-LOSS_AGGREGATIONS: Dict[str, Callable] = dict(zip(choices.LOSS_AGGREGATIONS, (
-    agg_token_mean, agg_seq_mean_token_mean, agg_seq_mean_token_sum_norm)))
-assert len(KL_ESTIMATORS) == len(choices.KL_ESTIMATORS) and len(LOSS_AGGREGATIONS) == len(choices.LOSS_AGGREGATIONS)
 
 
 def clipped_policy_loss(logp, old_logp, advantages, clip_low: float, clip_high: float):

@@ -37,7 +37,7 @@ from mindrlhf.parallel.pipeline import bubble_fraction
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.parallel.topology import Nodes, discover_nodes, ranks_not_sharing
-from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer, score_each
+from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, extract_answer, load_reward_module, score_each
 from mindrlhf.rollout.backends import check_backend, make_engine
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import checkpointing, exchange, run_dir
@@ -285,6 +285,9 @@ class GRPOTrainer:
                 raise ConfigError(f"run.eval_prompts: {n} eval prompt(s) (eval_prompts={run.eval_prompts}, "
                                   f"{run.eval_dataset} has {self.eval_dataset.num_rows}) cannot give each of the "
                                   f"{self.infer_mesh.dp} infer data-parallel replicas one")
+        added = load_reward_module(self.cfg.reward.reward_module)
+        if added:
+            self.log(f"verifiers from {self.cfg.reward.reward_module}: {', '.join(added)}")
         self.reward_fn = RewardFn(self.cfg.reward.verifier_function, self.cfg.reward.verifier_weight,
                                   self.cfg.reward.verifier_timeout)
 
