@@ -373,3 +373,22 @@ def test_streamed_conversion_writes_what_one_whole_table_write_does(tmp_path, to
     for suffix in ("", ".db"):
         with open(out + suffix, "rb") as a, open(whole + suffix, "rb") as b:
             assert a.read() == b.read(), suffix
+
+
+def test_an_empty_or_damaged_prompt_mindrecord_is_named(tmp_path):
+    """A MindRecord with no rows, or one cut short or overwritten in the middle, stops with the file named."""
+    from mindspore.mindrecord import FileWriter
+    empty = str(tmp_path / "empty.mindrecord")
+    writer = FileWriter(empty, shard_num=1, overwrite=True)
+    writer.add_schema({"prompt_ids": {"type": "int64", "shape": [-1]}, "pretrain_ids": {"type": "int64", "shape": [-1]},
+                       "loss_mask": {"type": "int64", "shape": [-1]}}, "empty")
+    writer.commit()
+    with pytest.raises(ConfigError, match=r"empty\.mindrecord: the MindRecord has no rows"):
+        PromptDataset(empty, batch_size=1)
+    good = str(tmp_path / "good.mindrecord")
+    write_mindrecord(good, _table(40), {k: v for k, v in SCHEMA.items() if k in _table(1)})
+    size = os.path.getsize(good)
+    with open(good, "r+b") as fh:              # cut short: the tail of the data pages is gone
+        fh.truncate(size // 2)
+    with pytest.raises(ConfigError, match=r"good\.mindrecord: MindSpore cannot read this MindRecord .*Failed to read"):
+        PromptDataset(good, batch_size=1)

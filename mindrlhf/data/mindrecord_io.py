@@ -250,9 +250,19 @@ def _write_serialised(writer, columns, schema, start: int, stop: int) -> bool:
 
 def read_mindrecord(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
     """The rows of a prompt MindRecord as column arrays, in file order (our schema or MindRLHF's): the
-    `columns` asked for (default: all) that the file has, each filled in place (no per-row copies kept)."""
+    `columns` asked for (default: all) that the file has, each filled in place (no per-row copies kept).
+    A file MindSpore cannot read (cut short, overwritten) is a ConfigError naming it."""
     if not os.path.isfile(path):
         raise ConfigError(f"--mind_dataset_dir: MindRecord file not found: {path}")
+    try:
+        return _read_mindrecord(path, columns)
+    except RuntimeError as err:        # MindSpore's reader: a long message whose useful line names the fault
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip().startswith("[ERROR]")]
+        raise ConfigError(f"{path}: MindSpore cannot read this MindRecord (cut short or corrupted? re-run "
+                          f"rlhf_data.py): {lines[0] if lines else str(err).splitlines()[0]}") from None
+
+
+def _read_mindrecord(path: str, columns: Optional[Sequence[str]]) -> Dict[str, np.ndarray]:
     from mindspore.mindrecord import FileReader
     reader = FileReader(path)
     try:
