@@ -271,7 +271,7 @@ def test_shipped_tutorial_layout_writes_its_strategy_files(tmp_path):
                         "--save_ckpt_dir", str(tmp_path)], env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr
-    files = sorted(os.listdir(tmp_path / "strategy" / "train_strategy"))
+    files = sorted(f for f in os.listdir(tmp_path / "strategy" / "train_strategy") if not f.startswith("."))
     assert files == sorted(f"ckpt_strategy_rank_{i}.ckpt" for i in range(8))
     for rank in range(8):
         entries = read_strategy(str(tmp_path / "strategy" / "train_strategy" / f"ckpt_strategy_rank_{rank}.ckpt"))

@@ -135,3 +135,14 @@ def test_a_reward_module_registers_its_verifiers_by_file_or_module_name(tmp_path
         load_reward_module(str(tmp_path / "missing.py"))
     with pytest.raises(ConfigError, match="importing it failed"):
         load_reward_module("no_such_reward_module")
+
+
+def test_loading_a_reward_module_twice_names_its_verifiers_both_times(tmp_path, monkeypatch):
+    from mindrlhf.reward.verifiers import load_reward_module
+    (tmp_path / "twice_rewards.py").write_text(
+        "from mindrlhf.reward.verifiers import register_verifier\n\n"
+        "@register_verifier('twice_test')\ndef f(c, s):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec in (str(tmp_path / "twice_rewards.py"), str(tmp_path / "twice_rewards.py"), "twice_rewards",
+                 "twice_rewards"):
+        assert load_reward_module(spec) == ["twice_test"], spec

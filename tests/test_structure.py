@@ -33,3 +33,21 @@ def test_every_module_has_a_layer_and_imports_only_below_it():
                 if LAYER[target] > LAYER[top]:
                     upward.append(f"{os.path.relpath(path, PACKAGE)}:{line} ({top}) imports {module}")
     assert not upward, "lower layers import higher ones:\n" + "\n".join(upward)
+
+
+def test_the_loop_reaches_host_collectives_only_through_exchange():
+    """trainer/exchange.py is the one door from the loop to parallel/comm.py: the other trainer modules,
+    the reward, data and checkpoint code ask it (votes, barriers, gathers, stage sums) instead."""
+    direct = []
+    for dirpath, _, files in os.walk(PACKAGE):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, PACKAGE)
+            if not f.endswith(".py") or rel.split(os.sep)[0] in ("parallel",) or rel == os.path.join("trainer",
+                                                                                                       "exchange.py"):
+                continue
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                if isinstance(node, ast.ImportFrom) and (node.module == "mindrlhf.parallel.comm" or (
+                        node.module == "mindrlhf.parallel" and any(a.name == "comm" for a in node.names))):
+                    direct.append(f"{rel}:{node.lineno}")
+    assert not direct, "host collectives outside trainer/exchange.py: " + ", ".join(direct)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
@@ -21,9 +22,14 @@ from mindrlhf.configs.errors import ConfigError
 VERIFIERS: Dict[str, Callable[[str, str], float]] = {}
 
 
+_LOADING: List[List[str]] = []      # names registered while load_reward_module imports a module
+
+
 def register_verifier(name: str):
     def wrap(fn):
         VERIFIERS[name] = fn
+        for names in _LOADING:
+            names.append(name)
         return fn
     return wrap
 
@@ -36,7 +42,8 @@ def load_reward_module(spec: str) -> List[str]:
     import os
     if not spec:
         return []
-    before = set(VERIFIERS)
+    added: List[str] = []
+    _LOADING.append(added)
     try:
         if spec.endswith(".py") or os.sep in spec:
             if not os.path.isfile(spec):
@@ -51,11 +58,14 @@ def load_reward_module(spec: str) -> List[str]:
         raise
     except Exception as err:  # noqa: BLE001 - the user's module: any failure is a set-up error naming it
         raise ConfigError(f"reward.reward_module {spec}: importing it failed: {type(err).__name__}: {err}") from None
-    added = sorted(set(VERIFIERS) - before)
+    finally:
+        _LOADING.remove(added)
+    if not added and not spec.endswith(".py") and sys.modules.get(spec) is not None:
+        added = [n for n, fn in VERIFIERS.items() if getattr(fn, "__module__", "") == spec]   # imported before
     if not added:
         raise ConfigError(f"reward.reward_module {spec}: registers no verifier (decorate each with "
                           f"@register_verifier(\"name\") from mindrlhf.reward.verifiers)")
-    return added
+    return sorted(set(added))
 
 
 def _boxed(text: str) -> Optional[str]:

@@ -26,8 +26,8 @@ from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, ran
                                          write_param)
 from mindrlhf.checkpoint.safetensors_io import require_float
 from mindrlhf.configs.errors import CheckpointError
-from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import distributed_env
+from mindrlhf.trainer import exchange
 from mindrlhf.utils.atomic import atomic_dir, write_json
 
 STEP_RE = re.compile(r"^step_(\d+)$")
@@ -66,12 +66,12 @@ def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer,
         for name, model in (extra_models or {}).items():
             save_checkpoint(model_state(model), os.path.join(tmp, f"{name}.safetensors"))
         write_json(os.path.join(tmp, "rank_state.json"), rank_state)
-    comm.barrier()
+    exchange.barrier()
     if marks:
         write_json(os.path.join(target, "trainer_state.json"), trainer_state)
         write_json(os.path.join(target, "COMPLETE"), {"step": step})
         _prune(root, keep)
-    comm.barrier()
+    exchange.barrier()
 
 
 def _prune(root: str, keep: int):
@@ -99,14 +99,12 @@ def agreed_resume_step(root: str, shared: bool, nodes=None) -> Optional[int]:
     """Collective: the newest step complete in every rank's view of `root` (None if there is none). With
     shared storage every rank must see the same steps; otherwise the directory is not shared."""
     mine = complete_steps(root)
-    world = comm.world_ranks()
-    if len(world) == 1:
+    if distributed_env()[1] == 1:
         return mine[-1] if mine else None
-    rank = distributed_env()[0]
     width = 64                                   # the newest 64 complete steps of each rank's view
     view = np.full(width, -1.0, np.float32)
     view[:len(mine[-width:])] = mine[-width:]
-    views = comm.all_gather(view, world, rank)
+    views = exchange.gather_over_world(view)
     sets = [set(int(v) for v in row if v >= 0) for row in views]
     if shared and any(s != sets[0] for s in sets):
         other = next(r for r, s in enumerate(sets) if s != sets[0])

@@ -1,7 +1,8 @@
-"""Every exchange between ranks that the GRPO loop makes, in one place (weights inside the train step and
-the weight sync excepted): rollout samples, training statistics (whose all-reduce is also the "did anyone
-hit a NaN" vote), eval counts, votes and barriers, and the exported policy. Solutions need none: every rank reads the prompt
-table and the step's global batch.
+"""Every host exchange between ranks that the trainer code makes, in one place and the one door to
+parallel/comm.py (weights inside the train step and the weight sync excepted): rollout samples, score
+tables, training statistics (whose all-reduce is also the "did anyone hit a NaN" vote), eval counts,
+votes, barriers and gathers (checkpoints, node checks), pipeline-stage sums, and the exported policy.
+Solutions need none: every rank reads the prompt table and the step's global batch.
 """
 from __future__ import annotations
 
@@ -70,15 +71,24 @@ def rows_of_all_replicas(local: np.ndarray, rows: np.ndarray, total: int, mesh) 
     return comm.all_reduce_sum(full, world)
 
 
+def gather_over_world(values: np.ndarray) -> np.ndarray:
+    """(world, ...) : every rank's `values` (same shape and dtype on every rank), in rank order."""
+    return comm.all_gather(np.asarray(values), comm.world_ranks(), distributed_env()[0])
+
+
+def sum_over(values: np.ndarray, ranks) -> np.ndarray:
+    """The sum of `values` over `ranks` (e.g. a pipeline's stages: each contributes what it computed)."""
+    return comm.all_reduce_sum(values, ranks)
+
+
 def ranks_flagging(flag: bool) -> list:
     """The ranks whose `flag` is set, the same list on every rank (a vote before acting alike)."""
-    world = comm.world_ranks()
-    flags = comm.all_gather(np.array([float(flag)], np.float32), world, distributed_env()[0])
-    return [r for r in world if flags[r, 0] > 0]
+    flags = gather_over_world(np.array([float(flag)], np.float32))
+    return [r for r in range(len(flags)) if flags[r, 0] > 0]
 
 
-def barrier():
-    comm.barrier()
+def barrier(ranks=None):
+    comm.barrier(ranks)
 
 
 def full_policy(model) -> Dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ import mindspore as ms
 
 import mindrlhf
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.parallel import comm
+from mindrlhf.trainer import exchange
 from mindrlhf.parallel.mesh import distributed_env
 from mindrlhf.parallel.topology import Nodes
 
@@ -84,11 +84,11 @@ def fingerprints(cfg) -> Dict[str, int]:
 
 def check_nodes_agree(cfg, nodes: Nodes):
     """Collective; raises ConfigError on every rank when any rank's fingerprints differ from rank 0's."""
-    rank, world = distributed_env()
+    _, world = distributed_env()
     if world == 1:
         return
     mine = fingerprints(cfg)
-    table = comm.all_gather(np.array(list(mine.values()), np.float32), comm.world_ranks(), rank)
+    table = exchange.gather_over_world(np.array(list(mine.values()), np.float32))
     for other in range(world):
         differ = [name for name, a, b in zip(mine, table[0], table[other]) if a != b]
         if differ:

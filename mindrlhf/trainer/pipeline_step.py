@@ -22,7 +22,7 @@ from mindspore import Tensor, nn, ops
 
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.tp_layers import MS_DTYPES
-from mindrlhf.parallel import comm
+from mindrlhf.trainer import exchange
 from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.parallel.pipeline import StageIO, make_links, run_1f1b, run_forward_only
 from mindrlhf.parallel.swap import on_ascend
@@ -211,7 +211,7 @@ class PipelineTrainStep:
             arr = np.array(per_micro, np.float64)
             stats[:] = arr.sum(0)
             stats[1 + TIS_MAX] = arr[:, 1 + TIS_MAX].max()
-        return comm.all_reduce_sum(stats, self.mesh.pp_ranks())
+        return exchange.sum_over(stats, self.mesh.pp_ranks())
 
 
 class LastStageLogProb(nn.Cell):
@@ -252,5 +252,5 @@ class PipelineLogProb:
             return None
 
         run_forward_only(m, StageIO(*self.links, self.model.activation_shape(n, input_ids.shape[1])), forward)
-        out = comm.all_reduce_sum(out, self.mesh.pp_ranks())
+        out = exchange.sum_over(out, self.mesh.pp_ranks())
         return Tensor(out)
