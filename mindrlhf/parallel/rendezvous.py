@@ -12,9 +12,9 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import subprocess
 import sys
 import tempfile
-import subprocess
 
 from mindrlhf.configs.errors import ConfigError
 
