@@ -30,7 +30,14 @@ from mindrlhf.parallel.mesh import distributed_env
 from mindrlhf.trainer import exchange
 from mindrlhf.utils.atomic import atomic_dir, write_json
 
-STEP_RE = re.compile(r"^step_(\d+)$")
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def step_folders(root: str) -> Dict[int, str]:
+    """step -> path of every step_N folder in `root`, complete or not."""
+    if not os.path.isdir(root):
+        return {}
+    return {int(m.group(1)): os.path.join(root, m.group(0)) for m in map(_STEP_RE.match, os.listdir(root)) if m}
 
 
 def step_dir(root: str, step: int) -> str:
@@ -38,14 +45,7 @@ def step_dir(root: str, step: int) -> str:
 
 
 def complete_steps(root: str) -> List[int]:
-    if not os.path.isdir(root):
-        return []
-    steps = []
-    for name in os.listdir(root):
-        m = STEP_RE.match(name)
-        if m and os.path.isfile(os.path.join(root, name, "COMPLETE")):
-            steps.append(int(m.group(1)))
-    return sorted(steps)
+    return sorted(s for s, folder in step_folders(root).items() if os.path.isfile(os.path.join(folder, "COMPLETE")))
 
 
 def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer, rank_state: Dict,
@@ -77,22 +77,17 @@ def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer,
 def _prune(root: str, keep: int):
     done = complete_steps(root)
     newest = done[-1] if done else -1
-    for name in os.listdir(root):
-        m = STEP_RE.match(name)
-        if not m:
-            continue
-        s = int(m.group(1))
+    for s, folder in step_folders(root).items():
         if (s in done and s not in done[-keep:]) or (s not in done and s < newest):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def drop_steps_after(root: str, step: int):
     """Resume from `step`: later step folders (complete on some nodes only, or never marked) are abandoned;
     their steps are trained and saved again."""
-    for name in os.listdir(root) if os.path.isdir(root) else []:
-        m = STEP_RE.match(name)
-        if m and int(m.group(1)) > step:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    for s, folder in step_folders(root).items():
+        if s > step:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def agreed_resume_step(root: str, shared: bool, nodes=None) -> Optional[int]:

@@ -18,7 +18,7 @@ from typing import List, Optional
 
 from mindrlhf.configs.errors import CheckpointError, ConfigError
 from mindrlhf.trainer import exchange
-from mindrlhf.trainer.checkpointing import STEP_RE
+from mindrlhf.trainer.checkpointing import step_folders
 from mindrlhf.utils.atomic import write_json
 
 RUN_FILE = "RUN"
@@ -28,10 +28,8 @@ EXPORT_DIR = "hf_policy"
 def run_state(save_ckpt_dir: str, files: List[str]) -> List[str]:
     """The paths of a run's state present now: in save_ckpt_dir, and those of `files` (metrics, TensorBoard,
     rollout log) that exist."""
-    found = []
-    if os.path.isdir(save_ckpt_dir):
-        found += [os.path.join(save_ckpt_dir, n) for n in sorted(os.listdir(save_ckpt_dir))
-                  if STEP_RE.match(n) or n in (RUN_FILE, EXPORT_DIR)]
+    owned = [os.path.join(save_ckpt_dir, n) for n in (RUN_FILE, EXPORT_DIR)]
+    found = sorted(list(step_folders(save_ckpt_dir).values()) + [p for p in owned if os.path.lexists(p)])
     return found + [f for f in files if f and os.path.exists(f) and f not in found]
 
 
