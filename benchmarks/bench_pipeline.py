@@ -57,13 +57,11 @@ def worker(work: str, case: str):
     opt = AdamW(params, 0.01)
     rl = GRPOConfig().rl
     rl.beta = 0.04
-    specs = param_specs(cfg)
-    split = [tp > 1 and specs[p.name][1] is not None for p in params]
     if pp > 1:
-        step = PipelineTrainStep(GRPOLossCell(model, rl, R, 1.0, micro_batches=m), opt, mesh, split, 1.0, m)
+        step = PipelineTrainStep(GRPOLossCell(model, rl, R, 1.0, micro_batches=m), opt, mesh, 1.0, m)
         step.profile = True
     else:
-        step = PolicyTrainStep(GRPOLossCell(model, rl, R, 1.0), opt, mesh, split, 1.0)
+        step = PolicyTrainStep(GRPOLossCell(model, rl, R, 1.0), opt, mesh, 1.0)
     n = ROWS // dp
     rs = np.random.RandomState(rank // (tp * pp) if pp > 1 else mesh.dp_index)
     seq = rs.randint(3, cfg.vocab_size, (n, P + R))

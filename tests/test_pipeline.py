@@ -318,8 +318,8 @@ def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg):
                                                     verifier_function="digit_fraction_test", share_prompt=True,
                                                     **extra))
         trainer = GRPOTrainer(cfg, log=lambda *a: None)
-        assert trainer.micro_batches == (1 if name == "whole" else 2)
-        assert trainer.shared_prompt == (4, trainer.prompt_width)     # one group per micro-batch
+        assert trainer.run.micro_batches == (1 if name == "whole" else 2)
+        assert trainer.run.shared_prompt == (4, trainer.run.prompt_width)     # one group per micro-batch
         history = [trainer.train_one_step() for _ in range(2)]
         results[name] = (history, {p.name: param_as_f32(p).copy() for p in trainer.policy.get_parameters()})
     h1, w1 = results["whole"]

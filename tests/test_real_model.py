@@ -209,7 +209,7 @@ def _trainer(model_dir, tmp_path, **flags):
 def _check_logprobs_against_transformers(model_dir, tmp_path, tolerance):
     trainer, lines = _trainer(model_dir, tmp_path, num_iterations=2)    # 2 passes: a separate old-policy pass
     assert any("Hugging Face folder" in line for line in lines)
-    assert trainer.pad_id == 2 and trainer.eos_ids == [2]
+    assert trainer.run.pad_id == 2 and trainer.run.eos_ids == [2]
     batch, _ = trainer.collect(lambda name, fn, *a: fn(*a))
     samples = batch.samples
     old = trainer.logprobs(trainer.policy_logprob, samples)

@@ -51,3 +51,12 @@ def test_the_loop_reaches_host_collectives_only_through_exchange():
                         node.module == "mindrlhf.parallel" and any(a.name == "comm" for a in node.names))):
                     direct.append(f"{rel}:{node.lineno}")
     assert not direct, "host collectives outside trainer/exchange.py: " + ", ".join(direct)
+
+
+def test_the_trainer_file_is_the_loop():
+    """Set-up lives in startup/resolve/build; grpo_trainer.py keeps the phases, collect, eval, save/resume
+    and fit, and stays short enough to read at once."""
+    path = os.path.join(PACKAGE, "trainer", "grpo_trainer.py")
+    with open(path, encoding="utf-8") as fh:
+        lines = len(fh.readlines())
+    assert lines <= 330, f"{path}: {lines} lines; move set-up into trainer/resolve.py or trainer/build.py"

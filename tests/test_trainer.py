@@ -9,8 +9,9 @@ from grpo_helpers import WORKER, cli_args, grpo_overrides, make_grpo_assets, mod
 from mindrlhf.checkpoint.model_io import model_state
 from mindrlhf.configs import CheckpointError, ConfigError
 from mindrlhf.configs.grpo_config import load_grpo_config
-from mindrlhf.trainer import checkpointing
+from mindrlhf.trainer import checkpointing, grpo_trainer
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer, TrainingError
+from mindrlhf.trainer.resolve import ResolvedRun
 from mindrlhf.trainer.metrics import read_metrics
 
 
@@ -379,10 +380,10 @@ def test_one_update_per_rollout_skips_the_old_policy_pass(assets, tmp_path, monk
     weights as with it (the ratio is 1 with the gradient of log p either way)."""
     common = dict(total_steps=2, beta=0.05, verifier_function="digit_fraction_test", temperature=0.7)
     fast = _trainer(assets, tmp_path / "fast", **common)
-    assert fast.on_policy
+    assert fast.run.on_policy
     fast_hist = fast.fit()
     assert all("time_old_logprob" not in m for m in fast_hist)
-    monkeypatch.setattr(GRPOTrainer, "_one_update_per_rollout", lambda self: False)
+    monkeypatch.setattr(ResolvedRun, "on_policy", property(lambda self: False))
     slow = _trainer(assets, tmp_path / "slow", **common)
     slow_hist = slow.fit()
     assert all("time_old_logprob" in m for m in slow_hist)
@@ -415,7 +416,7 @@ def test_the_training_step_compiles_at_set_up_and_the_first_update_only_runs_it(
     ahead_hist = ahead.fit()
     assert compiled == [0, 0]
     compiled.clear()
-    monkeypatch.setattr(GRPOTrainer, "_compile_train_step", lambda self: None)
+    monkeypatch.setattr(grpo_trainer, "compile_train_step", lambda *args: None)
     lazy_hist = _trainer(assets, tmp_path / "lazy", **common).fit()
     assert compiled == [1, 0]
 
@@ -462,9 +463,9 @@ def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
     common = dict(total_steps=2, beta=0.05, verifier_function="digit_fraction_test", temperature=0.7,
                   num_iterations=2)          # two groups a mini-batch; the old-policy pass runs too
     shared = _trainer(assets, tmp_path / "shared", share_prompt=True, **common)
-    assert shared.shared_prompt == (4, shared.prompt_width)
+    assert shared.run.shared_prompt == (4, shared.run.prompt_width)
     whole = _trainer(assets, tmp_path / "whole", share_prompt=False, **common)
-    assert whole.shared_prompt == (0, 0)
+    assert whole.run.shared_prompt == (0, 0)
     for a, b in zip(shared.fit(), whole.fit()):
         for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean", "clip_frac"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
@@ -478,7 +479,7 @@ def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
     logs = []
     split = GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "split"), mini_batch_size=2,
                                                               share_prompt=True)), log=logs.append)
-    assert split.shared_prompt == (0, 0)
+    assert split.run.shared_prompt == (0, 0)
     assert any("run.share_prompt" in m and "mini-batches of 2 rows split groups of 4" in m for m in logs), logs
 
 

@@ -1,5 +1,6 @@
 """MindRLHF's files and names: the flat grpo_config.yaml, its model YAMLs, its flags. Each mapped field
 reaches the code that uses it, each inert key is reported, each key we cannot honour is refused."""
+import dataclasses
 import math
 import os
 
@@ -178,13 +179,17 @@ def test_model_keys_that_would_change_results_are_refused(tmp_path, section, key
 # ---- values reach the trainer --------------------------------------------------------------------------
 def _trainer(assets, tmp_path, path=FLAT, **flags):
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    lines = []
+    return GRPOTrainer(_config(assets, tmp_path, path, **flags), log=lambda *a, **k: lines.append(" ".join(map(str, a)))), lines
+
+
+def _config(assets, tmp_path, path=FLAT, **flags):
     argv = ["--config", path, "--save_ckpt_dir", str(tmp_path), "--progress", "False", "--export_hf", "False"]
     for k in ("vocab_path", "merges_file_path", "mind_dataset_dir", "sft_path_train", "sft_path_infer"):
         argv += [f"--{k}", assets[k]]
     for k, v in flags.items():
         argv += [f"--{k}", str(v)]
-    lines = []
-    return GRPOTrainer(config_from_argv(argv), log=lambda *a, **k: lines.append(" ".join(map(str, a)))), lines
+    return config_from_argv(argv)
 
 
 def test_flat_config_and_predict_yaml_reach_the_trainer(assets, tmp_path):
@@ -195,13 +200,13 @@ def test_flat_config_and_predict_yaml_reach_the_trainer(assets, tmp_path):
     assert trainer.engine.max_num_seqs == 4
     # epochs 1 over 64 prompts at 2 per step
     assert trainer.cfg.run.total_steps == 32
-    params = trainer.sampling_params()       # the predict YAML's generation fields
+    params = trainer.run.sampling()       # the predict YAML's generation fields
     assert (params.max_tokens, params.min_tokens, params.temperature, params.top_k, params.top_p) == (8, 2, 1.2, 50, 1.0)
     text = "\n".join(lines)
     for key in ("grpo_epochs", "ppo_epochs", "lr (never read", "auto_tune", "use_seq_parallel", "micro_batch_num",
                 "model.model_config.do_sample", "max_position_embeddings"):
         assert key in text, key
-    assert trainer.micro_batches == 2          # micro_batch_interleave_num 2 (top level): honoured, not inert
+    assert trainer.run.micro_batches == 2          # micro_batch_interleave_num 2 (top level): honoured, not inert
     # 8 sequences (2 prompts x 4 samples), 4 per update: 2 updates per step at upstream's schedule (update 0 has
     # lr 0: its warmup starts at 0), so the policy leaves the reference only in step 2
     history = [trainer.train_one_step() for _ in range(2)]
@@ -211,9 +216,25 @@ def test_flat_config_and_predict_yaml_reach_the_trainer(assets, tmp_path):
     assert history[0]["kl"] == 0 and history[1]["kl"] > 0       # the reference model is active
 
 
+def test_resolution_leaves_the_loaded_config_as_it_was_and_freezes_the_run(assets, tmp_path):
+    """The infer YAML's generation fields and epochs -> total_steps are the resolved run's; the config the
+    caller loaded is not changed, and the run's cannot be."""
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    cfg = _config(assets, tmp_path)
+    loaded = dataclasses.asdict(cfg)
+    trainer = GRPOTrainer(cfg, log=lambda *a, **k: None)
+    assert dataclasses.asdict(cfg) == loaded and cfg.run.total_steps == 100 and cfg.sampling.max_tokens == 64
+    assert trainer.cfg.run.total_steps == 32 and trainer.cfg.sampling.max_tokens == 8
+    for section, field in (("sampling", "max_tokens"), ("run", "total_steps"), ("rl", "beta")):
+        with pytest.raises(dataclasses.FrozenInstanceError, match="resolved"):
+            setattr(getattr(trainer.cfg, section), field, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trainer.cfg.rl = None
+
+
 def test_grpo_config_wins_over_the_predict_yaml_and_total_steps_over_epochs(assets, tmp_path):
     trainer, _ = _trainer(assets, tmp_path, max_tokens=6, temperature=0.7, total_steps=3)
-    params = trainer.sampling_params()
+    params = trainer.run.sampling()
     assert (params.max_tokens, params.temperature, params.top_k) == (6, 0.7, 50)
     assert trainer.cfg.run.total_steps == 3
 

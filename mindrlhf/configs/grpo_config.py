@@ -21,6 +21,18 @@ from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.hf_config import is_hf_folder
 
 
+class _Section:
+    """A config section; after `GRPOConfig.freeze()` assigning a field raises (a resolved run's config
+    does not change)."""
+    _frozen = False
+
+    def __setattr__(self, name, value):
+        if self._frozen:
+            raise dataclasses.FrozenInstanceError(f"{type(self).__name__}.{name}: the config is resolved "
+                                                  f"(trainer/resolve.py) and frozen")
+        object.__setattr__(self, name, value)
+
+
 def _f(default, help_text, **kw):
     if isinstance(default, list):
         return field(default_factory=lambda d=default: list(d), metadata={"help": help_text, **kw})
@@ -28,7 +40,7 @@ def _f(default, help_text, **kw):
 
 
 @dataclass
-class RunConfig:
+class RunConfig(_Section):
     """Files and run control (names as in MindRLHF's qwen_grpo_tutorial)."""
     sft_path_train: str = _f("", "model YAML of the policy (train layout), or a Hugging Face model folder "
                              "(config.json; every rank data-parallel; its weights and tokenizer are then the "
@@ -103,7 +115,7 @@ class RunConfig:
 
 
 @dataclass
-class RLConfig:
+class RLConfig(_Section):
     """GRPO algorithm."""
     num_generations: int = _f(8, "G: completions per prompt (one group)")
     batch_size: int = _f(4, "prompts per rollout-DP rank per step")
@@ -144,7 +156,7 @@ class RLConfig:
 
 
 @dataclass
-class SamplingConfig:
+class SamplingConfig(_Section):
     """Rollout sampling (the rollout's SamplingParams extends this: one definition, one validation)."""
     temperature: float = _f(1.0, "0 = greedy. Rollout, old, current and reference log-probs are all "
                             "log softmax(logits / temperature) (1 when greedy), before top-k/top-p/min-p")
@@ -174,7 +186,7 @@ class SamplingConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(_Section):
     """AdamW and its learning-rate schedule."""
     lr: float = _f(1e-6, "peak learning rate")
     min_lr: float = _f(0.0, "learning rate at the end of the decay")
@@ -193,7 +205,7 @@ class OptimConfig:
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(_Section):
     """Rule-based rewards, combined by weight."""
     verifier_function: List[str] = _f(["accuracy_reward"], "names from mindrlhf.reward.verifiers")
     verifier_weight: List[float] = _f([1.0], "one weight per verifier_function")
@@ -206,7 +218,7 @@ class RewardConfig:
 
 
 @dataclass
-class SwapConfig:
+class SwapConfig(_Section):
     """Host-memory swap per phase. Ascend: MindSpore's parameter offload (unverified here). CPU: a host copy
     and the buffer's pages released to the OS, exact and without recompiling (see parallel/swap.py)."""
     offload_train_param: bool = _f(False, "policy weights to host during rollout (needs a separate rollout model)")
@@ -217,7 +229,7 @@ class SwapConfig:
 
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(_Section):
     run: RunConfig = field(default_factory=RunConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -229,6 +241,15 @@ class GRPOConfig:
         self.explicit = set()      # "section.field" set by the config file or a flag (the rest are defaults)
         self.ignored = []          # (source, key, reason): accepted MindRLHF keys that change nothing here
         self.derived = []          # "field: value (why)": defaults filled from other fields, said at start-up
+
+    def freeze(self) -> "GRPOConfig":
+        """From here on every field assignment raises; `explicit`/`ignored`/`derived` become tuples."""
+        for name in ("explicit", "ignored", "derived"):
+            setattr(self, name, frozenset(self.explicit) if name == "explicit" else tuple(getattr(self, name)))
+        for sec in SECTIONS:
+            object.__setattr__(getattr(self, sec), "_frozen", True)
+        object.__setattr__(self, "_frozen", True)
+        return self
 
     def validate(self):
         for sec, f in _section_fields():       # NaN passes every `< 0` check below

@@ -6,7 +6,7 @@ Solutions need none: every rank reads the prompt table and the step's global bat
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Callable, Dict, Sequence
 
 import numpy as np
 
@@ -94,3 +94,12 @@ def full_policy(model) -> Dict[str, np.ndarray]:
     """The model's full (unsharded) float32 tensors on rank 0, {} elsewhere: the re-layout plan to the
     full layout, so each slice comes from one replica."""
     return {name: full for name, full in gather_full(model.weights()) if model.mesh.rank == 0}
+
+
+def write_full_policy(model, write: Callable[[Dict[str, np.ndarray]], None]):
+    """Rank 0 writes the model's full tensors with `write`; every rank returns once it has (so anything
+    after this, on any rank, sees the whole export)."""
+    full = full_policy(model)
+    if model.mesh.rank == 0:
+        write(full)
+    barrier()

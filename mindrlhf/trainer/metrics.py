@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict
+import time
+from typing import Dict, Sequence
 
 import numpy as np
 
+from mindrlhf.parallel import watchdog
+from mindrlhf.trainer import exchange
+from mindrlhf.trainer.train_step import MAX_STATS, TIS_STATS, UPDATE_STATS
+from mindrlhf.utils import memory
 from mindrlhf.utils.atomic import atomic_path
 
 _SHOWN = [("reward", "reward_mean", "{:.3f}"), ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
@@ -78,6 +83,45 @@ def sample_metrics(samples, rewards: np.ndarray, scored) -> Dict[str, float]:
     for name, values in scored.parts.items():
         metrics[f"reward/{name}"] = float(np.mean(values))
     metrics.update(scored.stats)
+    return metrics
+
+
+class PhaseClock:
+    """Runs a step's phases: tells the watchdog which one is running, and keeps each phase's seconds
+    (summed over its calls) and peak memory for the step's metrics."""
+
+    def __init__(self):
+        self.started, self.times, self.peaks = time.time(), {}, {}
+
+    def __call__(self, name: str, fn, *args):
+        watchdog.enter(name)
+        memory.reset_peak()
+        t0 = time.time()
+        result = fn(*args)
+        self.times[name] = self.times.get(name, 0.0) + time.time() - t0
+        self.peaks[name] = max(self.peaks.get(name, 0.0), memory.peak_mb())
+        return result
+
+    def metrics(self) -> Dict[str, float]:
+        out = {f"time_{k}": v for k, v in self.times.items()}
+        out.update({f"peak_mb_{k}": v for k, v in self.peaks.items()})
+        return out
+
+
+def update_metrics(local_stats: Sequence[float], gap_sum_count: Sequence[float], on_policy: bool,
+                   tis: bool) -> Dict[str, float]:
+    """The step's UPDATE_STATS over every rank (MAX_STATS by max, with TIS; the rest by mean), and the
+    rollout-vs-train log-prob gap: the train step's own when on-policy, else from this rank's (sum, count)
+    of |rollout - old| over response tokens. Every rank gets the same numbers (a NaN anywhere is NaN here)."""
+    stats = exchange.mean_over_ranks(list(local_stats) + list(gap_sum_count))
+    result = dict(zip(UPDATE_STATS, stats.tolist()))
+    if tis:                              # the only statistics reduced by max (one more collective)
+        maxima = exchange.max_over_ranks([local_stats[UPDATE_STATS.index(k)] for k in MAX_STATS])
+        result.update(zip(MAX_STATS, maxima.tolist()))
+    drop = {"on_policy_gap"} | (set() if tis else set(TIS_STATS))
+    metrics = {k: v for k, v in result.items() if k not in drop}
+    metrics["rollout_train_logprob_gap"] = (result["on_policy_gap"] if on_policy
+                                            else float(stats[-2] / max(stats[-1], 1.0)))
     return metrics
 
 

@@ -27,7 +27,7 @@ from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.parallel.pipeline import StageIO, make_links, run_1f1b, run_forward_only
 from mindrlhf.parallel.swap import on_ascend
 from mindrlhf.trainer.optim import clip_scale
-from mindrlhf.trainer.train_step import GRPOLossCell, SplitNormSum
+from mindrlhf.trainer.train_step import GRPOLossCell, SplitNormSum, tp_split_flags
 
 N_STATS = 8          # the loss cell's aux outputs
 TIS_MAX = 6          # index among them of the one reduced by max over micro-batches (tis_ratio_max)
@@ -139,8 +139,7 @@ class PipelineTrainStep:
     """PolicyTrainStep for a pipelined train layout, or for micro-batches without stages
     (micro_batch_interleave_num): one optimizer update per call (one mini-batch)."""
 
-    def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, split_flags, max_grad_norm: float,
-                 micro_batches: int):
+    def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, max_grad_norm: float, micro_batches: int):
         self.mesh, self.micro_batches = mesh, micro_batches
         self.model = model = loss_cell.model
         params = list(optimizer.params)
@@ -151,7 +150,7 @@ class PipelineTrainStep:
         else:
             self.forward_cell = StageForward(model)
             self.backward_cell = StageBackward(model, params, self.acc, mesh.is_first_stage)
-        self.apply = ApplyAccumulated(optimizer, self.acc, mesh, split_flags, max_grad_norm)
+        self.apply = ApplyAccumulated(optimizer, self.acc, mesh, tp_split_flags(model, params), max_grad_norm)
         # benchmarks: time inside this stage's compute graphs (synchronised) vs the whole schedule
         self.profile, self.busy_seconds, self.schedule_seconds = False, 0.0, 0.0
 

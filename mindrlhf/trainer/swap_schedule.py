@@ -7,8 +7,8 @@ from typing import Dict
 
 from mindrlhf.parallel.swap import SwapGroup
 
-# phase -> groups that must be resident. The KV cache is managed by the rollout itself (filled by the
-# first rollout, freed right after each one), so no phase lists it.
+# phase -> groups that must be resident. The KV cache is resident only inside `generating` (filled by the
+# first rollout, freed right after each generation), so no phase lists it.
 PHASE_RESIDENT = {
     "rollout": ("rollout",),
     "logprob": ("policy",),
@@ -21,6 +21,18 @@ PHASE_RESIDENT = {
 class SwapSchedule:
     def __init__(self, groups: Dict[str, SwapGroup]):
         self.groups = groups
+        self.offload_kv_cache = groups["kv_cache"].enabled      # the switch; the group has no buffers yet
+
+    @contextlib.contextmanager
+    def generating(self, engine):
+        """Around a rollout or eval generation: the KV cache resident; after it, freed when its switch is
+        on. Its buffers exist only once the engine has run, so they are read from it each time."""
+        kv = self.groups["kv_cache"]
+        kv.reload()
+        yield
+        kv.params = engine.cache_parameters()
+        kv.enabled = self.offload_kv_cache and bool(kv.params)
+        kv.offload()
 
     def enter(self, phase: str):
         resident = PHASE_RESIDENT[phase]

@@ -5,6 +5,7 @@ token k is read at input position P - 1 + k. Shapes are static per run so each g
 """
 from __future__ import annotations
 
+import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
@@ -90,6 +91,13 @@ class GRPOLossCell(nn.Cell):
         return loss, (pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped)
 
 
+def tp_split_flags(model: CausalLM, params) -> list:
+    """Per parameter: True when its layout in the model's mesh splits it over TP ranks (read from the
+    model's layouts, the one place that says so)."""
+    layouts = model.layouts()
+    return [any(m != -1 for m in layouts[p.name].tensor_map) for p in params]
+
+
 class SplitNormSum(nn.Cell):
     """Global squared grad norm: TP-split params' squares summed over TP ranks, replicated ones counted once,
     and under pipeline parallelism the stages' sums added up."""
@@ -115,13 +123,13 @@ class SplitNormSum(nn.Cell):
 class PolicyTrainStep(nn.Cell):
     """Loss, gradients, DP mean, global-norm clip and AdamW in one compiled graph."""
 
-    def __init__(self, loss_cell: GRPOLossCell, optimizer: AdamW, mesh, split_flags, max_grad_norm: float):
+    def __init__(self, loss_cell: GRPOLossCell, optimizer: AdamW, mesh, max_grad_norm: float):
         super().__init__(auto_prefix=False)
         self.loss_cell = loss_cell
         self.optimizer = optimizer
         self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params, has_aux=True)
         self.dp_mean = DPGradMean(mesh)
-        self.norm_sum = SplitNormSum(split_flags, mesh)
+        self.norm_sum = SplitNormSum(tp_split_flags(loss_cell.model, optimizer.params), mesh)
         self.max_grad_norm = max_grad_norm
 
     @ms.jit
@@ -134,3 +142,17 @@ class PolicyTrainStep(nn.Cell):
         self.optimizer(grads, lr, scale)
         pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped = aux
         return loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap, tis_mean, tis_max, tis_clipped
+
+
+# what each update reports (PolicyTrainStep's outputs, then the learning rate), averaged over a step's updates
+UPDATE_STATS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "on_policy_gap", "tis_ratio_mean",
+                "tis_ratio_max", "tis_clipped_frac", "lr")
+MAX_STATS = ("tis_ratio_max",)          # reduced by max over updates and ranks; the rest by mean
+TIS_STATS = ("tis_ratio_mean", "tis_ratio_max", "tis_clipped_frac")
+
+
+def reduce_updates(per_update) -> np.ndarray:
+    """(updates, UPDATE_STATS) -> UPDATE_STATS: MAX_STATS by max over the updates, the rest by mean."""
+    stats = np.array(per_update, np.float64)
+    return np.array([stats[:, i].max() if name in MAX_STATS else stats[:, i].mean()
+                     for i, name in enumerate(UPDATE_STATS)])

@@ -88,8 +88,7 @@ def reference(cfg, weights, data):
     params = list(ref.trainable_params())
     (loss, _), grads = ms.value_and_grad(GRPOLossCell(ref, rl, R, TEMPERATURE), None, params, has_aux=True)(
         *tensors(rows, *data, tokens))
-    step = PolicyTrainStep(GRPOLossCell(ref, rl, R, TEMPERATURE), AdamW(params, 0.01), Mesh(1, 1, 0),
-                           [False] * len(params), 1.0)
+    step = PolicyTrainStep(GRPOLossCell(ref, rl, R, TEMPERATURE), AdamW(params, 0.01), Mesh(1, 1, 0), 1.0)
     out = step(*tensors(rows, *data, tokens), Tensor(np.float32(LR)))
     logp = ResponseLogProb(ref, R, TEMPERATURE)(*tensors(rows, *data, tokens)[:4]).asnumpy()
     return {"loss": float(loss.asnumpy()), "grads": {p.name: g.asnumpy() for p, g in zip(params, grads)},
@@ -107,20 +106,18 @@ def run_case(out_dir, case, rank, cfg, weights, data, ref):
     load_full_weights(model, weights.items(), "init")
     params = list(model.trainable_params())
     layouts = model.layouts()
-    specs = param_specs(cfg)
-    split = [tp > 1 and specs[p.name][1] is not None for p in params]
     opt = AdamW(params, 0.01)
     rows = np.arange(N)[mesh.dp_index * (N // dp):(mesh.dp_index + 1) * (N // dp)]
     local = tensors(rows, *data, tokens / dp)
     if pp > 1:
-        step = PipelineTrainStep(GRPOLossCell(model, rl, R, TEMPERATURE, micro_batches=m), opt, mesh, split, 1.0, m)
+        step = PipelineTrainStep(GRPOLossCell(model, rl, R, TEMPERATURE, micro_batches=m), opt, mesh, 1.0, m)
         loss = step.accumulate(*local)[0]
         grads = [acc.asnumpy() for acc in step.acc]
     else:                      # sequence parallelism without stages: the plain train step
         loss_cell = GRPOLossCell(model, rl, R, TEMPERATURE)
         (loss, _), grads = ms.value_and_grad(loss_cell, None, params, has_aux=True)(*local)
         loss, grads = float(loss.asnumpy()), [g.asnumpy() for g in grads]
-        step = PolicyTrainStep(loss_cell, opt, mesh, split, 1.0)
+        step = PolicyTrainStep(loss_cell, opt, mesh, 1.0)
         step.links, step.acc = (None, None), []
     loss = comm.all_reduce_sum(np.array([loss], np.float32), mesh.dp_ranks())[0] / dp
     grad_err = 0.0

@@ -1,0 +1,126 @@
+"""The objects a resolved GRPO run trains with: the policy, rollout and reference models with their
+weights loaded and synced, the rollout engine, the optimizer, the compiled train and log-prob steps, and
+the swap groups. Built once, after every check in resolve.py has passed."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from mindrlhf.checkpoint.model_io import load_weights
+from mindrlhf.models.qwen2 import CausalLM
+from mindrlhf.parallel.reshard import WeightSync
+from mindrlhf.parallel.swap import SwapGroup, on_ascend
+from mindrlhf.rollout.backends import make_engine
+from mindrlhf.trainer.optim import AdamW
+from mindrlhf.trainer.pipeline_step import PipelineLogProb, PipelineTrainStep
+from mindrlhf.trainer.resolve import ResolvedRun
+from mindrlhf.trainer.samples import SampleBatch, train_step_inputs
+from mindrlhf.trainer.swap_schedule import SwapSchedule
+from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
+from mindrlhf.utils import compile_ahead
+from mindrlhf.utils.params import copy_params
+
+
+@dataclass
+class Models:
+    policy: CausalLM
+    rollout_model: CausalLM             # the policy itself when the layouts and dtypes match
+    ref_model: Optional[CausalLM]       # None when rl.beta is 0
+    weight_sync: WeightSync
+
+
+def build_models(run: ResolvedRun, log: Callable) -> Models:
+    paths = run.cfg.run
+    policy = CausalLM(run.model_cfg, run.train_mesh)
+    if paths.load_sft_checkpoint_train:
+        load_weights(policy, paths.load_sft_checkpoint_train)
+    t, i = run.train_mesh, run.infer_mesh
+    if (t.dp, t.tp, t.pp) == (i.dp, i.tp, i.pp) and run.infer_model_cfg.param_init_type == run.model_cfg.param_init_type:
+        rollout = policy                   # the seam: one model serves both roles
+    else:
+        rollout = CausalLM(run.infer_model_cfg, run.infer_mesh)
+    shared = rollout is policy
+    sync = WeightSync(policy.weights(), None if shared else rollout.weights(), paths.reshard_transport, log=log)
+    if paths.load_sft_checkpoint_infer and not shared:
+        load_weights(rollout, paths.load_sft_checkpoint_infer)   # checked by the logprob gap
+    else:
+        sync.sync()                        # rollout starts from the policy's weights
+    ref = None
+    if run.cfg.rl.beta > 0:
+        ref = CausalLM(run.model_cfg, run.train_mesh)
+        ref_path = paths.load_ref_checkpoint or paths.load_sft_checkpoint_train
+        if ref_path:
+            load_weights(ref, ref_path)
+        else:
+            copy_params(policy.get_parameters(), ref.get_parameters())
+    return Models(policy, rollout, ref, sync)
+
+
+@dataclass
+class Training:
+    engine: object                      # rollout/backends.py
+    optimizer: AdamW
+    train_step: object                  # PolicyTrainStep, or PipelineTrainStep with micro-batches or stages
+    policy_logprob: object              # ResponseLogProb / PipelineLogProb of the policy
+    ref_logprob: Optional[object]       # ... of the reference model
+    swap: SwapSchedule
+
+
+def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
+    rl, opt, sw, smp = run.cfg.rl, run.cfg.optim, run.cfg.swap, run.cfg.sampling
+    engine = make_engine(run.cfg.run.rollout_backend, models.rollout_model, run.pad_id, run.prompt_width,
+                         run.cfg.run.max_num_seqs)
+    optimizer = AdamW(list(models.policy.trainable_params()), opt.weight_decay, opt.beta1, opt.beta2, opt.eps)
+    temperature, shared, m, pp = run.logprob_temperature, run.shared_prompt, run.micro_batches, run.train_mesh.pp
+    loss_cell = GRPOLossCell(models.policy, rl, smp.max_tokens, temperature, run.on_policy, m, shared)
+    if m > 1 or pp > 1:
+        train_step = PipelineTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m)
+    else:
+        train_step = PolicyTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm)
+
+    def logprob_cell(model):
+        if pp == 1:
+            return ResponseLogProb(model, smp.max_tokens, temperature, shared)
+        return PipelineLogProb(model, smp.max_tokens, temperature, m)
+
+    separate = models.rollout_model is not models.policy
+    ref = models.ref_model
+    swap = SwapSchedule({
+        "policy": SwapGroup("policy", models.policy.get_parameters(), sw.offload_train_param and separate),
+        "optimizer": SwapGroup("optimizer", optimizer.state_parameters(), sw.offload_train_optimizer),
+        # the weight sync rewrites every rollout parameter after each update, before any rollout reads
+        # them again: offloading them needs no host copy, so this saves memory even on a CPU-only host
+        "rollout": SwapGroup("rollout", models.rollout_model.get_parameters(), sw.offload_infer_param and separate,
+                             keep_contents=False),
+        "ref": SwapGroup("ref", ref.get_parameters() if ref else [], sw.offload_ref_param),
+        # filled after the first rollout; prefill rewrites the whole cache, so no host copy is kept
+        "kv_cache": SwapGroup("kv_cache", [], sw.offload_kv_cache, keep_contents=False),
+    })
+    if swap.any_enabled and not on_ascend():
+        log("note: on CPU, swapped buffers' pages are released; the policy, optimizer and reference keep a host copy "
+            "in the same RAM (device-side footprint drops, process total does not), the rollout weights and KV "
+            "cache keep none (both drop) (mindrlhf/parallel/swap.py)")
+    return Training(engine, optimizer, train_step, logprob_cell(models.policy),
+                    logprob_cell(ref) if ref else None, swap)
+
+
+def compile_train_step(run: ResolvedRun, training: Training, log: Callable):
+    """Compile the training graph now, before the first rollout (utils/compile_ahead.py says why: the
+    rollout and reference graphs, compiled after it, reuse the heap its compile freed). Its inputs have
+    static shapes: a mini-batch of [prompt | response] rows. The pipelined step compiles per stage and
+    micro-batch at its first update."""
+    if not isinstance(training.train_step, PolicyTrainStep):
+        return
+    if not compile_ahead.available():
+        log("note: this MindSpore has no jit executor to compile ahead with; the training graph compiles at the "
+            "first update (utils/compile_ahead.py)")
+        return
+    t0 = time.time()
+    blank = SampleBatch.blank(run.geometry.mini_batch, run.prompt_width, run.cfg.sampling.max_tokens)
+    logp = blank.rollout_logp
+    compile_ahead.compile_jit_cell(training.train_step, *train_step_inputs(
+        blank, blank.response_mask, logp, logp, np.zeros(len(blank), np.float32), 1.0, 0.0))
+    log(f"compiled the training step in {time.time() - t0:.1f} s")

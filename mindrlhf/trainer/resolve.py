@@ -1,0 +1,298 @@
+"""A GRPO config resolved against its files: model YAMLs (or HF folders), tokenizer, prompt dataset and
+the process group. Every cross-file check runs here, before any model is built or any collective runs,
+and the result is frozen: the config the trainer runs is the loaded one plus what the files decide (the
+infer YAML's generation fields, total_steps from epochs), never changed after.
+
+Resolution needs meshes, the tokenizer, the dataset and the rewards, so it sits in trainer/ (configs/
+cannot import those); configs/ keeps the file formats and their per-field checks.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from mindrlhf.configs import upstream
+from mindrlhf.configs.coerce import coerce
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.grpo_config import GRPOConfig
+from mindrlhf.configs.hf_config import is_hf_folder
+from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig, load_model_yaml
+from mindrlhf.data.dataset import PromptDataset
+from mindrlhf.data.tokenizer import load_tokenizer
+from mindrlhf.parallel.mesh import Mesh, mesh_for
+from mindrlhf.parallel.pipeline import bubble_fraction
+from mindrlhf.parallel.swap import on_ascend
+from mindrlhf.reward.verifiers import RewardFn, extract_answer, load_reward_module
+from mindrlhf.rollout.backends import check_backend
+from mindrlhf.rollout.sampling import SamplingParams
+from mindrlhf.trainer.pipeline_step import micro_batch_count
+from mindrlhf.trainer.step_geometry import StepGeometry
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    cfg: GRPOConfig                     # frozen: assigning a field raises
+    rank: int
+    world: int
+    model_cfg: ModelConfig              # the policy's (and reference's) model
+    infer_model_cfg: ModelConfig        # the rollout model's (same shapes; the dtype may differ)
+    train_mesh: Mesh
+    infer_mesh: Mesh
+    micro_batches: int                  # per update on one train-DP rank
+    geometry: StepGeometry
+    tokenizer: object
+    pad_id: int
+    eos_ids: List[int]
+    dataset: PromptDataset
+    eval_dataset: Optional[PromptDataset]
+    prompt_width: int                   # the dataset's prompt_ids column
+    reward_fn: RewardFn
+    shared_prompt: Tuple[int, int]      # (group, prompt width), or (0, 0): see models/qwen2.SharedPrompt
+
+    def sampling(self, greedy: bool = False) -> SamplingParams:
+        fields = dict(dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
+                      eos_token_ids=self.eos_ids, seed=self.cfg.run.seed)
+        if greedy:
+            fields.update(temperature=0.0, n=1)
+        return SamplingParams(**fields)
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The T of every training log-prob (rollout/sampling.py's convention)."""
+        return self.sampling().logprob_temperature
+
+    @property
+    def on_policy(self) -> bool:
+        """One update per rollout: the weights that sampled are the ones trained, so the old log-probs are
+        the train forward's own (detached) and the separate old-policy pass is skipped."""
+        return self.cfg.rl.num_iterations == 1 and self.geometry.minibatches == 1
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.cfg.rl.num_iterations * self.geometry.minibatches
+
+    @property
+    def total_updates(self) -> int:
+        return self.cfg.run.total_steps * self.updates_per_step
+
+    def layout_state(self) -> dict:
+        """What a checkpoint records of the layout (resume refuses another)."""
+        state = {"world_size": self.world, "train": [self.train_mesh.dp, self.train_mesh.tp],
+                 "infer": [self.infer_mesh.dp, self.infer_mesh.tp]}
+        if self.train_mesh.pp > 1:
+            state["train_pipeline_stage"] = self.train_mesh.pp
+        return state
+
+    def describe(self) -> str:
+        m, i = self.train_mesh, self.infer_mesh
+        train = f"dp={m.dp} tp={m.tp}" + (f" pp={m.pp} (1F1B)" if m.pp > 1 else "")
+        train += (" sequence parallel" if m.seq_parallel else "") + \
+            (f", {self.micro_batches} micro-batches per update" if self.micro_batches > 1 else "")
+        return (f"GRPO: {self.world} rank(s); train layout {train}; infer layout dp={i.dp} tp={i.tp}; "
+                f"{self.cfg.rl.batch_size * i.dp} prompts x {self.cfg.rl.num_generations} samples per step")
+
+
+def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) -> ResolvedRun:
+    """The run `loaded` describes, checked against its files; `loaded` itself is left as it was."""
+    cfg = copy.deepcopy(loaded)
+    run = cfg.run
+    if not run.sft_path_train:
+        raise ConfigError("sft_path_train: required (model YAML of the policy)")
+    hf_layout = ParallelConfig(data_parallel=world)      # an HF folder's layout: every rank data-parallel
+    train_yaml = load_model_yaml(run.sft_path_train, hf_layout)
+    infer_yaml = load_model_yaml(run.sft_path_infer, hf_layout) if run.sft_path_infer else train_yaml
+    ref_yaml = load_model_yaml(run.sft_path_ref, hf_layout) if run.sft_path_ref else None
+    yamls = list({y.path: y for y in (train_yaml, infer_yaml, ref_yaml) if y is not None}.values())
+    for y in yamls:
+        if is_hf_folder(y.path):
+            log(f"{y.path}: Hugging Face folder, layout data_parallel={world} (another layout: write a model "
+                f"YAML with python -m mindrlhf.configs.hf_config {y.path} --model_parallel N)")
+    for other, flag in ((infer_yaml, "sft_path_infer"), (ref_yaml, "sft_path_ref")):
+        if other is not None and train_yaml.model.weight_shapes() != other.model.weight_shapes():
+            raise ConfigError(f"{flag} {other.path}: model.model_config describes another model than "
+                              f"{run.sft_path_train} (shapes must match; dtypes may differ)")
+    _take_generation_fields(cfg, infer_yaml, log)
+    if infer_yaml.parallel.use_seq_parallel and infer_yaml is not train_yaml:
+        infer_yaml.ignored.append(("parallel_config.use_seq_parallel", "sequence parallelism applies to the "
+                                   "train layout; the rollout keeps whole activations"))
+    _report_ignored(cfg, yamls, log)
+    _check_layouts(cfg, train_yaml, infer_yaml)
+    par = train_yaml.parallel
+    # micro-batches per update: the pipeline's, each cut into micro_batch_interleave_num parts
+    micro_batches = (par.micro_batch_num if par.pipeline_stage > 1 else 1) * par.micro_batch_interleave_num
+    train_mesh = mesh_for(par, world, rank, "train (sft_path_train)")
+    # the rollout runs prefill/decode on whole sequences: sequence parallelism is a training layout's
+    infer_mesh = mesh_for(dataclasses.replace(infer_yaml.parallel, use_seq_parallel=False), world, rank,
+                          "infer (sft_path_infer)")
+    for path, what in ((run.load_sft_checkpoint_train, "load_sft_checkpoint_train"),
+                       (run.load_sft_checkpoint_infer, "load_sft_checkpoint_infer"),
+                       (run.load_ref_checkpoint, "load_ref_checkpoint")):
+        if path and not os.path.exists(path):
+            raise ConfigError(f"{what}: not found: {path}")
+    check_backend(run.rollout_backend)
+
+    model_cfg = train_yaml.model
+    tokenizer = load_tokenizer(run.vocab_path, run.merges_file_path)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(f"vocab_path: the tokenizer has {tokenizer.vocab_size} tokens but "
+                          f"model.model_config.vocab_size is {model_cfg.vocab_size}")
+    if not run.mind_dataset_dir:
+        raise ConfigError("mind_dataset_dir: required (prompt MindRecord from rlhf_data.py)")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model_cfg.pad_token_id
+    eos_ids = sorted({tokenizer.eos_token_id, *model_cfg.eos_token_ids} - {None})
+    dataset = _with_solutions(PromptDataset(run.mind_dataset_dir, cfg.rl.batch_size, infer_mesh.dp,
+                                            infer_mesh.dp_index, run.seed, pad_id), tokenizer, log)
+    prompt_width = dataset.table["prompt_ids"].shape[1]
+    _check_lengths(cfg, model_cfg, prompt_width)
+    geometry = StepGeometry.from_config(cfg.rl, infer_mesh.dp, train_mesh.dp)
+    micro_batches = _micro_batches(cfg, geometry, train_mesh, micro_batches, run.sft_path_train, log)
+    _steps_from_epochs(cfg, dataset.num_rows, infer_mesh.dp, log)
+    eval_dataset = _eval_dataset(cfg, infer_mesh, pad_id, tokenizer, log)
+    added = load_reward_module(cfg.reward.reward_module)
+    if added:
+        log(f"verifiers from {cfg.reward.reward_module}: {', '.join(added)}")
+    reward_fn = RewardFn(cfg.reward.verifier_function, cfg.reward.verifier_weight, cfg.reward.verifier_timeout)
+    shared = _shared_prompt(cfg, train_mesh, geometry, micro_batches, prompt_width, log)
+    cfg.freeze()
+    return ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,
+                       geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn, shared)
+
+
+def _take_generation_fields(cfg: GRPOConfig, infer_yaml: ModelYaml, log):
+    """The infer YAML's generation fields (max_decode_length, top_k, ...) drive sampling, as in MindRLHF,
+    except where the GRPO config or a flag set the field."""
+    fields = {f.name: f for f in dataclasses.fields(cfg.sampling)}
+    taken = []
+    for name, value in infer_yaml.generation.items():
+        if f"sampling.{name}" not in cfg.explicit:
+            setattr(cfg.sampling, name, coerce(value, fields[name], f"{infer_yaml.path}: {name}"))
+            taken.append(f"{name}={getattr(cfg.sampling, name)}")
+    cfg.sampling.validate(where=f"{infer_yaml.path}: sampling from model_config: ")
+    cfg.validate()          # the checks that involve sampling fields (e.g. rl.overlong_buffer_len)
+    if taken:
+        log(f"sampling from {infer_yaml.path}: {', '.join(taken)}")
+
+
+def _report_ignored(cfg: GRPOConfig, yamls: List[ModelYaml], log):
+    """Once at start-up: every accepted MindRLHF/MindFormers key that changes nothing here, and why."""
+    by_source = {}
+    for source, key, why in cfg.ignored:
+        by_source.setdefault(source, []).append((key, why))
+    for y in yamls:
+        if y.ignored:
+            by_source[y.path] = y.ignored
+    for source, items in by_source.items():
+        log(upstream.describe_ignored(source, items))
+    for line in cfg.derived:
+        log(line)
+    if cfg.rl.beta == 0 and cfg.run.load_ref_checkpoint:
+        log(f"note: load_ref_checkpoint {cfg.run.load_ref_checkpoint} is not loaded: rl.beta is 0, so there is no "
+            f"KL term and no reference model (set beta > 0 to use it)")
+
+
+def _check_layouts(cfg: GRPOConfig, train_yaml: ModelYaml, infer_yaml: ModelYaml):
+    run = cfg.run
+    if not run.use_parallel and (train_yaml.parallel.world_size > 1 or infer_yaml.parallel.world_size > 1):
+        raise ConfigError(f"use_parallel is False but {run.sft_path_train} asks for "
+                          f"{train_yaml.parallel.world_size} ranks: launch with msrun and --use_parallel True")
+    if infer_yaml.parallel.pipeline_stage > 1:
+        raise ConfigError(f"sft_path_infer {infer_yaml.path}: parallel_config.pipeline_stage="
+                          f"{infer_yaml.parallel.pipeline_stage}; the rollout (infer) layout has no pipeline "
+                          f"stages (as in MindRLHF): use pipeline_stage 1 and data_parallel/model_parallel")
+    if train_yaml.model.param_init_type == "bfloat16" and not on_ascend():
+        raise ConfigError(f"sft_path_train {train_yaml.path}: model.model_config.param_init_type bfloat16 cannot "
+                          f"be trained on MindSpore's CPU: its Assign kernel, with which AdamW writes the weights "
+                          f"in place, has no bfloat16 (2.10). Use float32 (or float16) for the policy; the "
+                          f"rollout model (sft_path_infer) may keep bfloat16")
+
+
+def _check_lengths(cfg: GRPOConfig, model_cfg: ModelConfig, prompt_width: int):
+    run, max_tokens = cfg.run, cfg.sampling.max_tokens
+    need = prompt_width + max_tokens
+    for limit, name in ((model_cfg.seq_length, "seq_length"), (model_cfg.max_position_embedding,
+                                                               "max_position_embedding")):
+        if need > limit:
+            raise ConfigError(f"sampling.max_tokens: prompt length {prompt_width} (from {run.mind_dataset_dir}) + "
+                              f"max_tokens {max_tokens} = {need} exceeds model.model_config.{name}={limit}")
+    if run.max_model_len and need > run.max_model_len:
+        raise ConfigError(f"run.max_model_len: prompt length {prompt_width} + max_tokens {max_tokens} = {need} "
+                          f"exceeds max_model_len={run.max_model_len}")
+
+
+def _micro_batches(cfg: GRPOConfig, geometry: StepGeometry, mesh: Mesh, pipeline: int, yaml_path: str, log) -> int:
+    """Micro-batches per update: the model YAML's, or rl.micro_batch_size rows each. These must fill the
+    mini-batch, and with pipeline stages come in a multiple of the YAML's micro_batch_num."""
+    where = f"{yaml_path}: parallel_config.micro_batch_num x micro_batch_interleave_num"
+    count, size, mini = pipeline, cfg.rl.micro_batch_size, geometry.mini_batch
+    if size:
+        if mini % size:
+            raise ConfigError(f"rl.micro_batch_size: {size} does not divide the {mini} sequences of a mini-batch on "
+                              f"one train data-parallel rank (rl.mini_batch_size)")
+        if mesh.pp == 1 and pipeline > 1:
+            raise ConfigError(f"rl.micro_batch_size: set, and {where} = {pipeline}; both cut the mini-batch "
+                              f"into micro-batches: set one of them")
+        if (mini // size) % pipeline:
+            raise ConfigError(f"rl.micro_batch_size: {mini // size} micro-batches of {size} rows are not a multiple "
+                              f"of the pipeline's {where} = {pipeline}")
+        count, where = mini // size, "rl.micro_batch_size"
+    if count > 1:
+        micro_batch_count(mini, count, where)
+        if 1 < mesh.pp and count < mesh.pp:
+            log(f"warning: {where}={count} < pipeline_stage={mesh.pp}: some stages idle most of each update (1F1B "
+                f"bubble {bubble_fraction(mesh.pp, count):.0%}); micro_batch_num >= pipeline_stage is recommended")
+    return count
+
+
+def _steps_from_epochs(cfg: GRPOConfig, rows: int, infer_dp: int, log):
+    run, per_step = cfg.run, cfg.rl.batch_size * infer_dp
+    if not run.epochs or "run.total_steps" in cfg.explicit:
+        return
+    per_epoch = rows // per_step
+    if per_epoch == 0:
+        raise ConfigError(f"run.epochs: {run.mind_dataset_dir} has {rows} prompts, fewer than one step's {per_step}")
+    run.total_steps = run.epochs * per_epoch
+    log(f"epochs {run.epochs} x {per_epoch} steps per pass over {run.mind_dataset_dir} = {run.total_steps} steps")
+
+
+def _eval_dataset(cfg: GRPOConfig, infer_mesh: Mesh, pad_id: int, tokenizer, log) -> Optional[PromptDataset]:
+    run = cfg.run
+    if not (run.eval_steps and run.eval_dataset):
+        return None
+    data = _with_solutions(PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, pad_id, shuffle=False), tokenizer, log)
+    n = min(run.eval_prompts, data.num_rows)
+    if n < infer_mesh.dp:
+        raise ConfigError(f"run.eval_prompts: {n} eval prompt(s) (eval_prompts={run.eval_prompts}, {run.eval_dataset} "
+                          f"has {data.num_rows}) cannot give each of the {infer_mesh.dp} infer data-parallel "
+                          f"replicas one")
+    return data
+
+
+def _with_solutions(dataset: PromptDataset, tokenizer, log) -> PromptDataset:
+    if not dataset.has_solutions:
+        dataset.recover_solutions(tokenizer.decode_batch, extract_answer)
+        log(f"{dataset.path}: no solution column (MindRLHF's format); solutions taken from the answer part of "
+            f"pretrain_ids")
+    return dataset
+
+
+def _shared_prompt(cfg: GRPOConfig, mesh: Mesh, geometry: StepGeometry, micro_batches: int, prompt_width: int,
+                   log) -> Tuple[int, int]:
+    """(group, prompt width) when the log-prob and training forwards run each prompt once for its group
+    (run.share_prompt, models/qwen2.SharedPrompt), else (0, 0) - with a note when asked for but not possible."""
+    g = cfg.rl.num_generations
+    if not cfg.run.share_prompt or g == 1:
+        return 0, 0
+    mini = geometry.mini_batch
+    micro_rows = mini // micro_batches
+    obstacles = [(mesh.pp > 1, "pipeline stages"), (mesh.seq_parallel, "sequence parallelism"),
+                 (mini % g, f"mini-batches of {mini} rows split groups of {g}"),
+                 (micro_rows % g, f"micro-batches of {micro_rows} rows split groups of {g}"),
+                 (cfg.sampling.max_tokens < 2, "one-token responses")]
+    why = next((reason for present, reason in obstacles if present), "")
+    if why:
+        log(f"note: run.share_prompt: every row runs its prompt itself ({why} in the train layout)")
+        return 0, 0
+    return g, prompt_width
