@@ -200,7 +200,7 @@ def _boxed_final(solution: str, where: str, key: str) -> str:
     if start < 0:
         raise ConfigError(f"{where}: {key!r} has no \\boxed{{...}} final answer (dataset_type=math takes the "
                           f"reference answer from the last one)")
-    i = solution.index("x", start) + 1          # both names end in 'x'
+    i = start + (len("\\boxed") if solution.startswith("\\boxed", start) else len("\\fbox"))
     while i < len(solution) and solution[i] == " ":
         i += 1
     if i < len(solution) and solution[i] != "{":      # '\boxed 5': the token after it
@@ -219,11 +219,6 @@ def _boxed_final(solution: str, where: str, key: str) -> str:
         raise ConfigError(f"{where}: {key!r}: the last \\boxed{{}} is empty (a row without a reference answer "
                           f"cannot be scored)")
     return final.strip()
-
-
-def parse_row(obj: dict, dataset_type: str, where: str) -> Example:
-    """One row object -> Example under a dataset type's own column names."""
-    return RowSpec(dataset_type).example(obj, where)
 
 
 # ----------------------------------------------------------------------------------------------- input files
@@ -391,11 +386,11 @@ class _Chars:
         self.buf, self.pos, self.eof = "", 0, False
         self.lines, self.counted = 1, 0          # line of buf[counted]
 
-    def _fill(self, chars: int = JSON_READ_CHARS) -> bool:
+    def _fill(self, chars: Optional[int] = None) -> bool:
         if self.eof:
             return False
         try:
-            chunk = self.fh.read(chars)
+            chunk = self.fh.read(chars or JSON_READ_CHARS)
         except UnicodeDecodeError as err:
             raise ConfigError(f"{self.path}: line {self.line()}: not UTF-8 ({err.reason})") from None
         if not chunk:
