@@ -54,13 +54,13 @@ class DatasetType:
 
 DATASET_TYPES: Dict[str, DatasetType] = {t.name: t for t in (
     DatasetType("gsm8k", "question", "answer", extract="gsm8k",
-                about="GSM8K: 'question', 'answer' ending in '#### <number>' (the reference)"),
+                about="'question', 'answer' ending in '#### <number>' (the reference)"),
     DatasetType("math", "problem", "solution", extract="boxed",
-                about="MATH: 'problem', 'solution' whose last \\boxed{} is the reference"),
+                about="'problem', 'solution' whose last \\boxed{} is the reference"),
     DatasetType("deepscaler", "problem", "answer", worked="solution",
-                about="DeepScaleR: 'problem', 'answer' (the reference), optional 'solution'"),
+                about="'problem', 'answer' (the reference), optional 'solution'"),
     DatasetType("openr1math", "problem", "answer", worked="solution",
-                about="OpenR1-Math: 'problem', 'answer' (the reference), optional 'solution'"),
+                about="'problem', 'answer' (the reference), optional 'solution'"),
     DatasetType("raw", "prompt", "answer", fallback="solution", reference_optional=True,
                 about="'prompt', optional 'answer' (else 'solution') taken whole"),
 )}
