@@ -19,7 +19,7 @@ setup(
         # reference implementations used only by tests and benchmarks
         # gguf + accelerate: transformers' GGUF loader, for scripts/get_smollm2.py (the real-model tests)
         "test": ["pytest", "torch==2.13.0", "transformers", "sentencepiece", "matplotlib", "tensorboard", "gguf",
-                 "accelerate"],
+                 "accelerate", "pyarrow<26"],     # parquet input to rlhf_data.py (pyarrow 26 needs NumPy 2)
         "plot": ["matplotlib"],
     },
 )

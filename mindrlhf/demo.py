@@ -96,7 +96,7 @@ def stage_convert(work: str, vocab: str, merges: str):
                    "--merges_file_path", merges, "--file_path", os.path.join(work, f"{name}.jsonl"),
                    "--output_path", os.path.join(work, f"{name}.mindrecord"), "--max_prompt_length", "16",
                    "--seq_length", "32", "--prompt_template", "plain", "--dataset_type", kind, "--no_progress"])
-        print("      " + out.strip().splitlines()[1].strip(), flush=True)
+        print("      " + next(ln for ln in out.splitlines() if ln.startswith("rows written")).strip(), flush=True)
 
 
 def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, str]:

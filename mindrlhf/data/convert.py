@@ -1,7 +1,9 @@
-"""jsonl (GSM8K / OpenR1-Math / raw) -> GRPO prompt MindRecord. The library behind `rlhf_data.py`.
+"""jsonl / JSON array / parquet (GSM8K, MATH, DeepScaleR, OpenR1-Math, raw) -> GRPO prompt MindRecord. The
+library behind `rlhf_data.py`; the input side is data/sources.py.
 
-Streams: the jsonl is read a line at a time and rows go to the file one write batch at a time, so memory
-does not grow with the file (a 220k-row file at seq_length 8192 is ~29 GB as whole arrays)."""
+Streams: the input is read a line, an item or a parquet batch at a time and rows go to the file one write
+batch at a time, so memory does not grow with the file (a 220k-row file at seq_length 8192 is ~29 GB as
+whole arrays)."""
 from __future__ import annotations
 
 import argparse
@@ -14,10 +16,15 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.data.mindrecord_io import (PROMPT_TEMPLATES, SCHEMA, WRITE_BATCH_ROWS, MindRecordWriter, iter_jsonl)
+from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES, SCHEMA, WRITE_BATCH_ROWS, MindRecordWriter
+from mindrlhf.data.sources import DATASET_TYPES, Source, parse_map_keys
 from mindrlhf.data.tokenizer import load_tokenizer
 
 TOKENIZE_ROWS = 2048    # rows per tokenizer call (the Rust side parallelises across one call's texts)
+
+# our defaults where MindRLHF's rlhf_data.py has others: (ours, MindRLHF's)
+DEFAULTS = {"max_prompt_length": (256, "2048"), "seq_length": (512, "4096"),
+            "dataset_type": ("gsm8k", "none, i.e. 'question' + 'answer' taken whole")}
 
 
 @dataclass
@@ -41,17 +48,30 @@ class ConvertSummary:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Convert GSM8K-style jsonl into a GRPO prompt MindRecord.")
+    p = argparse.ArgumentParser(description="Convert GSM8K/MATH/DeepScaleR/OpenR1-Math rows (jsonl, a JSON array, "
+                                            "parquet, or a directory of them) into a GRPO prompt MindRecord.")
     p.add_argument("--vocab_path", required=True, help="vocab.json (or a directory with tokenizer.json)")
     p.add_argument("--merges_file_path", default=None, help="merges.txt belonging to --vocab_path")
-    p.add_argument("--file_path", required=True, help="input jsonl, one example per line")
+    p.add_argument("--file_path", required=True,
+                   help="input: a .jsonl, a .json holding one array of objects, a .parquet (needs pyarrow), or a "
+                        "directory whose .jsonl/.json/.parquet files are all read in sorted order")
     p.add_argument("--output_path", required=True, help="output .mindrecord (a .db index is written beside it)")
-    p.add_argument("--max_prompt_length", type=int, default=256, help="prompt_ids column length")
-    p.add_argument("--seq_length", type=int, default=512, help="pretrain_ids/loss_mask column length")
+    p.add_argument("--max_prompt_length", type=int, default=None,
+                   help="prompt_ids column length (default 256; MindRLHF's 2048)")
+    p.add_argument("--seq_length", type=int, default=None,
+                   help="pretrain_ids/loss_mask column length (default 512; MindRLHF's 4096)")
     p.add_argument("--pad_token_id", type=int, default=None,
                    help="default: the tokenizer's pad token (a folder's tokenizer_config.json pad_token, else "
                         "<|endoftext|>)")
-    p.add_argument("--dataset_type", default="gsm8k", choices=["gsm8k", "openr1math", "raw"])
+    p.add_argument("--dataset_type", default=None, type=str.lower, choices=sorted(DATASET_TYPES),
+                   help="the columns a row is read from (default gsm8k): " +
+                        "; ".join(f"{t.name}: {t.about}" for t in DATASET_TYPES.values()) +
+                        ". MindRLHF's spelling openR1math works")
+    p.add_argument("--map_keys", default=None,
+                   help="JSON {field: column in the file}, e.g. '{\"question\": \"problem\"}': the columns a "
+                        "--dataset_type reads, renamed (MindSpeed-RL's 'prompt'/'response' keys work too)")
+    p.add_argument("--is_dataset_gsm8k", nargs="?", const="True", default=None,
+                   help="MindRLHF's earlier flag: True means --dataset_type gsm8k")
     p.add_argument("--prompt_template", default="none",
                    help=f"chat (the chat template of the model folder given as --vocab_path), one of "
                         f"{sorted(PROMPT_TEMPLATES)}, or a text file containing '{{question}}'")
@@ -62,6 +82,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0, help="tokenizer threads (0: all cores)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     return p
+
+
+def resolve_upstream(args) -> List[str]:
+    """Fill in defaults and MindRLHF's flags on `args`; the start-up lines saying what was assumed.
+
+    Our defaults are kept where MindRLHF's differ (a 2048-token prompt column is 8x the rows' bytes for
+    GSM8K, whose prompts fit in 256), but the one line naming them tells a user following MindRLHF's
+    tutorial why the file's widths are not the tutorial's."""
+    notes = []
+    gsm8k_flag = getattr(args, "is_dataset_gsm8k", None)
+    if gsm8k_flag is not None:
+        value = str(gsm8k_flag).strip().lower()
+        if value not in ("true", "false", "1", "0", "yes", "no"):
+            raise ConfigError(f"--is_dataset_gsm8k: expected True or False, got {gsm8k_flag!r}")
+        if value in ("true", "1", "yes"):
+            if args.dataset_type not in (None, "gsm8k"):
+                raise ConfigError(f"--is_dataset_gsm8k True asks for gsm8k rows but --dataset_type is "
+                                  f"{args.dataset_type}; give one of them")
+            args.dataset_type = "gsm8k"
+            notes.append("--is_dataset_gsm8k True: read as --dataset_type gsm8k (the final answer after '####' "
+                         "is the solution column; pretrain_ids hold prompt + worked answer)")
+        args.is_dataset_gsm8k = None         # applied once
+    differ = []
+    for name, (ours, theirs) in DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, ours)
+            differ.append(f"--{name} {ours} (MindRLHF's default: {theirs})")
+    if differ:
+        notes.insert(0, "defaults that differ from MindRLHF's rlhf_data.py (give the flag to choose): " +
+                     ", ".join(differ))
+    return notes
 
 
 def resolve_template(name: str, vocab_path: str = "", system_prompt: str = "") -> Callable[[str], str]:
@@ -92,12 +143,22 @@ def resolve_template(name: str, vocab_path: str = "", system_prompt: str = "") -
 
 def convert(args) -> ConvertSummary:
     t0 = time.time()
+    given = {name: getattr(args, name, None) is not None for name in DEFAULTS}
+    for line in resolve_upstream(args):
+        print(line)
     if args.max_prompt_length <= 0 or args.seq_length <= args.max_prompt_length:
-        raise ConfigError(f"--seq_length ({args.seq_length}) must exceed --max_prompt_length "
-                          f"({args.max_prompt_length}) > 0")
+        shown = {n: f"{getattr(args, n)}{'' if given[n] else ', the default'}" for n in ("seq_length",
+                                                                                         "max_prompt_length")}
+        raise ConfigError(f"--seq_length ({shown['seq_length']}) must exceed --max_prompt_length "
+                          f"({shown['max_prompt_length']}) > 0")
     out_dir = os.path.dirname(os.path.abspath(args.output_path))
     if not os.path.isdir(out_dir):
         raise ConfigError(f"--output_path: the directory {out_dir} does not exist")
+    source = Source(args.file_path, args.dataset_type, parse_map_keys(getattr(args, "map_keys", None)))
+    if len(source.files) > 1 or source.skipped:
+        print(f"--file_path {args.file_path}: reading {', '.join(os.path.basename(f) for f in source.files)}"
+              + (f"; skipped (not .jsonl/.json/.parquet): {', '.join(os.path.basename(f) for f in source.skipped)}"
+                 if source.skipped else ""))
     if args.workers:
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)
     template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt)
@@ -105,12 +166,12 @@ def convert(args) -> ConvertSummary:
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
     if pad is None:
         raise ConfigError("--pad_token_id: the tokenizer has no <|endoftext|> token; give the id explicitly")
-    examples = iter_jsonl(args.file_path, args.dataset_type)
+    examples = source.examples()
     summary = ConvertSummary()
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
-        progress = tqdm(total=_count_rows(args.file_path), desc="tokenize", unit="rows")
+        progress = tqdm(total=source.count(), desc="tokenize", unit="rows")
     batch = _WriteBatch(WRITE_BATCH_ROWS, args.max_prompt_length, args.seq_length, pad)
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     with MindRecordWriter(args.output_path, SCHEMA, index_fields=["prompt_length"]) as out:
@@ -178,12 +239,6 @@ class _WriteBatch:
             self.cols[name][:self.rows] = self.pad
         self.cols["loss_mask"][:self.rows] = 0
         self.cols["solution"], self.rows = [], 0
-
-
-def _count_rows(path: str) -> int:
-    """Non-blank lines: the progress bar's total, without holding the file."""
-    with open(path, "rb") as fh:
-        return sum(1 for raw in fh if raw.strip())
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,4 +1,4 @@
-"""MindRecord schema for GRPO prompts, an atomic writer, and jsonl row parsing.
+"""MindRecord schema for GRPO prompts, an atomic writer and the reader (input rows: data/sources.py).
 
 Columns (all int64 arrays right-padded with `pad_token_id`, as MindRLHF writes them, plus two of ours):
 
@@ -12,11 +12,9 @@ Files holding only MindRLHF's three columns load too (prompt_length is then reco
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
@@ -45,75 +43,6 @@ PROMPT_TEMPLATES = {
                 "<answer> </answer> tags, respectively, and the final answer is put in \\boxed{{}}.<|im_end|>\n"
                 "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"),
 }
-
-
-@dataclass
-class Example:
-    question: str
-    answer_text: str   # what an SFT target would be (full worked answer)
-    solution: str      # the final answer the verifier compares against
-
-
-def parse_row(obj: dict, dataset_type: str, where: str) -> Example:
-    """One jsonl object -> Example; errors name the file:line and the missing key."""
-    def need(key):
-        if key not in obj:
-            raise ConfigError(f"{where}: missing key {key!r} (dataset_type={dataset_type} expects it)")
-        if not isinstance(obj[key], str):
-            raise ConfigError(f"{where}: key {key!r} must be a string, got {type(obj[key]).__name__}")
-        return obj[key]
-
-    if dataset_type == "gsm8k":
-        question, answer = need("question"), need("answer")
-        if "####" not in answer:
-            raise ConfigError(f"{where}: answer has no '#### <number>' final answer")
-        final = answer.rsplit("####", 1)[1].strip().replace(",", "")
-        if not final:
-            raise ConfigError(f"{where}: the final answer after '####' is empty (a row without a reference answer "
-                              f"cannot be scored)")
-        return Example(question, answer, final)
-    if dataset_type == "openr1math":
-        question = need("problem")
-        solution = obj.get("answer")
-        if not isinstance(solution, str):
-            raise ConfigError(f"{where}: missing key 'answer' (dataset_type=openr1math expects it)")
-        if not solution.strip():
-            raise ConfigError(f"{where}: key 'answer' is empty (a row without a reference answer cannot be scored)")
-        return Example(question, obj.get("solution", solution) or solution, solution.strip())
-    if dataset_type == "raw":
-        question = need("prompt")
-        solution = obj.get("answer", obj.get("solution", ""))
-        return Example(question, str(solution), str(solution).strip())
-    raise ConfigError(f"--dataset_type: expected gsm8k, openr1math or raw, got {dataset_type!r}")
-
-
-def iter_jsonl(path: str, dataset_type: str) -> Iterator[Example]:
-    """The file's rows one line at a time (a conversion never holds the whole file); errors name file:line."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"--file_path: file not found: {path}")
-    return _jsonl_rows(path, dataset_type)
-
-
-def _jsonl_rows(path: str, dataset_type: str) -> Iterator[Example]:
-    count = 0
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ConfigError(f"{path}:{lineno}: not UTF-8 ({err.reason} at byte {err.start} of the line)") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as err:
-                raise ConfigError(f"{path}:{lineno}: not valid JSON ({err})") from None
-            if not isinstance(obj, dict):
-                raise ConfigError(f"{path}:{lineno}: expected a JSON object per line")
-            count += 1
-            yield parse_row(obj, dataset_type, f"{path}:{lineno}")
-    if not count:
-        raise ConfigError(f"{path}: the file has no rows")
 
 
 def write_mindrecord(path: str, columns: Dict[str, Sequence], schema: Dict[str, dict],
