@@ -236,10 +236,32 @@ def accuracy_reward(completion: str, solution: str) -> float:
     return 1.0 if math_equal(extract_answer(completion), solution) else 0.0
 
 
+def r1_format(text: str) -> bool:
+    """'<think>...</think>', white space, then '<answer>...</answer>' ending a line, from the first character:
+    the R1 format as MindRLHF's format_reward and MindSpeed-RL's format check it (more lines may follow the
+    answer's). By scans that each visit a character once: a regex over repeated tags backtracks."""
+    if not text.startswith("<think>"):
+        return False
+    close, answer = text.find("</think>", len("<think>")), -1
+    while close >= 0 and answer < 0:
+        after = close + len("</think>")
+        while after < len(text) and text[after].isspace():
+            after += 1
+        if text.startswith("<answer>", after):
+            answer = after
+        close = text.find("</think>", close + 1)
+    end = text.find("</answer>", answer + len("<answer>")) if answer >= 0 else -1
+    while end >= 0:
+        if text.startswith("\n", end + len("</answer>")) or end + len("</answer>") == len(text):
+            return True
+        end = text.find("</answer>", end + 1)
+    return False
+
+
 @register_verifier("format_reward")
 def format_reward(completion: str, solution: str) -> float:
-    """1 for '<think>...</think><answer>...</answer>' (R1 style), else 0."""
-    return 1.0 if re.fullmatch(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", completion, flags=re.S) else 0.0
+    """1 for the R1 format '<think>...</think> <answer>...</answer>' (r1_format), else 0."""
+    return 1.0 if r1_format(completion) else 0.0
 
 
 @register_verifier("answer_format_reward")
