@@ -1,8 +1,10 @@
 """accuracy_reward on MATH-style answers: the same verdicts as math-verify called directly, bounded in time,
 and a clear fallback when math-verify is missing."""
+import random
 import signal
 import sys
 import time
+from fractions import Fraction
 
 import pytest
 
@@ -110,6 +112,33 @@ def test_the_table_has_both_verdicts_and_plain_numbers_skip_sympy(monkeypatch):
 def test_plain_numbers_math_verify_misreads(answer, reference, ours):
     assert math_equal(answer, reference) is ours
     assert _direct(answer, reference) is not ours
+
+
+def _plain_number_text(rng):
+    value = Fraction(rng.choice(["0", "1", "3", "12", "50", "1234", "1234567", "1/2", "1/3", "2/3", "7/2", "1/1000"]))
+    sign = rng.choice(["", "", "-"])
+    decimal = f"{float(value):.{rng.choice([1, 2, 6, 7])}f}"
+    forms = [decimal, f"{value.numerator}/{value.denominator}", f"\\frac{{{value.numerator}}}{{{value.denominator}}}",
+             f"\\dfrac{{{value.numerator}}}{{{value.denominator}}}", decimal + "\\text{ cm}", "\\$" + decimal]
+    if value.denominator == 1:
+        forms += [str(value.numerator), f"{value.numerator:,}", str(value.numerator) + ".0"]
+    return sign + rng.choice(forms)
+
+
+def test_plain_numbers_get_math_verify_verdicts_without_it():
+    """Random pairs of plain numbers in the forms answers take: where the quick comparison decides, it
+    decides as math-verify does (it leaves unequal decimals to math-verify: 6 decimal places)."""
+    rng = random.Random(0)
+    decided = 0
+    for _ in range(600):
+        answer, reference = _plain_number_text(rng), _plain_number_text(rng)
+        if rng.random() < 0.3:
+            reference = answer
+        verdict = quick_verdict(answer, reference)
+        if verdict is not None:
+            decided += 1
+            assert verdict is _direct(answer, reference), (answer, reference)
+    assert decided > 300
 
 
 def test_commas_separate_thousands_only():
