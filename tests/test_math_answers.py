@@ -8,6 +8,7 @@ from fractions import Fraction
 
 import pytest
 
+from mindrlhf.configs import ConfigError
 from mindrlhf.reward import latex
 from mindrlhf.reward.verifiers import RewardFn, accuracy_reward, math_equal, quick_verdict, to_number
 
@@ -195,3 +196,13 @@ def test_without_math_verify_latex_answers_are_compared_as_text_and_counted(monk
     assert scores.stats["answer/latex_unjudged"] == 0.25           # only \dfrac12 needed math-verify
     with pytest.raises(ImportError, match="pip install math-verify"):
         latex.latex_equal("\\dfrac12", "0.5", None)
+
+
+def test_a_broken_math_verify_is_a_set_up_error(monkeypatch):
+    """An install that cannot parse (an antlr4 runtime of another version) would score every LaTeX answer 0."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("Could not deserialize ATN with version 3 (expected 4)")
+    monkeypatch.setattr(math_verify, "parse", broken)
+    with pytest.raises(ConfigError, match="math-verify is installed but cannot parse LaTeX .*ATN"):
+        RewardFn(["accuracy_reward"], [1.0])
+    RewardFn(["format_reward"], [1.0])                             # a run that never judges answers is fine
