@@ -14,6 +14,7 @@ setup(
         "tqdm",
         "safetensors",
         "jinja2",          # model folders' chat templates
+        "math-verify",     # LaTeX answers (mindrlhf/reward/latex.py)
     ],
     extras_require={
         # reference implementations used only by tests and benchmarks

@@ -88,7 +88,8 @@ def test_failing_or_slow_verifiers_score_zero_and_are_counted():
 
 def test_answer_statistics_separate_format_from_correctness():
     fn = RewardFn(["accuracy_reward"], [1.0])
-    stats = fn.score(["#### 4", "the answer is 4", "no number", "#### 5 (or 4)"], ["4"] * 4).stats
+    # (math-verify reads '5 (or 4)' as 4, so the hedge of the 4th is '5 or 4': a set {4, 5})
+    stats = fn.score(["#### 4", "the answer is 4", "no number", "#### 5 or 4"], ["4"] * 4).stats
     assert stats["answer/missing"] == 0.5                   # 2nd and 3rd have no strict answer
     assert stats["answer/strict_flexible_disagree"] == 0.5  # 2nd: only the flexible one is right; 4th: only it
 

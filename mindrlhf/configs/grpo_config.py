@@ -207,7 +207,11 @@ class OptimConfig(_Section):
 @dataclass
 class RewardConfig(_Section):
     """Rule-based rewards, combined by weight."""
-    verifier_function: List[str] = _f(["accuracy_reward"], "names from mindrlhf.reward.verifiers")
+    verifier_function: List[str] = _f(["accuracy_reward"], "names from mindrlhf.reward.verifiers: accuracy_reward "
+                                      "(answers judged as math-verify judges them), format_reward (R1 format), "
+                                      "answer_format_reward; MindSpeed-RL's acc, format, step, strict_format, "
+                                      "base_acc, math_17k_acc, acc_for_dapo, acc_for_ppo, math_verify_reward and "
+                                      "MindRLHF's qwen_accuracy_reward (mindrlhf.reward.compat)")
     verifier_weight: List[float] = _f([1.0], "one weight per verifier_function")
     reward_module: str = _f("", "your verifiers: a .py file or an importable module whose @register_verifier "
                             "functions (mindrlhf.reward.verifiers) become names for verifier_function")

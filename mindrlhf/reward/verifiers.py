@@ -1,4 +1,8 @@
-"""Rule-based rewards for math: answer extraction, numeric equivalence, format; combined by name.
+"""Rule-based rewards for math: answer extraction, answer equivalence, format; combined by name.
+
+Answers are judged as math-verify judges them (mindrlhf.reward.latex): \\frac{\\sqrt3}{2}, x \\in [0,1),
+\\dfrac12 = 0.5, units and \\text{}; two plain numbers are compared here without it (most answers, and no
+sympy). mindrlhf.reward.compat adds MindSpeed-RL's and MindRLHF's verifier names.
 
 A verifier is `fn(completion: str, solution: str) -> float`. Register your own with `@register_verifier`
 in a module of yours, name that module in `reward_module` (a dotted name or a .py file) and the verifier in
@@ -11,6 +15,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Dict, List, Optional, Sequence
@@ -18,8 +23,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.reward import latex
 
 VERIFIERS: Dict[str, Callable[[str, str], float]] = {}
+UNAVAILABLE: Dict[str, str] = {}    # names other frameworks use that we cannot honour -> why
 
 
 _LOADING: List[List[str]] = []      # names registered while load_reward_module imports a module
@@ -116,13 +123,18 @@ def _fraction(s: str) -> Optional[Fraction]:
         return None
 
 
+_UNITS_RE = re.compile(r"(?:\\(?:text|mathrm)\{[^{}]*\}\s*)+$")     # trailing units: '10\\text{ cm}'
+_GROUPED_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
+
+
 def to_number(text: str) -> Optional[Fraction]:
     """Parse '1,234', '-3.50', '7/2', '$12', '\\frac{7}{2}', '50%' into an exact fraction; None if not
-    numeric (or longer than MAX_NUMBER_CHARS, or with an exponent beyond 3 digits)."""
+    numeric (or longer than MAX_NUMBER_CHARS, or with an exponent beyond 3 digits). A comma is read only as a
+    thousands separator: '1,2' is a list of two answers, not 12."""
     if text is None or len(text) > 4 * MAX_NUMBER_CHARS:
         return None
-    s = text.strip().replace("$", "").replace("\\!", "").replace("\\,", "").rstrip(".").strip()
-    s = re.sub(r"\\(?:text|mathrm)\{[^}]*\}", "", s).strip()
+    s = text.strip().replace("\\$", "").replace("$", "").replace("\\!", "").replace("\\,", "").rstrip(".").strip()
+    s = _UNITS_RE.sub("", s).strip()
     frac = re.fullmatch(r"-?\\d?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s)
     if frac:
         num, den = _fraction(frac.group(1)), _fraction(frac.group(2))
@@ -130,7 +142,10 @@ def to_number(text: str) -> Optional[Fraction]:
             return None
         sign = -1 if s.startswith("-") else 1
         return sign * num / den
-    return _fraction(s.rstrip("%").replace(",", ""))
+    s = s.rstrip("%")
+    if "," in s and not _GROUPED_RE.fullmatch(s):
+        return None
+    return _fraction(s.replace(",", ""))
 
 
 _LAST_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -139,7 +154,7 @@ _LAST_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 def last_number(text: str) -> Optional[str]:
     """The flexible extraction: the last number anywhere in the text (GSM8K's 'flexible-extract')."""
     found = _LAST_NUMBER_RE.findall(text)
-    return found[-1] if found else None
+    return found[-1].rstrip(",") if found else None
 
 
 def answers_equal(predicted: Optional[str], reference: str) -> bool:
@@ -154,16 +169,99 @@ def answers_equal(predicted: Optional[str], reference: str) -> bool:
     return norm(predicted) == norm(reference)
 
 
+# A number too long or with too large an exponent for Fraction (to_number refuses it) still looks like this.
+_NUMBER_SHAPE_RE = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_DECIMAL_RE = re.compile(r"\.\d|\d[eE][+-]?\d")
+
+
+def _plain_number(text: str):
+    """(value, written with a decimal point or exponent) for a plain number ('1,234', '-3.50', '7/2', '$12',
+    '\\frac{7}{2}', '10\\text{ cm}'); 'huge' for a number too large to evaluate; None for anything else.
+    A percentage is not plain: math-verify reads '50%' as both 50 and 0.5."""
+    if "%" in text:
+        return None
+    value = to_number(text)
+    if value is not None:
+        return value, bool(_DECIMAL_RE.search(text))
+    return "huge" if _NUMBER_SHAPE_RE.fullmatch(text.strip().rstrip(".")) else None
+
+
+def quick_verdict(predicted: Optional[str], reference: str) -> Optional[bool]:
+    """The verdict when it needs no LaTeX parsing, else None. Empty answers never match; equal texts match;
+    two plain numbers match when equal, and do not when unequal and neither is written as a decimal (a
+    decimal may equal a fraction to math-verify's 6 places: 0.333333 = 1/3, so that case goes on to it)."""
+    if predicted is None or not predicted.strip() or not str(reference).strip():
+        return False
+    pred, ref = predicted.strip(), str(reference).strip()
+    if pred == ref:
+        return True
+    a, b = _plain_number(pred), _plain_number(ref)
+    if a is None or b is None:
+        return None
+    if a == "huge" or b == "huge":
+        return False
+    if a[0] == b[0]:
+        return True
+    return None if a[1] or b[1] else False
+
+
+def math_equal(predicted: Optional[str], reference: str) -> bool:
+    """Is `predicted` the reference answer? Plain numbers are compared here (quick_verdict); anything else
+    as math-verify judges it (parse, then verify with the reference as gold), or, without math-verify
+    installed, as answers_equal does (counted in answer/latex_unjudged by RewardFn)."""
+    verdict = quick_verdict(predicted, reference)
+    if verdict is not None:
+        return verdict
+    if not latex.available():
+        return answers_equal(predicted, reference)
+    own = latex.OWN_TIMEOUT if _own_timer_usable() and not _TIMER_ARMED[0] else None
+    return latex.latex_equal(predicted.strip(), str(reference).strip(), own)
+
+
+def _own_timer_usable() -> bool:
+    """math-verify's own limits use signal.alarm: only in the main thread of a Unix process."""
+    return hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+
+
+def judges_latex(fn):
+    """Mark a verifier that calls math_equal: RewardFn loads math-verify for it before any time limit runs."""
+    fn.judges_latex = True
+    return fn
+
+
 @register_verifier("accuracy_reward")
+@judges_latex
 def accuracy_reward(completion: str, solution: str) -> float:
-    """1 if the extracted final answer equals the reference (numerically when both are numbers)."""
-    return 1.0 if answers_equal(extract_answer(completion), solution) else 0.0
+    """1 if the final answer (\\boxed{} > <answer></answer> > '#### n') is the reference (math_equal)."""
+    return 1.0 if math_equal(extract_answer(completion), solution) else 0.0
+
+
+def r1_format(text: str) -> bool:
+    """'<think>...</think>', white space, then '<answer>...</answer>' ending a line, from the first character:
+    the R1 format as MindRLHF's format_reward and MindSpeed-RL's format check it (more lines may follow the
+    answer's). By scans that each visit a character once: a regex over repeated tags backtracks."""
+    if not text.startswith("<think>"):
+        return False
+    close, answer = text.find("</think>", len("<think>")), -1
+    while close >= 0 and answer < 0:
+        after = close + len("</think>")
+        while after < len(text) and text[after].isspace():
+            after += 1
+        if text.startswith("<answer>", after):
+            answer = after
+        close = text.find("</think>", close + 1)
+    end = text.find("</answer>", answer + len("<answer>")) if answer >= 0 else -1
+    while end >= 0:
+        if text.startswith("\n", end + len("</answer>")) or end + len("</answer>") == len(text):
+            return True
+        end = text.find("</answer>", end + 1)
+    return False
 
 
 @register_verifier("format_reward")
 def format_reward(completion: str, solution: str) -> float:
-    """1 for '<think>...</think><answer>...</answer>' (R1 style), else 0."""
-    return 1.0 if re.fullmatch(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", completion, flags=re.S) else 0.0
+    """1 for the R1 format '<think>...</think> <answer>...</answer>' (r1_format), else 0."""
+    return 1.0 if r1_format(completion) else 0.0
 
 
 @register_verifier("answer_format_reward")
@@ -201,17 +299,24 @@ class RewardFn:
         if len(names) != len(weights):
             raise ConfigError(f"verifier_weight: {len(weights)} weights for {len(names)} verifier_function entries")
         for n in names:
+            if n in UNAVAILABLE and n not in VERIFIERS:
+                raise ConfigError(f"verifier_function: {n!r} cannot be used here: {UNAVAILABLE[n]}")
             if n not in VERIFIERS:
                 raise ConfigError(f"verifier_function: unknown verifier {n!r}; known: {sorted(VERIFIERS)}")
         self.names, self.weights = list(names), [float(w) for w in weights]
         self.time_limit = time_limit
+        # loaded now, outside any time limit: importing sympy and building the LaTeX parser take seconds
+        self.judges_latex = any(getattr(VERIFIERS[n], "judges_latex", False) for n in self.names)
+        if self.judges_latex and not latex.prepare():
+            warnings.warn("math-verify is not installed: answers that are not plain numbers are compared as text "
+                          "(counted in answer/latex_unjudged); pip install math-verify", RuntimeWarning, stacklevel=2)
 
     def __call__(self, completions: Sequence[str], solutions: Sequence[str]):
         scores = self.score(completions, solutions)
         return scores.total, scores.parts
 
     # per-completion flags behind the batch statistics, as columns after the total and the verifiers' parts
-    FLAGS = ("reward/errors", "answer/missing", "answer/strict_flexible_disagree")
+    FLAGS = ("reward/errors", "answer/missing", "answer/strict_flexible_disagree", "answer/latex_unjudged")
 
     @property
     def columns(self) -> int:
@@ -221,8 +326,10 @@ class RewardFn:
         """(n, columns) float32: per completion the weighted reward, each verifier's value, and the flags
         `reward/errors` (share of verifier calls that raised or overran), `answer/missing` (no final answer
         in a recognised form), `answer/strict_flexible_disagree` (the strict answer (boxed, <answer>, ####)
-        and the last number in the text differ in correctness). Rows of a table are independent, so ranks
-        can each score a share of a batch and add their tables (the trainer does)."""
+        and the last number in the text differ in correctness; the strict one judged by accuracy_reward when
+        it is configured), `answer/latex_unjudged` (a verifier needed math-verify for this answer and it is
+        not installed). Rows of a table are independent, so ranks can each score a share of a batch and add
+        their tables (the trainer does)."""
         table = np.zeros((len(completions), self.columns), np.float32)
         parts = np.zeros((len(completions), len(self.names)))        # float64 until the weighted sum
         errors = np.zeros(len(completions))
@@ -237,8 +344,14 @@ class RewardFn:
         flags = table[:, 1 + len(self.names):]
         flags[:, 0] = errors / max(len(self.names), 1)
         flags[:, 1] = [a is None for a in strict]
-        flags[:, 2] = [answers_equal(a, s) != answers_equal(last_number(c), s)
-                       for a, c, s in zip(strict, completions, solutions)]
+        if "accuracy_reward" in self.names:      # already judged, within the time limit
+            strict_right = parts[:, self.names.index("accuracy_reward")] > 0
+        else:
+            strict_right = [answers_equal(a, s) for a, s in zip(strict, solutions)]
+        flags[:, 2] = [bool(ok) != answers_equal(last_number(c), s)
+                       for ok, c, s in zip(strict_right, completions, solutions)]
+        if self.judges_latex and not latex.available():
+            flags[:, 3] = [a is not None and quick_verdict(a, s) is None for a, s in zip(strict, solutions)]
         return table
 
     def scores_of(self, table: np.ndarray) -> Scores:
@@ -259,8 +372,11 @@ def score_each(fn, completions: Sequence[str], solutions: Sequence[str], time_li
         return [call(fn, c, s) for c, s in zip(completions, solutions)]
 
 
-class _Overrun(Exception):
-    pass
+class _Overrun(BaseException):
+    """Not an Exception: library code that catches Exception (math-verify, sympy) must not swallow it."""
+
+
+_TIMER_ARMED = [False]     # a verifier call is running under our timer (math_equal then turns math-verify's off)
 
 
 @contextlib.contextmanager
@@ -279,12 +395,16 @@ def _time_limits(limit: float):
         try:
             try:
                 if timed:
+                    _TIMER_ARMED[0] = True
                     signal.setitimer(signal.ITIMER_REAL, limit)
                 return fn(*args)
             finally:                  # an alarm landing here (limit reached as fn returned) is caught below
                 if timed:
                     signal.setitimer(signal.ITIMER_REAL, 0)
-        except Exception:  # noqa: BLE001 - a verifier's failure is a score of 0, counted, never a crash
+                    _TIMER_ARMED[0] = False
+        except (Exception, _Overrun):  # noqa: BLE001 - a verifier's failure is a score of 0, counted, never a crash
+            if timed:
+                _TIMER_ARMED[0] = False
             return None
 
     try:
