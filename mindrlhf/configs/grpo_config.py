@@ -182,9 +182,13 @@ class OptimConfig:
     lr_schedule: str = _f("cosine", "cosine: warmup, then cosine to min_lr at the run's last update; constant; "
                           "mindrlhf_cosine / mindrlhf_polynomial: MindRLHF's LearningRate (update t from 0: "
                           "lr x t / warmup_steps while t < warmup_steps, else min_lr + (lr - min_lr) x "
-                          "decay(min(t, decay_steps) / decay_steps), decay = (1 + cos(pi x p)) / 2 or 1 - p)",
+                          "decay(min(t, decay_steps) / decay_steps), decay = (1 + cos(pi x p)) / 2 or 1 - p); "
+                          "megatron_constant / megatron_linear / megatron_cosine: Megatron's scheduler "
+                          "(MindSpeed-RL's; lr x t / warmup_steps while t <= warmup_steps, then the decay from "
+                          "the warmup's end to decay_steps, then min_lr)",
                           choices=choices.LR_SCHEDULES)
-    decay_steps: int = _f(0, "mindrlhf_* schedules: updates over which lr decays to min_lr; 0 = the run's updates")
+    decay_steps: int = _f(0, "mindrlhf_* and megatron_* schedules: updates over which lr decays to min_lr; 0 = the "
+                             "run's updates")
     weight_decay: float = _f(0.01, "decoupled weight decay (not on norms/biases)")
     beta1: float = _f(0.9, "Adam beta1")
     beta2: float = _f(0.999, "Adam beta2")
