@@ -103,7 +103,7 @@ class GRPOTrainer:
             raise ConfigError("sft_path_train: required (model YAML of the policy)")
         hf_layout = ParallelConfig(data_parallel=self.world)      # an HF folder's layout: every rank data-parallel
         train_yaml = load_model_yaml(run.sft_path_train, hf_layout)
-        infer_yaml = load_model_yaml(run.sft_path_infer, hf_layout) if run.sft_path_infer else train_yaml
+        infer_yaml = load_model_yaml(run.sft_path_infer, hf_layout, "infer") if run.sft_path_infer else train_yaml
         ref_yaml = load_model_yaml(run.sft_path_ref, hf_layout) if run.sft_path_ref else None
         for y in {y.path: y for y in (train_yaml, infer_yaml, ref_yaml) if y is not None}.values():
             if is_hf_folder(y.path):
@@ -222,8 +222,8 @@ class GRPOTrainer:
         for source, key, why in self.cfg.ignored:
             by_source.setdefault(source, []).append((key, why))
         for y in {y.path: y for y in yamls}.values():
-            if y.ignored:
-                by_source[y.path] = y.ignored
+            if y.ignored:             # one line per file: a MindSpeed-RL file is the config and the model YAML
+                by_source.setdefault(y.path, []).extend(y.ignored)
         for source, items in by_source.items():
             self.log(upstream.describe_ignored(source, items))
         for line in self.cfg.derived:
