@@ -19,7 +19,7 @@ def save_role_strategies(cfg) -> List[str]:
     out_dir = run.save_strategy_dir or os.path.join(run.save_ckpt_dir, "strategy")
     written = []
     for role, path in (("train", run.sft_path_train), ("infer", run.sft_path_infer or run.sft_path_train)):
-        yaml_cfg = load_model_yaml(path)
+        yaml_cfg = load_model_yaml(path, role=role)
         par = yaml_cfg.parallel
         layouts = layouts_for(yaml_cfg.model, par.data_parallel, par.model_parallel, par.pipeline_stage)
         written += save_role_strategy(out_dir, role, layouts, par.world_size)

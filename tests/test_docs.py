@@ -18,7 +18,8 @@ def test_config_reference_is_current():
 
 
 @pytest.mark.parametrize("marker,module", [("upstream-table", "mindrlhf.configs.upstream"),
-                                           ("hf-config-table", "mindrlhf.configs.hf_config")])
+                                           ("hf-config-table", "mindrlhf.configs.hf_config"),
+                                           ("mindspeed-table", "mindrlhf.configs.upstream_mindspeed")])
 def test_upstream_tables_are_current(marker, module):
     import importlib
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "UPSTREAM.md")

@@ -5,5 +5,6 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 RESHARD_TRANSPORTS = ("auto", "shm", "collective")
 ROLLOUT_BACKENDS = ("mindspore", "vllm_mindspore")
-LR_SCHEDULES = ("cosine", "constant", "mindrlhf_cosine", "mindrlhf_polynomial")
+LR_SCHEDULES = ("cosine", "constant", "mindrlhf_cosine", "mindrlhf_polynomial", "megatron_constant", "megatron_linear",
+                "megatron_cosine")
 CHECKPOINT_STORAGE = ("shared", "node_local")

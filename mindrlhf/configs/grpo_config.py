@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from mindrlhf.configs import choices, upstream
+from mindrlhf.configs import choices, upstream, upstream_mindspeed
 from mindrlhf.configs.coerce import coerce, type_name
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.hf_config import is_hf_folder
@@ -194,9 +194,13 @@ class OptimConfig(_Section):
     lr_schedule: str = _f("cosine", "cosine: warmup, then cosine to min_lr at the run's last update; constant; "
                           "mindrlhf_cosine / mindrlhf_polynomial: MindRLHF's LearningRate (update t from 0: "
                           "lr x t / warmup_steps while t < warmup_steps, else min_lr + (lr - min_lr) x "
-                          "decay(min(t, decay_steps) / decay_steps), decay = (1 + cos(pi x p)) / 2 or 1 - p)",
+                          "decay(min(t, decay_steps) / decay_steps), decay = (1 + cos(pi x p)) / 2 or 1 - p); "
+                          "megatron_constant / megatron_linear / megatron_cosine: Megatron's scheduler "
+                          "(MindSpeed-RL's; lr x t / warmup_steps while t <= warmup_steps, then the decay from "
+                          "the warmup's end to decay_steps, then min_lr)",
                           choices=choices.LR_SCHEDULES)
-    decay_steps: int = _f(0, "mindrlhf_* schedules: updates over which lr decays to min_lr; 0 = the run's updates")
+    decay_steps: int = _f(0, "mindrlhf_* and megatron_* schedules: updates over which lr decays to min_lr; 0 = the "
+                             "run's updates")
     weight_decay: float = _f(0.01, "decoupled weight decay (not on norms/biases)")
     beta1: float = _f(0.9, "Adam beta1")
     beta2: float = _f(0.999, "Adam beta2")
@@ -328,13 +332,24 @@ def _read_yaml(path: str) -> Dict[str, Any]:
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping (sections {SECTIONS}, or MindRLHF's flat fields)")
+        raise ConfigError(f"{path}: expected a mapping (sections {SECTIONS}, MindRLHF's flat fields or "
+                          f"MindSpeed-RL's sections)")
     return raw
 
 
+def _field_of(section: str, name: str) -> dataclasses.Field:
+    return next(f for sec, f in _section_fields() if sec == section and f.name == name)
+
+
 def _file_sections(path: str, cfg: GRPOConfig) -> Dict[str, Dict[str, Any]]:
-    """Our sectioned form, or MindRLHF's flat grpo_config.yaml (mapped by configs/upstream.py)."""
+    """Our sectioned form, MindRLHF's flat grpo_config.yaml (mapped by configs/upstream.py) or MindSpeed-RL's
+    GRPO YAML (configs/upstream_mindspeed.py)."""
     raw = _read_yaml(path)
+    if upstream_mindspeed.is_mindspeed(raw):
+        sections, ignored, derived = upstream_mindspeed.translate(raw, path, _field_of)
+        cfg.ignored += [(path, key, why) for key, why in ignored]
+        cfg.derived += derived
+        return sections
     sectioned = [k for k in raw if k in SECTIONS and isinstance(raw[k], dict)]
     if sectioned and len(sectioned) != len(raw):
         flat = [k for k in raw if k not in sectioned]
@@ -387,8 +402,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     """Every config field as --field_name; unset flags stay absent so they never override the YAML."""
     p = argparse.ArgumentParser(description="GRPO training with mindrlhf (run under msrun for several ranks)",
                                 argument_default=argparse.SUPPRESS)
-    p.add_argument("--config", help="grpo_config.yaml: sections " + ", ".join(SECTIONS) + ", or MindRLHF's flat "
-                                    "fields (docs/UPSTREAM.md)")
+    p.add_argument("--config", help="grpo_config.yaml: sections " + ", ".join(SECTIONS) + ", MindRLHF's flat "
+                                    "fields or MindSpeed-RL's GRPO YAML (docs/UPSTREAM.md)")
     for sec, f in _section_fields():
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         p.add_argument(f"--{f.name}", metavar=str(f.type).upper().replace("LIST[", "").rstrip("]"),

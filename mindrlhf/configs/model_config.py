@@ -251,9 +251,11 @@ def parallel_config_from_dict(raw: Dict[str, Any], where: str = "parallel_config
                   ignored if ignored is not None else [])
 
 
-def load_model_yaml(path: str, hf_parallel: Optional[ParallelConfig] = None) -> ModelYaml:
+def load_model_yaml(path: str, hf_parallel: Optional[ParallelConfig] = None, role: str = "train") -> ModelYaml:
     """Read a MindFormers-style model YAML; errors name the file and the field. A Hugging Face model folder
-    (config.json) is read by configs/hf_config.py, in the layout `hf_parallel` (default: one rank)."""
+    (config.json) is read by configs/hf_config.py, in the layout `hf_parallel` (default: one rank). A
+    MindSpeed-RL GRPO YAML is read by configs/upstream_mindspeed.py: its model entry, in the layout of
+    `role` (train or infer), both of which that one file gives."""
     from mindrlhf.configs.hf_config import is_hf_folder, model_yaml_from_hf     # it builds on this module
     if is_hf_folder(path):
         return model_yaml_from_hf(path, hf_parallel)
@@ -266,6 +268,9 @@ def load_model_yaml(path: str, hf_parallel: Optional[ParallelConfig] = None) -> 
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    from mindrlhf.configs import upstream_mindspeed        # it builds on this module
+    if upstream_mindspeed.is_mindspeed(raw):
+        return upstream_mindspeed.model_yaml(raw, path, role)
     ignored: List[Tuple[str, str]] = []
     try:
         for key in raw:

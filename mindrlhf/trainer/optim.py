@@ -107,10 +107,31 @@ def mindrlhf_lr(step: int, lr: float, end_lr: float, warmup_steps: int, decay_st
     return end_lr + (lr - end_lr) * d
 
 
+def megatron_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int,
+                style: str = "linear") -> float:
+    """Megatron's OptimizerParamScheduler (MindSpeed-RL's schedule), counted in updates from 0: lr x t /
+    warmup_steps while t <= warmup_steps (so the first update has lr 0 when there is a warmup); then lr for
+    constant, else min_lr + (lr - min_lr) x d(p) with p = (t - warmup_steps) / (decay_steps - warmup_steps),
+    d = 1 - p (linear) or (1 + cos(pi p)) / 2 (cosine), and min_lr once t > decay_steps. Unlike
+    mindrlhf_lr, the decay starts at the end of the warmup."""
+    if warmup_steps > 0 and step <= warmup_steps:
+        return lr * step / warmup_steps
+    if style == "constant":
+        return lr
+    if step > decay_steps:
+        return min_lr
+    p = (step - warmup_steps) / (decay_steps - warmup_steps)
+    d = 0.5 * (1.0 + math.cos(math.pi * p)) if style == "cosine" else 1.0 - p
+    return min_lr + (lr - min_lr) * d
+
+
 def scheduled_lr(step: int, optim, total_updates: int) -> float:
     """The learning rate of update `step` under OptimConfig `optim` (its lr_schedule decides)."""
     if optim.lr_schedule == "constant":
         return optim.lr
+    if optim.lr_schedule.startswith("megatron_"):
+        return megatron_lr(step, optim.lr, optim.min_lr, optim.warmup_steps, optim.decay_steps or total_updates,
+                           optim.lr_schedule[len("megatron_"):])
     if optim.lr_schedule.startswith("mindrlhf_"):
         return mindrlhf_lr(step, optim.lr, optim.min_lr, optim.warmup_steps, optim.decay_steps or total_updates,
                            optim.lr_schedule[len("mindrlhf_"):])

@@ -103,7 +103,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
         raise ConfigError("sft_path_train: required (model YAML of the policy)")
     hf_layout = ParallelConfig(data_parallel=world)      # an HF folder's layout: every rank data-parallel
     train_yaml = load_model_yaml(run.sft_path_train, hf_layout)
-    infer_yaml = load_model_yaml(run.sft_path_infer, hf_layout) if run.sft_path_infer else train_yaml
+    infer_yaml = load_model_yaml(run.sft_path_infer, hf_layout, "infer") if run.sft_path_infer else train_yaml
     ref_yaml = load_model_yaml(run.sft_path_ref, hf_layout) if run.sft_path_ref else None
     yamls = list({y.path: y for y in (train_yaml, infer_yaml, ref_yaml) if y is not None}.values())
     for y in yamls:
@@ -182,8 +182,8 @@ def _report_ignored(cfg: GRPOConfig, yamls: List[ModelYaml], log):
     for source, key, why in cfg.ignored:
         by_source.setdefault(source, []).append((key, why))
     for y in yamls:
-        if y.ignored:
-            by_source[y.path] = y.ignored
+        if y.ignored:             # one line per file: a MindSpeed-RL file is the config and the model YAML
+            by_source.setdefault(y.path, []).extend(y.ignored)
     for source, items in by_source.items():
         log(upstream.describe_ignored(source, items))
     for line in cfg.derived:

@@ -1,0 +1,799 @@
+"""MindSpeed-RL's GRPO YAML, in one table: every key its GRPO trainer accepts, and what each does here.
+
+Read from github.com/Ascend/MindSpeed-RL (commit 05a90d7, April 2026), for facts only:
+  - the file's shape: configs/grpo_qwen25_7b_A3.yaml, configs/grpo_qwen25_32b_A3.yaml,
+    tests/st/configs/test_grpo_trainer_qwen25_7b_integrated.yaml and docs/zh/features/grpo_yaml.md: top-level
+    `defaults` (Hydra list `- model: [qwen25_7b]`), `megatron_training`, `actor_config`, `rl_config`,
+    `generate_config` (with `sampling_config`), and `ref_config` / `reward_config` (refused by its
+    cli/train_grpo.py parse_training_config while `use_integrated_worker` is on), `profiler_config`,
+    `msprobe_config`;
+  - the model files: configs/model/qwen25_7b.yaml, qwen3_8b.yaml, tests/st/configs/model/llama32-1b.yaml
+    (`qwen25_7b: {num_layers, hidden_size, ffn_hidden_size, num_attention_heads, group_query_attention,
+    num_query_groups, padded_vocab_size, rotary_base, norm_epsilon, ...}`);
+  - the accepted names and their defaults: mindspeed_rl/config_cls/megatron_config.py (MegatronConfig:
+    model[<name>] < megatron_training < actor_config, merged by BaseConfig.update, '-' read as '_'),
+    rl_config.py (RLConfig), generate_config.py (GenerateConfig and its sampling_config);
+  - their meaning: cli/train_grpo.py, mindspeed_rl/config_cls/validate_config.py (data-parallel sizes from
+    actor_resource.num_npus), models/loss/grpo_actor_loss_func.py (clip_ratio, kl_penalty, entropy_coeff,
+    init_kl_coef through kl_ctrl), utils/compute.py (compute_kl_penalty), trainer/utils/compute_utils.py
+    (group_norm advantages: std with ddof 1 + 1e-6), models/base/base_training_engine.py (epochs passes
+    over mini_batch_size x n_samples_per_prompt sequences per update), models/rule_verifier.py (the
+    overlong buffer).
+
+Statuses as in configs/upstream.py: mapped (our field), inert (reported at start-up with the reason),
+checked (an error unless the value is one we implement; `default` is MindSpeed-RL's value when the key is
+absent, checked too, because that is what it would run). A key in no table is an error naming the file
+and the key. The model entry is mapped onto our ModelConfig, so the file alone describes the policy:
+the loader sets sft_path_train and sft_path_infer to the file, and load_model_yaml builds the train
+layout (tensor/pipeline sizes) or the infer layout (infer_tensor_parallel_size) from it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import yaml
+
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.upstream import CHECKED, INERT, MAPPED, Key
+
+SECTIONS = ("defaults", "model", "megatron_training", "actor_config", "ref_config", "reward_config", "rl_config",
+            "generate_config", "profiler_config", "msprobe_config")
+MARKERS = ("defaults", "megatron_training", "actor_config", "rl_config", "generate_config")
+_ABSENT = object()       # a checked key with no default to check when it is absent
+
+
+def is_mindspeed(raw: Dict[str, Any]) -> bool:
+    """A file with MindSpeed-RL's own top-level sections (none of them is a MindRLHF or MindFormers name)."""
+    return any(k in raw for k in MARKERS)
+
+
+def _inert(table: Dict[str, Key], names: str, reason: str):
+    table.update({n: Key(n, INERT, reason) for n in names.split()})
+
+
+# ---- megatron_training, actor_config and the model entries (one MegatronConfig namespace) ---------------
+MODEL_MAPPED = {
+    "num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "intermediate_size",
+    "num_attention_heads": "num_heads", "padded_vocab_size": "vocab_size", "seq_length": "seq_length",
+    "rotary_base": "theta (Megatron's default 10000)", "norm_epsilon": "rms_norm_eps (Megatron's default 1e-5)",
+    "max_position_embeddings": "max_position_embedding (default: seq_length)",
+    "add_qkv_bias": "qkv_has_bias", "untie_embeddings_and_output_weights": "tie_word_embeddings = not this "
+                                                                            "(Megatron's default: tied)",
+    "group_query_attention": "n_kv_heads = num_query_groups if true, else num_attention_heads",
+    "num_query_groups": "n_kv_heads (with group_query_attention)",
+    "rope_scaling_type": "extend_method: unset -> None, llama3 -> LLAMA3 (yarn and linear are refused)",
+    "rope_scaling_factor": "scaling_factor.factor (with rope_scaling_type llama3)",
+    "low_freq_factor": "scaling_factor.low_freq_factor (llama3)",
+    "high_freq_factor": "scaling_factor.high_freq_factor (llama3)",
+    "original_max_position_embeddings": "scaling_factor.original_max_position_embeddings (llama3)",
+    "num_layer_list": "offset: layers per pipeline stage, e.g. \"4,4,4,4\" (with pipeline_model_parallel_size > 1)",
+}
+MODEL_REQUIRED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
+                  "seq_length")
+MEGATRON_RENAMES: Dict[str, Tuple[str, str]] = {
+    "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"), "weight_decay": ("optim", "weight_decay"),
+    "clip_grad": ("optim", "max_grad_norm"), "adam_beta1": ("optim", "beta1"), "adam_beta2": ("optim", "beta2"),
+    "train_iters": ("run", "total_steps"), "save_interval": ("run", "save_steps"), "save": ("run", "save_ckpt_dir"),
+    "seed": ("run", "seed"), "micro_batch_size": ("rl", "micro_batch_size"),
+}
+MEGATRON: Dict[str, Key] = {k: Key(k, MAPPED, f"{s}.{f}") for k, (s, f) in MEGATRON_RENAMES.items()}
+MEGATRON.update({k: Key(k, MAPPED, f"model: {v}") for k, v in MODEL_MAPPED.items()})
+for _k, _v in {
+        "model": "which entry of the model section is the policy (actor_config's name wins over megatron_training's)",
+        "global_batch_size": "rl.batch_size = global_batch_size / infer data_parallel (prompts per step over all "
+                             "rollout replicas)",
+        "tensor_model_parallel_size": "train layout model_parallel; its data_parallel is actor_resource.num_npus / "
+                                      "(tensor x pipeline)",
+        "pipeline_model_parallel_size": "train layout pipeline_stage",
+        "sequence_parallel": "train layout use_seq_parallel",
+        "lr_decay_style": "optim.lr_schedule: megatron_constant, megatron_linear (Megatron's default) or "
+                          "megatron_cosine",
+        "lr_warmup_fraction": "optim.warmup_steps = fraction x optim.decay_steps (a whole number of updates)",
+        "load": "run.load_sft_checkpoint_train: an HF folder / safetensors or a MindSpore checkpoint (a Megatron "
+                "checkpoint folder is refused: convert it to HF first)",
+        "data_path": "run.mind_dataset_dir: a prompt MindRecord from rlhf_data.py (a Megatron .bin/.idx prefix from "
+                     "preprocess_data.py is refused)",
+        "tokenizer_name_or_path": "run.vocab_path (a folder with tokenizer.json, or vocab.json + merges.txt); its "
+                                  "config.json / generation_config.json give the model's token ids",
+        "no_shared_storage": "run.checkpoint_storage: true -> node_local, false -> shared",
+}.items():
+    MEGATRON[_k] = Key(_k, MAPPED, _v)
+MEGATRON["train_iters"] = Key("train_iters", MAPPED, "run.total_steps; optim.decay_steps = train_iters x "
+                                                     "global_batch_size / rl_config.mini_batch_size updates")
+
+# name -> (ok(value, namespace), what we implement, MindSpeed-RL's default when absent or _ABSENT)
+MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
+    "stage": (lambda v, ns: v == "ray_grpo", "ray_grpo (this table is the GRPO trainer's)", _ABSENT),
+    "optimizer": (lambda v, ns: v == "adam", "adam (AdamW: decoupled weight decay, none on biases and norms)",
+                  "adam"),
+    "finetune": (lambda v, ns: v is True or not ns.get("load"),
+                 "true when load is given (load gives the initial weights; a run resumes with --resume)", False),
+    "context_parallel_size": (lambda v, ns: int(v) == 1, "1", 1),
+    "expert_model_parallel_size": (lambda v, ns: int(v) == 1, "1 (dense models)", 1),
+    "num_layers_per_virtual_pipeline_stage": (lambda v, ns: v is None, "unset (no virtual pipeline stages)", None),
+    "position_embedding_type": (lambda v, ns: v == "rope", "rope", "learned_absolute"),
+    "normalization": (lambda v, ns: v == "RMSNorm", "RMSNorm", "LayerNorm"),
+    "swiglu": (lambda v, ns: v is True, "true (SwiGLU MLP)", False),
+    "disable_bias_linear": (lambda v, ns: v is True, "true (no bias but add_qkv_bias's)", False),
+    "attention_bias": (lambda v, ns: v is False, "false (only add_qkv_bias's q/k/v bias)", False),
+    "qk_layernorm": (lambda v, ns: v is False, "false", False),
+    "multi_latent_attention": (lambda v, ns: v is False, "false", False),
+    "num_experts": (lambda v, ns: v in (None, 0), "unset (dense models)", None),
+    "kv_channels": (lambda v, ns: v is None or int(v) * int(ns["num_attention_heads"]) == int(ns["hidden_size"]),
+                    "hidden_size / num_attention_heads", None),
+    "attention_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
+    "hidden_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
+    "lora_target_modules": (lambda v, ns: not v, "unset (LoRA is not implemented)", None),
+    "noop_layers": (lambda v, ns: v is None, "unset", None),
+    "mm_model": (lambda v, ns: v is None, "unset (text models only)", None),
+    "spec": (lambda v, ns: v is None, "unset (the built-in Qwen2/Llama decoder)", None),
+    "no_shuffle": (lambda v, ns: v is False, "false (prompts are shuffled by seed)", False),
+    "split": (lambda v, ns: v is None or [float(x) for x in str(v).split(",")][1:] in ([], [0.0], [0.0, 0.0]),
+              "train only, e.g. 100,0,0 (the GRPO trainer reads only the train split)", None),
+}
+for _k, (_, _exp, _) in MEGATRON_CHECKS.items():
+    MEGATRON[_k] = Key(_k, CHECKED, _exp)
+_inert(MEGATRON, "use_flash_attn use_fused_rmsnorm use_fused_swiglu use_fused_rotary_pos_emb no_masked_softmax_fusion "
+       "no_gradient_accumulation_fusion gemm_gradient_accumulation_fusion no_bias_dropout_fusion shape_order "
+       "use_ascend_coc coc_mode coc_parallel_num coc_fused_kernel use_mcore_models transformer_impl use_kv_cache "
+       "use_tp_pp_dp_mapping attention_mask_type use_cp_send_recv_overlap use_fused_ring_attention_update "
+       "context_parallel_algo overlap_grad_reduce overlap_param_gather accumulate_allreduce_grads_in_fp32 "
+       "ddp_bucket_size distributed_backend npu_deterministic ai_framework use_rotary_position_embeddings",
+       "Ascend kernel, fusion or communication choice; same results")
+_inert(MEGATRON, "use_distributed_optimizer reuse_fp32_param swap_optimizer swap_attention recompute_granularity "
+       "recompute_method recompute_num_layers recompute_activation_function",
+       "memory saving (optimizer sharding, recomputation, swapping); same update")
+_inert(MEGATRON, "bf16 initial_loss_scale attention_softmax_in_fp32",
+       "NPU mixed precision; here the model computes in float32 (softmax included), which bf16 approximates")
+_inert(MEGATRON, "no_check_for_nan_in_loss_and_grad", "a NaN loss stops the run here either way")
+_inert(MEGATRON, "init_method_std", "initialisation detail; weights are loaded (or seeded)")
+_inert(MEGATRON, "make_vocab_size_divisible_by vocab_extra_ids", "padded_vocab_size gives the vocabulary size")
+_inert(MEGATRON, "reset_attention_mask reset_position_ids no_pad_to_seq_lengths variable_seq_lengths "
+       "pad_to_multiple_of", "packing / padding detail; the same values on padded rows")
+_inert(MEGATRON, "tokenizer_type tokenizer_not_use_fast tokenizer_padding_side prompt_type prompt_type_path "
+       "dataset_additional_keys is_instruction_dataset is_pairwise_dataset dataloader_type num_workers "
+       "full_shuffle_instruction_dataset", "data preparation; the prompt MindRecord (rlhf_data.py, "
+                                          "--prompt_template) fixes the prompts")
+_inert(MEGATRON, "no_load_optim no_load_rng no_save_optim no_save_rng load_checkpoint_loosely pretrained_checkpoint "
+       "enable_high_availability", "checkpoint detail: load gives weights only; --resume restores a whole run")
+_inert(MEGATRON, "log_interval log_throughput eval_interval eval_iters skip_train",
+       "logging / evaluation cadence; metrics are written every step")
+_inert(MEGATRON, "dpo_loss_type ref_model refer_model_iter algorithm", "not read by the GRPO trainer")
+_inert(MEGATRON, "do_sample", "rollouts always sample (sampling_config temperature 0 is greedy)")
+_inert(MEGATRON, "moe_grouped_gemm moe_permutation_async_comm moe_tp_extend_ep moe_alltoall_overlap_comm "
+       "use_fused_moe_token_permute_and_unpermute moe_token_dispatcher_type seq_aux first_k_dense_replace "
+       "moe_layer_freq moe_router_topk n_shared_experts moe_ffn_hidden_size moe_router_load_balancing_type "
+       "moe_router_num_groups moe_router_group_topk moe_router_topk_scaling_factor norm_topk_prob "
+       "moe_router_score_function moe_router_enable_expert_bias moe_aux_loss_coeff",
+       "MoE setting; num_experts is unset (dense model)")
+_inert(MEGATRON, "qk_pos_emb_head_dim qk_head_dim q_lora_rank kv_lora_rank v_head_dim",
+       "multi-latent-attention setting; multi_latent_attention is false")
+_inert(MEGATRON, "beta_fast beta_slow rope_scaling_mscale rope_scaling_mscale_all_dim "
+       "rope_scaling_original_max_position_embeddings", "yarn RoPE setting; rope_scaling_type is not yarn")
+_inert(MEGATRON, "lora_r lora_alpha lora_fusion lora_ckpt_filter", "LoRA setting; lora_target_modules is unset")
+
+# ---- rl_config --------------------------------------------------------------------------------------------
+RL_RENAMES: Dict[str, Tuple[str, str]] = {
+    "n_samples_per_prompt": ("rl", "num_generations"), "epochs": ("rl", "num_iterations"),
+    "init_kl_coef": ("rl", "beta"), "verifier_function": ("reward", "verifier_function"),
+    "verifier_weight": ("reward", "verifier_weight"), "use_tensorboard": ("run", "tensorboard"),
+}
+KL_PENALTIES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+RL: Dict[str, Key] = {k: Key(k, MAPPED, f"{s}.{f}") for k, (s, f) in RL_RENAMES.items()}
+RL["epochs"] = Key("epochs", MAPPED, "rl.num_iterations (passes over each rollout, as upstream's update loop)")
+RL["verifier_function"] = Key("verifier_function", MAPPED, "reward.verifier_function: names of our verifiers or "
+                              "of --reward_module's (upstream's math_17k_acc, base_acc, ... are its own code)")
+for _k, _v in {
+        "mini_batch_size": "rl.mini_batch_size = mini_batch_size x n_samples_per_prompt / train data_parallel "
+                           "(prompts per update -> sequences per update on one train-DP rank)",
+        "clip_ratio": "rl.clip_low and rl.clip_high",
+        "kl_penalty": "rl.kl_estimator: kl -> k1, mse -> k2, low_var_kl -> k3 (upstream also clamps k3's log-ratio "
+                      "to +-20 and its value to +-10; equal below); abs is refused",
+        "overlong_buffer_enable": "true: rl.overlong_buffer_len = overlong_buffer (the reward penalty of "
+                                  "models/rule_verifier.py)",
+        "overlong_buffer": "rl.overlong_buffer_len (with overlong_buffer_enable)",
+        "overlong_buffer_penalty_factor": "rl.overlong_penalty_factor (with overlong_buffer_enable)",
+        "integrated_mode_config": "ref_model_load_path -> run.load_ref_checkpoint",
+        "actor_resource": "num_npus: the ranks of the job (msrun's); use_parallel when > 1; splits into the "
+                          "train and infer data_parallel",
+}.items():
+    RL[_k] = Key(_k, MAPPED, _v)
+RL_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
+    "adv_estimator": (lambda v, c: v == "group_norm", "group_norm (GRPO's group advantages)", "group_norm"),
+    "kl_ctrl_type": (lambda v, c: v == "fixed", "fixed (init_kl_coef throughout)", "fixed"),
+    "entropy_coeff": (lambda v, c: float(v) == 0.0, "0.0 (no entropy bonus)", 0.0),
+    "use_kl_in_reward": (lambda v, c: v is False, "false (the KL term is in the loss)", False),
+    "rule_reward": (lambda v, c: v is True, "true (rule-based rewards; reward models are not implemented)", True),
+    "reward_resource": (lambda v, c: v is None, "unset (no reward model)", None),
+    "shuffle_mini_batch": (lambda v, c: v is False, "false (mini-batches in rollout order)", False),
+    "is_multimodal": (lambda v, c: v is False, "false (text models only)", False),
+    "multi_turn_enable": (lambda v, c: v is False, "false (single-turn rollouts)", False),
+    "share_backbone": (lambda v, c: v is False, "false (LoRA is not implemented)", False),
+    "partial_rollout_max_split": (lambda v, c: int(v) == 1, "1 (every rollout finishes in its step)", 1),
+    "rollout_max_tokens": (lambda v, c: not c.get("overlong_buffer_enable") or int(v) == c["max_tokens"],
+                           "sampling_config.max_tokens when overlong_buffer_enable is true (the penalty is "
+                           "measured from max_tokens)", 2048),
+}
+for _k, (_, _exp, _) in RL_CHECKS.items():
+    RL[_k] = Key(_k, CHECKED, _exp)
+_inert(RL, "gamma lam cliprange_value critic_resource", "GAE / critic setting (PPO); group_norm does not use it")
+_inert(RL, "kl_horizon kl_target", "adaptive KL controller only; kl_ctrl_type is fixed")
+_inert(RL, "beta", "stored by upstream's actor but never read by the GRPO loss (its KL weight is init_kl_coef)")
+_inert(RL, "verifier_timeout num_samples_per_step advantage_whiten", "declared but never read upstream")
+_inert(RL, "max_prompt_length", "the prompt MindRecord fixes prompt length (rlhf_data.py --max_prompt_length)")
+_inert(RL, "reference_resource use_integrated_worker",
+       "placement: every rank holds the policy, rollout and reference models here (upstream's integrated worker)")
+_inert(RL, "clip_higher_enable clip_ratio_low clip_ratio_high token_level_loss",
+       "read by the DAPO loss only (cli/train_dapo.py); GRPO's loss uses clip_ratio and a token mean")
+_inert(RL, "filter_groups_enable filter_groups_metric filter_groups_max_batches filter_groups_train_batch_size",
+       "the DAPO trainer's dynamic sampling only (cli/train_dapo.py)")
+_inert(RL, "blocking async_engine guarantee_order zmq_communication num_cpus_for_local_task "
+       "num_cpus_for_placement_group hccl_buffersize runtime_env_path data_strategy transfer_queue_data_shard_num "
+       "transfer_queue_data_shard_port_base require_max_age_all_finished verifier_parallel",
+       "Ray scheduling / transfer setting; same samples and updates")
+_inert(RL, "actor_rollout_dispatch_size actor_logprob_dispatch_size ref_dispatch_size reward_dispatch_size "
+       "dynamic_sampling_dispatch_size adv_dispatch_size actor_update_dispatch_size critic_update_dispatch_size "
+       "critic_value_dispatch_size kl_dispatch_size actor_forward_micro_batch_size ref_forward_micro_batch_size "
+       "use_dp_batch_balance use_remove_padding use_dynamic_bsz max_packing_token_size ref_max_packing_token_size "
+       "actor_max_packing_token_size update_max_packing_token_size dynamic_max_batch_size "
+       "ref_dynamic_max_batch_size actor_dynamic_max_batch_size update_dynamic_max_batch_size",
+       "batching / packing of a phase; the same log-probs (the update's micro-batches are micro_batch_size)")
+_inert(RL, "tp_split_expert", "MoE setting; dense models")
+_inert(RL, "vit_resource vit_forward_micro_batch_size actor_image_embeds_dispatch_size reuse_image_embeds "
+       "colocate_actor_and_vit", "multimodal setting; is_multimodal is false")
+_inert(RL, "tool_config_path max_tool_calls max_parallel_calls max_total_response_length max_tool_response_length "
+       "tool_response_truncate_side tool_parser_format", "multi-turn tool setting; multi_turn_enable is false")
+_inert(RL, "use_wandb wandb_project wandb_exp_name wandb_save_dir use_swanlab swanlab_mode swanlab_project "
+       "swanlab_exp_name swanlab_save_dir log_max_throughput", "logging backend; metrics.jsonl and TensorBoard here")
+RESOURCE = {"num_npus": Key("num_npus", MAPPED, "ranks of the job")}
+INTEGRATED_MODE = {"ref_model_load_path": Key("ref_model_load_path", MAPPED, "run.load_ref_checkpoint")}
+
+# ---- generate_config and its sampling_config -------------------------------------------------------------
+GENERATE_RENAMES: Dict[str, Tuple[str, str]] = {
+    "max_num_seqs": ("run", "max_num_seqs"), "max_model_len": ("run", "max_model_len"),
+    "offload_train_optimizer": ("swap", "offload_train_optimizer"),
+    "offload_train_param": ("swap", "offload_train_param"),
+}
+GENERATE: Dict[str, Key] = {k: Key(k, MAPPED, f"{s}.{f}") for k, (s, f) in GENERATE_RENAMES.items()}
+GENERATE["infer_tensor_parallel_size"] = Key("infer_tensor_parallel_size", MAPPED, "infer layout model_parallel "
+                                             "(default: tensor_model_parallel_size); its data_parallel is "
+                                             "num_npus / this")
+GENERATE["sampling_config"] = Key("sampling_config", MAPPED, "table below")
+GENERATE_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
+    "infer_pipeline_parallel_size": (lambda v, c: int(v) == 1, "1 (the rollout layout has no pipeline stages)", 1),
+    "infer_expert_parallel_size": (lambda v, c: int(v) == 1, "1 (dense models)", 1),
+}
+for _k, (_, _exp, _) in GENERATE_CHECKS.items():
+    GENERATE[_k] = Key(_k, CHECKED, _exp)
+_inert(GENERATE, "max_num_batched_tokens gpu_memory_utilization dtype enforce_eager torchair_graph "
+       "enable_prefix_caching num_scheduler_steps ascend_scheduler_config_enabled trust_remote_code",
+       "vLLM engine knob; the built-in engine has no equivalent (same samples)")
+_inert(GENERATE, "offload_train_grad", "gradients are not kept between updates here")
+_inert(GENERATE, "data_parallel_size", "derived upstream too: num_npus / infer_tensor_parallel_size")
+_inert(GENERATE, "tokenizer_name_or_path", "megatron_training's tokenizer_name_or_path is the one read")
+_inert(GENERATE, "limit_mm_image_per_prompt limit_mm_video_per_prompt", "multimodal setting; text models only")
+_inert(GENERATE, "eplb_token_collects eplb_token_save_path expert_map_path enable_expert_parallel",
+       "MoE expert placement; dense models")
+SAMPLING_RENAMES = {"max_tokens": "max_tokens", "top_p": "top_p", "min_p": "min_p", "temperature": "temperature"}
+SAMPLING: Dict[str, Key] = {k: Key(k, MAPPED, f"sampling.{v}") for k, v in SAMPLING_RENAMES.items()}
+SAMPLING["top_k"] = Key("top_k", MAPPED, "sampling.top_k (vLLM's -1 = off -> 0)")
+_inert(SAMPLING, "logprobs", "the rollout's log-probs are always kept")
+_inert(SAMPLING, "detokenize", "completions are decoded for the verifiers anyway")
+_inert(SAMPLING, "seed", "samples are keyed by megatron_training.seed, step, prompt and sample")
+
+TOP: Dict[str, Key] = {
+    "defaults": Key("defaults", MAPPED, "Hydra list: `- model: [NAME, ...]` reads model/NAME.yaml in the file's folder "
+                                        "into the model section (the file's own model entries win); `_self_` is "
+                                        "accepted; other groups are refused"),
+    "model": Key("model", MAPPED, "model entries {NAME: {Megatron keys}}, table below"),
+    "megatron_training": Key("megatron_training", MAPPED, "Megatron keys, table below"),
+    "actor_config": Key("actor_config", MAPPED, "Megatron keys, table below (they win over megatron_training's)"),
+    "rl_config": Key("rl_config", MAPPED, "table below"),
+    "generate_config": Key("generate_config", MAPPED, "table below"),
+    "ref_config": Key("ref_config", CHECKED, "only with use_integrated_worker false (as upstream): Megatron keys; "
+                                             "load -> run.load_ref_checkpoint, model must be the actor's, the rest "
+                                             "inert (the reference runs in the train layout here)"),
+    "reward_config": Key("reward_config", CHECKED, "only with use_integrated_worker false (as upstream): Megatron "
+                                                   "keys, all inert (rewards are rule-based)"),
+    "profiler_config": Key("profiler_config", INERT, "profiling; the whole section"),
+    "msprobe_config": Key("msprobe_config", INERT, "debug dumps; the whole section"),
+}
+assert set(TOP) == set(SECTIONS)
+
+
+# ---- reading the file ---------------------------------------------------------------------------------------
+def _norm(key) -> str:
+    return str(key).replace("-", "_")
+
+
+def _mapping(value, where: str) -> Dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return {_norm(k): v for k, v in value.items()}
+
+
+def resolve(raw: Dict[str, Any], path: str) -> Dict[str, Any]:
+    """The file with its `defaults` read: each `- model: [name]` entry is <folder>/model/<name>.yaml, whose
+    `name: {...}` joins the model section; the file's own model entries win key by key (Hydra's order)."""
+    doc = {_norm(k): v for k, v in raw.items()}
+    unknown = [k for k in doc if k not in SECTIONS]
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]}: unknown top-level section (MindSpeed-RL's are "
+                          f"{', '.join(SECTIONS)}; docs/UPSTREAM.md lists every key)")
+    defaults = doc.get("defaults") or []
+    if not isinstance(defaults, list):
+        raise ConfigError(f"{path}: defaults: expected a list (Hydra's `- model: [name]`), got {defaults!r}")
+    models: Dict[str, Dict[str, Any]] = {}
+    folder = os.path.dirname(os.path.abspath(path))
+    for i, entry in enumerate(defaults):
+        if entry == "_self_":
+            continue
+        if not isinstance(entry, dict) or len(entry) != 1:
+            raise ConfigError(f"{path}: defaults[{i}]: {entry!r} is not supported (only `- model: [name, ...]` and "
+                              f"`- _self_`)")
+        group, names = next(iter(entry.items()))
+        if group != "model":
+            raise ConfigError(f"{path}: defaults[{i}].{group}: only the model group is read")
+        for name in names if isinstance(names, list) else [names]:
+            file = os.path.join(folder, "model", f"{name}.yaml")
+            if not os.path.isfile(file):
+                raise ConfigError(f"{path}: defaults[{i}].model: {name}: {file} not found (Hydra reads it from the "
+                                  f"config folder's model/)")
+            with open(file, encoding="utf-8") as fh:
+                try:
+                    body = yaml.safe_load(fh) or {}
+                except yaml.YAMLError as err:
+                    raise ConfigError(f"{file}: not valid YAML: {err}") from None
+            for model_name, keys in _mapping(body, file).items():
+                keys = _mapping(keys, f"{file}: {model_name}")
+                _check_known(keys, MEGATRON, model_name, file)
+                models.setdefault(model_name, {}).update(keys)
+    for model_name, keys in _mapping(doc.get("model"), f"{path}: model").items():
+        keys = _mapping(keys, f"{path}: model.{model_name}")
+        _check_known(keys, MEGATRON, f"model.{model_name}", path)
+        models.setdefault(model_name, {}).update(keys)
+    doc["model"] = models
+    for sec in ("megatron_training", "actor_config", "rl_config", "generate_config", "ref_config", "reward_config"):
+        if sec in doc:
+            doc[sec] = _mapping(doc[sec], f"{path}: {sec}")
+    return doc
+
+
+def _check_known(values: Dict[str, Any], table: Dict[str, Key], where: str, path: str):
+    for key in values:
+        if key not in table:
+            raise ConfigError(f"{path}: {where}.{key}: unknown field (neither ours nor MindSpeed-RL's; "
+                              f"docs/UPSTREAM.md lists every accepted name)")
+
+
+def _validate_keys(doc: Dict[str, Any], path: str):
+    """Every key of every section is in its table; an unknown one is an error naming its dotted path (the
+    model entries were checked as resolve() read them, naming their own files)."""
+    for sec in ("megatron_training", "actor_config", "ref_config", "reward_config"):
+        _check_known(doc.get(sec, {}), MEGATRON, sec, path)
+    rl = doc.get("rl_config", {})
+    _check_known(rl, RL, "rl_config", path)
+    _check_known(_mapping(rl.get("actor_resource"), f"{path}: rl_config.actor_resource"), RESOURCE,
+                 "rl_config.actor_resource", path)
+    _check_known(_mapping(rl.get("integrated_mode_config"), f"{path}: rl_config.integrated_mode_config"),
+                 INTEGRATED_MODE, "rl_config.integrated_mode_config", path)
+    gen = doc.get("generate_config", {})
+    _check_known(gen, GENERATE, "generate_config", path)
+    _check_known(_mapping(gen.get("sampling_config"), f"{path}: generate_config.sampling_config"), SAMPLING,
+                 "generate_config.sampling_config", path)
+
+
+def _namespace(doc: Dict[str, Any], path: str) -> Tuple[Dict[str, Any], Dict[str, str], str]:
+    """The actor's MegatronConfig as upstream merges it: model[<name>] < megatron_training < actor_config.
+    Returns (values, dotted origin of each value, the model's name)."""
+    training = {**doc.get("megatron_training", {}), **doc.get("actor_config", {})}
+    name = training.get("model")
+    if name is None:
+        raise ConfigError(f"{path}: megatron_training.model: missing (the name of the model entry to train)")
+    if name not in doc["model"]:
+        where = "actor_config" if "model" in doc.get("actor_config", {}) else "megatron_training"
+        found = ", ".join(doc["model"]) or "none; add `defaults: [{model: [" + str(name) + "]}]`"
+        raise ConfigError(f"{path}: {where}.model: {name!r} is not in the model section (entries: {found})")
+    values, origin = {}, {}
+    for sec, keys in ((f"model.{name}", doc["model"][name]), ("megatron_training", doc.get("megatron_training", {})),
+                      ("actor_config", doc.get("actor_config", {}))):
+        for k, v in keys.items():
+            values[k], origin[k] = v, f"{sec}.{k}"
+    return values, origin, name
+
+
+def _run_checks(values: Dict[str, Any], checks, where: Callable[[str], str], path: str, context: Dict[str, Any]):
+    for key, (ok, expected, default) in checks.items():
+        given = key in values
+        if not given and default is _ABSENT:
+            continue
+        value = values[key] if given else default
+        try:
+            good = ok(value, context)
+        except (TypeError, ValueError, KeyError):
+            good = False
+        if not good:
+            what = f"{value!r} is not supported" if given else \
+                f"not given, so MindSpeed-RL would run its default {value!r}, which is not supported"
+            raise ConfigError(f"{path}: {where(key)}: {what} (we implement {expected})")
+
+
+@dataclasses.dataclass
+class _Kinds:
+    """The value kinds the translation reads; coerce() gives each its one rule (YAML's `1e-6` string too)."""
+    number: float = 0.0
+    integer: int = 0
+    flag: bool = False
+
+
+_KIND = {f.name: f for f in dataclasses.fields(_Kinds)}
+
+
+def _as(kind: str, value, where: str):
+    from mindrlhf.configs.coerce import coerce
+    return coerce(value, _KIND[kind], where)
+
+
+@dataclasses.dataclass
+class Layouts:
+    """What the file says about ranks: the job's size and the two layouts' data-parallel sizes."""
+    world: int
+    tp: int
+    pp: int
+    infer_tp: int
+    seq_parallel: bool
+
+    @property
+    def train_dp(self) -> int:
+        return self.world // (self.tp * self.pp)
+
+    @property
+    def infer_dp(self) -> int:
+        return self.world // self.infer_tp
+
+
+def layouts(doc: Dict[str, Any], path: str) -> Layouts:
+    values, origin, _ = _namespace(doc, path)
+    rl, gen = doc.get("rl_config", {}), doc.get("generate_config", {})
+    resource = _mapping(rl.get("actor_resource"), f"{path}: rl_config.actor_resource")
+    world = _as("integer", resource.get("num_npus") or 1, f"{path}: rl_config.actor_resource.num_npus")
+    tp = _as("integer", values.get("tensor_model_parallel_size", 1), f"{path}: tensor_model_parallel_size")
+    pp = _as("integer", values.get("pipeline_model_parallel_size", 1), f"{path}: pipeline_model_parallel_size")
+    infer_tp = _as("integer", gen.get("infer_tensor_parallel_size", tp), f"{path}: generate_config."
+                                                                         f"infer_tensor_parallel_size")
+    seq_parallel = _as("flag", values.get("sequence_parallel", False), f"{path}: sequence_parallel")
+    for name, v in (("rl_config.actor_resource.num_npus", world), ("tensor_model_parallel_size", tp),
+                    ("pipeline_model_parallel_size", pp), ("generate_config.infer_tensor_parallel_size", infer_tp)):
+        if v <= 0:
+            raise ConfigError(f"{path}: {origin.get(name, name)}: expected a positive integer, got {v}")
+    if world % (tp * pp):
+        raise ConfigError(f"{path}: rl_config.actor_resource.num_npus: {world} ranks do not split into "
+                          f"tensor_model_parallel_size {tp} x pipeline_model_parallel_size {pp}")
+    if world % infer_tp:
+        raise ConfigError(f"{path}: rl_config.actor_resource.num_npus: {world} ranks do not split into "
+                          f"generate_config.infer_tensor_parallel_size {infer_tp}")
+    return Layouts(world, tp, pp, infer_tp, seq_parallel)
+
+
+def _token_ids(folder: Optional[str]) -> Dict[str, Any]:
+    """bos/eos/pad ids from the tokenizer's HF folder (config.json, then generation_config.json's eos, as
+    configs/hf_config.py reads them); without them the tokenizer's own EOS and pad are used (eos [])."""
+    from mindrlhf.configs.hf_config import read_json_object
+    ids: Dict[str, Any] = {"eos_token_id": []}
+    if not folder or not os.path.isdir(folder):
+        return ids
+    for name in ("config.json", "generation_config.json"):
+        file = os.path.join(folder, name)
+        if os.path.isfile(file):
+            raw = read_json_object(file)
+            ids.update({k: raw[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                        if isinstance(raw.get(k), (int, list))})
+    return ids
+
+
+def _model_config(values: Dict[str, Any], origin: Dict[str, str], name: str, pp: int, path: str):
+    from mindrlhf.configs.model_config import ModelConfig
+    where = lambda k: f"{path}: {origin.get(k, f'model.{name}.{k}')}"  # noqa: E731
+    for key in MODEL_REQUIRED:
+        if values.get(key) is None:
+            raise ConfigError(f"{where(key)}: missing (Megatron derives no default we reproduce; give it)")
+    num = {k: _as("integer", values[k], where(k)) for k in MODEL_REQUIRED}
+    gqa = _as("flag", values.get("group_query_attention", False), where("group_query_attention"))
+    kv = _as("integer", values.get("num_query_groups", 1), where("num_query_groups")) if gqa \
+        else num["num_attention_heads"]
+    kwargs = dict(
+        num_layers=num["num_layers"], hidden_size=num["hidden_size"], intermediate_size=num["ffn_hidden_size"],
+        num_heads=num["num_attention_heads"], n_kv_heads=kv, vocab_size=num["padded_vocab_size"],
+        seq_length=num["seq_length"],
+        theta=_as("number", values.get("rotary_base", 10000), where("rotary_base")),
+        rms_norm_eps=_as("number", values.get("norm_epsilon", 1e-5), where("norm_epsilon")),
+        max_position_embedding=_as("integer", values.get("max_position_embeddings") or num["seq_length"],
+                                   where("max_position_embeddings")),
+        qkv_has_bias=_as("flag", values.get("add_qkv_bias", False), where("add_qkv_bias")),
+        tie_word_embeddings=not _as("flag", values.get("untie_embeddings_and_output_weights", False),
+                                    where("untie_embeddings_and_output_weights")),
+        **_token_ids(values.get("tokenizer_name_or_path")))
+    scaling = values.get("rope_scaling_type")
+    if scaling not in (None, "llama3"):
+        raise ConfigError(f"{where('rope_scaling_type')}: {scaling!r} is not supported (we implement unset or "
+                          f"llama3)")
+    if scaling == "llama3":
+        kwargs["extend_method"] = "LLAMA3"
+        kwargs["scaling_factor"] = {
+            "factor": _as("number", values.get("rope_scaling_factor", 1.0), where("rope_scaling_factor")),
+            **{k: _as("number", values.get(k), where(k))
+               for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}}
+    if pp > 1 and values.get("num_layer_list") is not None:
+        raw_list = values["num_layer_list"]
+        parts = raw_list if isinstance(raw_list, list) else str(raw_list).split(",")
+        counts = [_as("integer", str(c).strip(), where("num_layer_list")) for c in parts]
+        if len(counts) != pp or sum(counts) != num["num_layers"]:
+            raise ConfigError(f"{where('num_layer_list')}: {raw_list!r} must give {pp} stage sizes adding up to "
+                              f"num_layers={num['num_layers']}")
+        kwargs["offset"] = [c - num["num_layers"] // pp for c in counts]
+    try:
+        return ModelConfig(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: model.{name}: {err}") from None
+
+
+def model_yaml(raw: Dict[str, Any], path: str, role: str = "train"):
+    """The policy's ModelYaml from the file: its model entry, and the train layout (tensor/pipeline sizes,
+    sequence_parallel) or the infer layout (infer_tensor_parallel_size); data_parallel fills num_npus.
+    Inert keys of the selected model entry are reported with it (the rest of the file with the config)."""
+    from mindrlhf.configs.model_config import ModelYaml, ParallelConfig
+    doc = resolve(raw, path)
+    _validate_keys(doc, path)
+    values, origin, name = _namespace(doc, path)
+    lay = layouts(doc, path)
+    _run_checks(values, MEGATRON_CHECKS, lambda k: origin.get(k, f"model.{name}.{k}"), path, values)
+    model = _model_config(values, origin, name, lay.pp, path)
+    if role == "infer":
+        parallel = ParallelConfig(data_parallel=lay.infer_dp, model_parallel=lay.infer_tp)
+    else:
+        parallel = ParallelConfig(data_parallel=lay.train_dp, model_parallel=lay.tp, pipeline_stage=lay.pp,
+                                  use_seq_parallel=lay.seq_parallel)
+    try:
+        parallel.check_model(model, "layout")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {role} {err}") from None
+    ignored = [(f"model.{name}.{k}", MEGATRON[k].ours) for k in doc["model"][name] if MEGATRON[k].status == INERT]
+    ignored += [(f"model.{other}", f"not the trained model (actor_config.model is {name})")
+                for other in doc["model"] if other != name]
+    return ModelYaml(model=model, parallel=parallel, path=path, ignored=ignored)
+
+
+# ---- the translation into our sections -------------------------------------------------------------------
+def _weights_path(value: str, where: str) -> str:
+    if os.path.isfile(os.path.join(value, "latest_checkpointed_iteration.txt")):
+        raise ConfigError(f"{where}: {value} is a Megatron checkpoint, which is not read here; give the model's "
+                          f"Hugging Face folder (or safetensors / a MindSpore checkpoint)")
+    return value
+
+
+def _data_path(value: str, where: str) -> str:
+    if glob.glob(f"{glob.escape(value)}*.idx"):
+        raise ConfigError(f"{where}: {value} is a Megatron indexed dataset (preprocess_data.py), which is not read "
+                          f"here; write a prompt MindRecord with rlhf_data.py and give its path")
+    return value
+
+
+def _tokenizer(value: str) -> Dict[str, str]:
+    if os.path.isdir(value) and not os.path.isfile(os.path.join(value, "tokenizer.json")) and \
+            os.path.isfile(os.path.join(value, "vocab.json")):
+        return {"vocab_path": os.path.join(value, "vocab.json"), "merges_file_path": os.path.join(value, "merges.txt")}
+    return {"vocab_path": value}
+
+
+def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dataclasses.Field]
+              ) -> Tuple[Dict[str, Dict[str, Any]], List[Tuple[str, str]], List[str]]:
+    """MindSpeed-RL's GRPO YAML -> ({section: {field: value}}, [(dotted key, reason) ignored], [derived
+    values, said at start-up]). `field_of(section, name)` is our field, for each value's type. Keys the file
+    does not give keep our defaults, except partners of a given key (the Megatron schedule, clip_ratio's
+    two sides), which take MindSpeed-RL's."""
+    doc = resolve(raw, path)
+    _validate_keys(doc, path)
+    values, origin, name = _namespace(doc, path)
+    rl = doc.get("rl_config", {})
+    gen = doc.get("generate_config", {})
+    smp = _mapping(gen.get("sampling_config"), f"{path}: generate_config.sampling_config")
+    sections: Dict[str, Dict[str, Any]] = {}
+    ignored: List[Tuple[str, str]] = []
+    derived: List[str] = []
+
+    def put(sec: str, fld: str, value, key: str):
+        sections.setdefault(sec, {})[fld] = field_value(sec, fld, value, key)
+
+    def field_value(sec: str, fld: str, value, key: str):
+        from mindrlhf.configs.coerce import coerce
+        return coerce(value, field_of(sec, fld), f"{path}: {key}")
+
+    # what cannot be honoured, before anything else
+    if _as("flag", rl.get("use_integrated_worker", True), f"{path}: rl_config.use_integrated_worker"):
+        for sec in ("ref_config", "reward_config"):
+            if sec in doc:
+                raise ConfigError(f"{path}: {sec}: given while rl_config.use_integrated_worker is true; MindSpeed-RL "
+                                  f"refuses that too (the actor's settings serve the reference)")
+    model_yaml(raw, path, "train")            # the Megatron keys' checks and the model's errors now, not at start-up
+    max_tokens = smp.get("max_tokens", field_of("sampling", "max_tokens").default)
+    _run_checks(rl, RL_CHECKS, lambda k: f"rl_config.{k}", path,
+                {**rl, "max_tokens": _as("integer", max_tokens, f"{path}: generate_config.sampling_config.max_tokens")})
+    _run_checks(gen, GENERATE_CHECKS, lambda k: f"generate_config.{k}", path, gen)
+    lay = layouts(doc, path)
+
+    # the Megatron namespace
+    for key, (sec, fld) in MEGATRON_RENAMES.items():
+        if key in values:
+            put(sec, fld, values[key], origin[key])
+    run = sections.setdefault("run", {})
+    run["sft_path_train"] = run["sft_path_infer"] = path
+    run["use_parallel"] = lay.world > 1
+    if "load" in values:
+        put("run", "load_sft_checkpoint_train", _weights_path(str(values["load"]), f"{path}: {origin['load']}"),
+            origin["load"])
+    if "data_path" in values:
+        put("run", "mind_dataset_dir", _data_path(str(values["data_path"]), f"{path}: {origin['data_path']}"),
+            origin["data_path"])
+    if "tokenizer_name_or_path" in values:
+        for fld, v in _tokenizer(str(values["tokenizer_name_or_path"])).items():
+            put("run", fld, v, origin["tokenizer_name_or_path"])
+    if "no_shared_storage" in values:
+        node_local = _as("flag", values["no_shared_storage"], f"{path}: {origin['no_shared_storage']}")
+        put("run", "checkpoint_storage", "node_local" if node_local else "shared", origin["no_shared_storage"])
+    gbs = _as("integer", values["global_batch_size"], f"{path}: {origin['global_batch_size']}") \
+        if "global_batch_size" in values else None
+    if gbs is not None:
+        if gbs <= 0 or gbs % lay.infer_dp:
+            raise ConfigError(f"{path}: {origin['global_batch_size']}: {gbs} prompts do not split over the "
+                              f"{lay.infer_dp} rollout replicas (num_npus / infer_tensor_parallel_size)")
+        put("rl", "batch_size", gbs // lay.infer_dp, origin["global_batch_size"])
+        derived.append(f"rl.batch_size: {gbs // lay.infer_dp} (global_batch_size {gbs} / infer data_parallel "
+                       f"{lay.infer_dp})")
+
+    # rl_config
+    for key, (sec, fld) in RL_RENAMES.items():
+        if key in rl:
+            put(sec, fld, rl[key], f"rl_config.{key}")
+    if "kl_penalty" in rl:
+        if rl["kl_penalty"] not in KL_PENALTIES:
+            raise ConfigError(f"{path}: rl_config.kl_penalty: {rl['kl_penalty']!r} is not supported (we implement "
+                              f"{', '.join(KL_PENALTIES)})")
+        put("rl", "kl_estimator", KL_PENALTIES[rl["kl_penalty"]], "rl_config.kl_penalty")
+    if "clip_ratio" in rl:
+        put("rl", "clip_low", rl["clip_ratio"], "rl_config.clip_ratio")
+        put("rl", "clip_high", rl["clip_ratio"], "rl_config.clip_ratio")
+    n = sections.get("rl", {}).get("num_generations", field_of("rl", "num_generations").default)
+    if "mini_batch_size" in rl:
+        prompts = _as("integer", rl["mini_batch_size"], f"{path}: rl_config.mini_batch_size")
+        if prompts <= 0 or prompts * n % lay.train_dp:
+            raise ConfigError(f"{path}: rl_config.mini_batch_size: {prompts} prompts x {n} samples do not split over "
+                              f"the {lay.train_dp} train data-parallel ranks")
+        put("rl", "mini_batch_size", prompts * n // lay.train_dp, "rl_config.mini_batch_size")
+        derived.append(f"rl.mini_batch_size: {prompts * n // lay.train_dp} (mini_batch_size {prompts} x "
+                       f"n_samples_per_prompt {n} / train data_parallel {lay.train_dp})")
+    overlong = _as("flag", rl.get("overlong_buffer_enable", False), f"{path}: rl_config.overlong_buffer_enable")
+    for key, fld in (("overlong_buffer", "overlong_buffer_len"), ("overlong_buffer_penalty_factor",
+                                                                   "overlong_penalty_factor")):
+        if key in rl and overlong:
+            put("rl", fld, rl[key], f"rl_config.{key}")
+        elif key in rl:
+            ignored.append((f"rl_config.{key}", "overlong_buffer_enable is false"))
+    if "rollout_max_tokens" in rl and not overlong:
+        ignored.append(("rl_config.rollout_max_tokens", "overlong_buffer_enable is false"))
+    mode = _mapping(rl.get("integrated_mode_config"), f"{path}: rl_config.integrated_mode_config")
+    if mode.get("ref_model_load_path"):
+        put("run", "load_ref_checkpoint", _weights_path(str(mode["ref_model_load_path"]), f"{path}: rl_config."
+                                                         f"integrated_mode_config.ref_model_load_path"),
+            "rl_config.integrated_mode_config.ref_model_load_path")
+
+    # the learning-rate schedule: always Megatron's (its default style is linear)
+    _schedule(values, origin, rl, gbs, path, put, derived)
+
+    # generate_config
+    for key, (sec, fld) in GENERATE_RENAMES.items():
+        if key in gen:
+            put(sec, fld, gen[key], f"generate_config.{key}")
+    for key, fld in SAMPLING_RENAMES.items():
+        if key in smp:
+            put("sampling", fld, smp[key], f"generate_config.sampling_config.{key}")
+    if "top_k" in smp:
+        top_k = _as("integer", smp["top_k"], f"{path}: generate_config.sampling_config.top_k")
+        if top_k < -1:
+            raise ConfigError(f"{path}: generate_config.sampling_config.top_k: expected -1 (off) or >= 0, got {top_k}")
+        put("sampling", "top_k", max(top_k, 0), "generate_config.sampling_config.top_k")
+
+    # ref_config / reward_config (only reached with use_integrated_worker false)
+    ref = doc.get("ref_config", {})
+    if ref.get("model", name) != name:
+        raise ConfigError(f"{path}: ref_config.model: {ref['model']!r} is not the actor's model {name!r} (the "
+                          f"reference is the policy's initial model here)")
+    if "load" in ref:
+        put("run", "load_ref_checkpoint", _weights_path(str(ref["load"]), f"{path}: ref_config.load"),
+            "ref_config.load")
+    ignored += [(f"ref_config.{k}", "separate reference worker's setting; the reference runs in the train layout "
+                                    "here") for k in ref if k not in ("load", "model")]
+    ignored += [(f"reward_config.{k}", "reward-model worker's setting; rewards are rule-based (rule_reward)")
+                for k in doc.get("reward_config", {})]
+
+    # inert keys, each where the file gives it (the model entry's are reported with the model)
+    for sec in ("megatron_training", "actor_config"):
+        ignored += [(f"{sec}.{k}", MEGATRON[k].ours) for k in doc.get(sec, {}) if MEGATRON[k].status == INERT]
+    ignored += [(f"rl_config.{k}", RL[k].ours) for k in rl if RL[k].status == INERT]
+    ignored += [(f"generate_config.{k}", GENERATE[k].ours) for k in gen if GENERATE[k].status == INERT]
+    ignored += [(f"generate_config.sampling_config.{k}", SAMPLING[k].ours) for k in smp if SAMPLING[k].status == INERT]
+    ignored += [(sec, TOP[sec].ours) for sec in doc if TOP[sec].status == INERT]
+    return sections, ignored, derived
+
+
+def _schedule(values, origin, rl, gbs, path, put, derived):
+    """Megatron's OptimizerParamScheduler in optimizer updates: the decay spans train_iters x (updates per
+    pass over a rollout) = train_iters x global_batch_size / mini_batch_size (upstream counts samples, mini-
+    batch by mini-batch; with epochs > 1 the later passes run at min_lr once the decay is over), the warmup
+    lr_warmup_fraction of it."""
+    style = values.get("lr_decay_style", "linear")
+    if style not in ("constant", "linear", "cosine"):
+        raise ConfigError(f"{path}: {origin.get('lr_decay_style', 'lr_decay_style')}: {style!r} is not supported "
+                          f"(we implement constant, linear and cosine)")
+    put("optim", "lr_schedule", f"megatron_{style}", origin.get("lr_decay_style", "lr_decay_style"))
+    decay = 0
+    if "train_iters" in values:
+        iters = _as("integer", values["train_iters"], f"{path}: {origin['train_iters']}")
+        per_pass = 1
+        if "mini_batch_size" in rl and gbs is not None:
+            mbs = _as("integer", rl["mini_batch_size"], f"{path}: rl_config.mini_batch_size")
+            if gbs % mbs:
+                raise ConfigError(f"{path}: rl_config.mini_batch_size: {mbs} does not divide "
+                                  f"{origin['global_batch_size']}={gbs}")
+            per_pass = gbs // mbs
+        decay = iters * per_pass
+        put("optim", "decay_steps", decay, origin["train_iters"])
+    fraction = _as("number", values.get("lr_warmup_fraction") or 0.0, f"{path}: lr_warmup_fraction")
+    if fraction:
+        where = origin["lr_warmup_fraction"]
+        warmup = fraction * decay
+        if not decay or abs(warmup - round(warmup)) > 1e-9 or not 0 <= warmup < decay:
+            raise ConfigError(f"{path}: {where}: {fraction} x {decay} decay updates (train_iters x global_batch_size / "
+                              f"mini_batch_size) = {warmup:g} is not supported (we implement a whole number of "
+                              f"warmup updates below the decay's)")
+        put("optim", "warmup_steps", int(round(warmup)), where)
+    span = f"{decay} updates (train_iters x updates per pass)" if decay else "the run's updates"
+    derived.append(f"optim.lr_schedule: megatron_{style}, its decay over {span}")
+
+
+def table_markdown() -> str:
+    """docs/UPSTREAM.md's MindSpeed-RL tables (generated: scripts/gen_config_reference.py)."""
+    out: List[str] = []
+
+    def table(title: str, keys: Dict[str, Key], checks=None):
+        out.extend([f"### {title}", "", "| key | status | here |", "| --- | --- | --- |"])
+        for k in sorted(keys.values(), key=lambda k: ({MAPPED: 0, CHECKED: 1, INERT: 2}[k.status], k.name)):
+            text = k.ours
+            if checks and k.name in checks and checks[k.name][2] not in (_ABSENT, None):
+                text += f"; MindSpeed-RL's default {checks[k.name][2]!r} is checked when absent"
+            out.append(f"| `{k.name}` | {k.status} | {text} |")
+        out.append("")
+
+    n = counts()
+    out.extend([f"{n[MAPPED]} mapped, {n[CHECKED]} checked, {n[INERT]} inert.", ""])
+    table("top-level sections", TOP)
+    table("megatron_training, actor_config, model.&lt;name&gt; (Megatron keys)", MEGATRON, MEGATRON_CHECKS)
+    table("rl_config", RL, RL_CHECKS)
+    table("rl_config.actor_resource", RESOURCE)
+    table("rl_config.integrated_mode_config", INTEGRATED_MODE)
+    table("generate_config", GENERATE, GENERATE_CHECKS)
+    table("generate_config.sampling_config", SAMPLING)
+    return "\n".join(out).rstrip()
+
+
+def counts() -> Dict[str, int]:
+    """How many keys each status holds, over all the tables."""
+    out = {MAPPED: 0, INERT: 0, CHECKED: 0}
+    for table in (TOP, MEGATRON, RL, RESOURCE, INTEGRATED_MODE, GENERATE, SAMPLING):
+        for k in table.values():
+            out[k.status] += 1
+    return out
