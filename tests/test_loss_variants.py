@@ -6,6 +6,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindrlhf.configs import ConfigError
+from mindrlhf.configs.grpo_config import GRPOConfig, load_grpo_config
 from mindrlhf.trainer.grpo_math import (CovOptions, compute_advantages, group_advantages, grpo_loss, kl_cov_policy_loss,
                                         clip_cov_policy_loss, top_entropy_mask)
 
@@ -259,3 +260,40 @@ def test_advantage_entry_point_rejects_bad_input():
         compute_advantages("rloo", REWARDS, 5)
     assert np.all(compute_advantages("reinforce_plus_plus", np.ones(8), 4) == 0)      # no spread: no signal
     assert np.all(compute_advantages("reinforce_plus_plus", REWARDS, 4, response_mask=0 * RESP_MASK) == 0)
+
+
+# ---- config -----------------------------------------------------------------------------------------------
+def test_defaults_keep_todays_grpo():
+    rl = GRPOConfig().rl
+    assert (rl.adv_estimator, rl.loss_mode, rl.top_entropy_quantile) == ("grpo", "vanilla", 1.0)
+
+
+def test_gspo_takes_the_papers_clip_range_and_sequence_mean_unless_set():
+    cfg = load_grpo_config(None, {"loss_mode": "gspo"})
+    assert (cfg.rl.clip_low, cfg.rl.clip_high, cfg.rl.loss_agg) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert any("rl.clip_low: 0.0003" in d for d in cfg.derived)
+    cfg = load_grpo_config(None, {"loss_mode": "gspo", "clip_high": 1e-3, "loss_agg": "token-mean"})
+    assert (cfg.rl.clip_low, cfg.rl.clip_high, cfg.rl.loss_agg) == (3e-4, 1e-3, "token-mean")
+    cfg = load_grpo_config(None, {"loss_mode": "cispo"})
+    assert (cfg.rl.clip_low, cfg.rl.clip_high, cfg.derived) == (0.2, 0.2, [])
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    ({"top_entropy_quantile": 1.5}, r"rl.top_entropy_quantile: expected in \[0, 1\]"),
+    ({"top_entropy_quantile": -0.1}, r"rl.top_entropy_quantile: expected in \[0, 1\]"),
+    ({"kl_cov_ratio": 0.0}, r"rl.kl_cov_ratio: expected a share of tokens in \(0, 1\]"),
+    ({"clip_cov_ratio": 2.0}, r"rl.clip_cov_ratio: expected a share of tokens in \(0, 1\]"),
+    ({"ppo_kl_coef": -1.0}, "rl.ppo_kl_coef: expected >= 0"),
+    ({"clip_cov_lb": 5.0}, "rl.clip_cov_lb/clip_cov_ub: expected lb < ub"),
+    ({"loss_mode": "ppo"}, r"--loss_mode: expected one of \['vanilla', 'gspo'"),
+    ({"adv_estimator": "gae"}, r"--adv_estimator: expected one of \['grpo', 'rloo'")])
+def test_variant_config_errors(extra, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_grpo_config(None, extra)
+
+
+def test_a_config_built_in_code_is_checked_against_the_choices_too():
+    cfg = GRPOConfig()
+    cfg.rl.loss_mode = "gspo_typo"
+    with pytest.raises(ConfigError, match=r"rl.loss_mode: expected one of \['vanilla'"):
+        cfg.validate()
