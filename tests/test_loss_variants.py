@@ -297,3 +297,79 @@ def test_a_config_built_in_code_is_checked_against_the_choices_too():
     cfg.rl.loss_mode = "gspo_typo"
     with pytest.raises(ConfigError, match=r"rl.loss_mode: expected one of \['vanilla'"):
         cfg.validate()
+
+
+# ---- the loss cell on a tiny model ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    """A 1-layer CausalLM and one mini-batch of [left-padded prompt | right-padded response] rows."""
+    from mindrlhf.configs import ModelConfig
+    from mindrlhf.models.qwen2 import CausalLM, causal_bias, position_ids
+    model = CausalLM(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=48, vocab_size=64,
+                                 seq_length=16))
+    rng = np.random.RandomState(4)
+    n, p, r = 4, 3, 5
+    seq = rng.randint(3, 64, (n, p + r))
+    full = np.concatenate([np.ones((n, p), np.int64), (np.arange(r)[None] < np.array([5, 2, 4, 3])[:, None])], 1)
+    seq = seq * full
+    inputs = [Tensor(seq[:, :-1].astype(np.int32)), Tensor(position_ids(full[:, :-1])),
+              causal_bias(Tensor(full[:, :-1].astype(np.int32))), Tensor(seq[:, 1:].astype(np.int32))]
+    mask = full[:, p:].astype(np.float32)
+    logp, ent = model.token_logprobs(*inputs, r)
+    logp, ent = logp.asnumpy(), ent.asnumpy()
+    old = (logp + rng.normal(0, 0.3, logp.shape)).astype(np.float32)
+    adv = np.array([1.0, -0.5, 0.7, -1.2], np.float32)
+    return model, inputs, mask, logp, ent, old, adv, r
+
+
+def _cell_loss(tiny, compiled=False, **rl_fields):
+    from mindrlhf.trainer.train_step import GRPOLossCell
+    model, inputs, mask, logp, ent, old, adv, r = tiny
+    rl = GRPOConfig().rl
+    rl.clip_low, rl.clip_high = 0.2, 0.28
+    for k, v in rl_fields.items():
+        setattr(rl, k, v)
+    cell = GRPOLossCell(model, rl, r, 1.0)
+    args = inputs + [Tensor(mask), Tensor(old), Tensor(old), Tensor(np.zeros_like(old)), Tensor(adv),
+                     Tensor(np.float32(mask.sum()))]
+    if compiled:
+        (loss, aux), _ = ms.jit(ms.value_and_grad(cell, None, model.trainable_params(), has_aux=True))(*args)
+    else:
+        loss, aux = cell(*args)
+    return float(loss.asnumpy()), float(aux[2].asnumpy())
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "cispo", "kl_cov"])
+def test_loss_cell_uses_the_configured_loss_mode(tiny, mode):
+    """The cell's loss is grpo_loss of the chosen mode on the model's own log-probs, and the modes differ."""
+    _, _, mask, logp, ent, old, adv, r = tiny
+    cov = CovOptions(kl_cov_ratio=0.2)
+    want = grpo_loss(T(logp), T(old), T(old), T(adv), T(mask), 0.2, 0.28, 0.0, "k3", "token-mean", r,
+                     T(np.float32(mask.sum())), loss_mode=mode, cov=cov)[0]
+    loss, _ = _cell_loss(tiny, loss_mode=mode, kl_cov_ratio=0.2)
+    assert loss == pytest.approx(float(want.asnumpy()), rel=1e-5, abs=1e-6)
+    if mode != "vanilla":
+        assert abs(loss - _cell_loss(tiny)[0]) > 1e-3
+
+
+def test_loss_cell_applies_the_top_entropy_quantile(tiny):
+    _, _, mask, logp, ent, old, adv, r = tiny
+    keep = top_entropy_mask(T(ent), T(mask), 0.2).asnumpy()
+    assert 0 < keep.sum() < mask.sum()
+    a = adv[:, None].astype(np.float64)
+    ratio = np.exp(logp.astype(np.float64) - old)
+    pg = np.maximum(-a * ratio, -a * np.clip(ratio, 0.8, 1.28))
+    loss, _ = _cell_loss(tiny, top_entropy_quantile=0.2)
+    assert loss == pytest.approx((pg * keep).sum() / mask.sum(), rel=1e-4, abs=1e-6)
+    assert abs(loss - _cell_loss(tiny)[0]) > 1e-3
+
+
+@pytest.mark.parametrize("fields", [dict(loss_mode="gspo", top_entropy_quantile=0.5), dict(loss_mode="cispo"),
+                                    dict(loss_mode="kl_cov", kl_cov_ratio=0.2), dict(loss_mode="clip_cov")])
+def test_loss_cell_compiles_each_variant(tiny, fields):
+    """Under jit with gradients (as PolicyTrainStep and the pipeline's last stage run it) each variant compiles
+    and gives the eager loss (clip_cov's random pick aside)."""
+    loss, clip = _cell_loss(tiny, compiled=True, **fields)
+    assert np.isfinite(loss) and 0 <= clip <= 1
+    if fields["loss_mode"] != "clip_cov":
+        assert loss == pytest.approx(_cell_loss(tiny, **fields)[0], rel=1e-5, abs=1e-6)
