@@ -252,8 +252,9 @@ def gspo_policy_loss(logp, old_logp, adv, mask, clip_low, clip_high, cov):
 def cispo_policy_loss(logp, old_logp, adv, mask, clip_low, clip_high, cov):
     """CISPO (MiniMax-M1, arXiv 2506.13585): -sg(min(r, 1 + clip_high)) A log pi on every token. The IS weight is
     clipped, not the update, so no token loses its gradient (PPO's clip drops the tokens past the range).
-    Upper bound only, as the paper runs it and TRL's cispo (whose epsilon_high is the cap itself: TRL 5.0 =
-    clip_high 4.0 here); verl also clips below at 1 - clip_ratio_low, which its CISPO example sets to 10 (off).
+    Upper bound only, as TRL's cispo (whose epsilon_high is the cap itself: TRL 5.0 = clip_high 4.0 here) and
+    verl's CISPO example (its clip at 1 - clip_ratio_low is off there: clip_ratio_low 10); the paper's formula
+    has a lower bound 1 - eps_low too, not offered here.
     The loss value is A-weighted log-likelihood, not a ratio; only its gradient compares with the others."""
     ratio = ops.exp(logp - old_logp)
     cap = 1.0 + clip_high
