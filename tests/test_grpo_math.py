@@ -1,4 +1,6 @@
 """GRPO math against hand-computed numpy values."""
+import dataclasses
+
 import numpy as np
 import pytest
 from mindspore import Tensor
@@ -156,8 +158,18 @@ def test_tis_weights_and_weighted_policy_loss():
 def test_registries_hold_exactly_the_names_a_config_may_choose():
     """The registries fill at definition (decorators); the config's choices must name the same functions."""
     from mindrlhf.configs import choices
-    from mindrlhf.trainer.grpo_math import KL_ESTIMATORS, register_kl
+    from mindrlhf.configs.grpo_config import RLConfig
+    from mindrlhf.trainer.grpo_math import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, cispo_policy_loss,
+                                            register_advantage, register_kl, register_policy_loss, rloo_advantage)
     assert tuple(KL_ESTIMATORS) == choices.KL_ESTIMATORS and KL_ESTIMATORS["k3"] is kl_k3
     assert tuple(LOSS_AGGREGATIONS) == choices.LOSS_AGGREGATIONS
-    with pytest.raises(ValueError, match="registered twice"):
-        register_kl("k1")(lambda logp, ref: logp)
+    assert tuple(POLICY_LOSSES) == choices.POLICY_LOSSES and POLICY_LOSSES["cispo"] is cispo_policy_loss
+    assert tuple(ADVANTAGE_ESTIMATORS) == choices.ADVANTAGE_ESTIMATORS
+    assert ADVANTAGE_ESTIMATORS["rloo"] is rloo_advantage
+    fields = {f.name: f for f in dataclasses.fields(RLConfig)}
+    for name, registry in [("kl_estimator", KL_ESTIMATORS), ("loss_agg", LOSS_AGGREGATIONS),
+                           ("loss_mode", POLICY_LOSSES), ("adv_estimator", ADVANTAGE_ESTIMATORS)]:
+        assert tuple(fields[name].metadata["choices"]) == tuple(registry) and fields[name].default in registry
+    for register, name in [(register_kl, "k1"), (register_policy_loss, "gspo"), (register_advantage, "grpo")]:
+        with pytest.raises(ValueError, match="registered twice"):
+            register(name)(lambda *a: None)

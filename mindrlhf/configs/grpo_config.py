@@ -153,6 +153,36 @@ class RLConfig(_Section):
                    "TRL vllm_importance_sampling_correction): weight each token's policy-gradient term by "
                    "min(exp(train old log-prob - rollout log-prob), tis_cap)")
     tis_cap: float = _f(2.0, "TIS truncation C (slime --tis-clip, TRL vllm_importance_sampling_cap)")
+    adv_estimator: str = _f("grpo", "advantages from the rewards (verl's algorithm.adv_estimator): grpo (reward "
+                            "minus group mean, over group std unless adv_norm_std is false: GRPO, Dr.GRPO); rloo "
+                            "(minus the mean of the prompt's other samples: RLOO, Ahmadian et al. 2024); "
+                            "reinforce_plus_plus (reward whitened over the step's batch, KL stays in the loss via "
+                            "beta: REINFORCE++, Hu 2025); reinforce_plus_plus_baseline (minus group mean, then "
+                            "whitened over the batch)", choices=choices.ADVANTAGE_ESTIMATORS)
+    loss_mode: str = _f("vanilla", "policy-gradient term (verl's actor.policy_loss.loss_mode): vanilla (PPO clip per "
+                        "token); gspo (one ratio per sequence, the geometric mean of its token ratios, clipped whole: "
+                        "GSPO, Zheng et al. 2025, TRL importance_sampling_level=sequence; unless set, clip_low/"
+                        "clip_high become the paper's 3e-4/4e-4 and loss_agg seq-mean-token-mean); cispo "
+                        "(-sg(min(ratio, 1 + clip_high)) x A x log-prob on every token: CISPO, MiniMax-M1 2025, "
+                        "TRL loss_type=cispo); kl_cov (no clip; a KL penalty on the kl_cov_ratio share of tokens of "
+                        "highest covariance of log-prob and advantage) / clip_cov (PPO clip, and no gradient for a "
+                        "random clip_cov_ratio share of tokens whose covariance is in (clip_cov_lb, clip_cov_ub)): Cui "
+                        "et al. 2025, verl's names",
+                        choices=choices.POLICY_LOSSES)
+    top_entropy_quantile: float = _f(1.0, "keep the policy-gradient term only on the tokens whose entropy is in the "
+                                     "top quantile of the micro-batch's (this rank's) tokens: 0.2 = the 80/20 rule "
+                                     "(Wang et al. 2025, TRL's name); 1 = every token, 0 = the highest only. The KL "
+                                     "term keeps every token")
+    kl_cov_ratio: float = _f(2e-4, "loss_mode kl_cov: share of the micro-batch's tokens that get the KL penalty "
+                             "(verl's policy_loss.kl_cov_ratio)")
+    ppo_kl_coef: float = _f(1.0, "loss_mode kl_cov: coefficient of abs(log-prob - old log-prob) on those tokens "
+                            "(verl's policy_loss.ppo_kl_coef)")
+    clip_cov_ratio: float = _f(2e-4, "loss_mode clip_cov: share of the micro-batch's tokens whose gradient is cut "
+                               "(verl's policy_loss.clip_cov_ratio)")
+    clip_cov_lb: float = _f(1.0, "loss_mode clip_cov: only tokens whose covariance exceeds this are cut (verl's "
+                            "policy_loss.clip_cov_lb)")
+    clip_cov_ub: float = _f(5.0, "loss_mode clip_cov: only tokens whose covariance is below this are cut (verl's "
+                            "policy_loss.clip_cov_ub)")
 
 
 @dataclass
@@ -264,6 +294,8 @@ class GRPOConfig(_Section):
             value = getattr(getattr(self, sec), f.name)
             if type_name(f) == "float" and not math.isfinite(value):
                 raise ConfigError(f"{sec}.{f.name}: expected a finite number, got {value}")
+            if f.metadata.get("choices") and value not in f.metadata["choices"]:
+                raise ConfigError(f"{sec}.{f.name}: expected one of {list(f.metadata['choices'])}, got {value!r}")
         if self.rl.num_generations < 2:
             raise ConfigError(f"rl.num_generations: {self.rl.num_generations} sample(s) per prompt; GRPO compares "
                               f"the samples of a prompt with each other, so a group needs at least 2 (with 1 every "
@@ -304,6 +336,17 @@ class GRPOConfig(_Section):
         if self.rl.tis_cap < 1:
             raise ConfigError(f"rl.tis_cap: expected >= 1 (a cap below 1 shrinks every on-policy token), got "
                               f"{self.rl.tis_cap}")
+        if not 0 <= self.rl.top_entropy_quantile <= 1:
+            raise ConfigError(f"rl.top_entropy_quantile: expected in [0, 1] (1 = every token), got "
+                              f"{self.rl.top_entropy_quantile}")
+        for name in ("kl_cov_ratio", "clip_cov_ratio"):
+            if not 0 < getattr(self.rl, name) <= 1:
+                raise ConfigError(f"rl.{name}: expected a share of tokens in (0, 1], got {getattr(self.rl, name)}")
+        if self.rl.ppo_kl_coef < 0:
+            raise ConfigError(f"rl.ppo_kl_coef: expected >= 0, got {self.rl.ppo_kl_coef}")
+        if self.rl.clip_cov_lb >= self.rl.clip_cov_ub:
+            raise ConfigError(f"rl.clip_cov_lb/clip_cov_ub: expected lb < ub, got {self.rl.clip_cov_lb}/"
+                              f"{self.rl.clip_cov_ub}")
         if self.run.max_num_seqs and self.run.max_num_seqs < self.rl.num_generations:
             raise ConfigError(f"run.max_num_seqs: {self.run.max_num_seqs} cannot hold one prompt's "
                               f"num_generations={self.rl.num_generations} samples")
@@ -383,7 +426,22 @@ def load_grpo_config(path: Optional[str] = None, overrides: Optional[Dict[str, A
         setattr(getattr(cfg, sec), key, coerce(value, f, f"--{key}"))
         cfg.explicit.add(f"{sec}.{key}")
     _hf_folder_defaults(cfg)
+    _loss_mode_defaults(cfg)
     return cfg.validate()
+
+
+# GSPO's ratio is a geometric mean over a whole response, so it moves far less than a token's: the paper clips
+# it at 3e-4 / 4e-4 (Zheng et al. 2025, section 5.1; verl's and TRL's GSPO recipes use the same) and averages
+# per sequence (its objective is a mean over the group's sequences; verl's gspo forces seq-mean-token-mean).
+LOSS_MODE_DEFAULTS = {"gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"}}
+
+
+def _loss_mode_defaults(cfg: GRPOConfig):
+    """A loss_mode's own defaults for the rl fields the config and flags did not set."""
+    for name, value in LOSS_MODE_DEFAULTS.get(cfg.rl.loss_mode, {}).items():
+        if f"rl.{name}" not in cfg.explicit:
+            setattr(cfg.rl, name, value)
+            cfg.derived.append(f"rl.{name}: {value} (loss_mode {cfg.rl.loss_mode}'s default)")
 
 
 def _hf_folder_defaults(cfg: GRPOConfig):

@@ -12,7 +12,7 @@ from mindspore import nn, ops
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.models.tp_regions import reduce_from_tp
 from mindrlhf.parallel.grad_sync import DPGradMean
-from mindrlhf.trainer.grpo_math import agg_token_mean, grpo_loss, tis_weights
+from mindrlhf.trainer.grpo_math import CovOptions, agg_token_mean, grpo_loss, tis_weights
 from mindrlhf.trainer.optim import AdamW, clip_scale, squares_total
 
 
@@ -47,7 +47,10 @@ class GRPOLossCell(nn.Cell):
     (one update per rollout), so the old log-probs are this forward's own, detached (as TRL does): no
     separate old-policy pass (the `old_logp` input is then unused), and the mean |train - rollout| log-prob
     gap comes back as a statistic. `rl.tis`: the policy-gradient term is weighted per token by
-    min(exp(old - rollout), tis_cap) (grpo_math.tis_weights); its mean, max and clipped share come back."""
+    min(exp(old - rollout), tis_cap) (grpo_math.tis_weights); its mean, max and clipped share come back.
+    `rl.loss_mode` picks the policy term (grpo_math.POLICY_LOSSES; clip_frac is that variant's clipped or
+    selected share) and `rl.top_entropy_quantile` < 1 keeps it on this call's highest-entropy tokens only: the
+    quantile is over one micro-batch on one rank (TRL gathers the entropies of every rank's micro-batch first)."""
 
     def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0, on_policy: bool = False,
                  micro_batches: int = 1, shared_prompt=(0, 0)):
@@ -63,6 +66,8 @@ class GRPOLossCell(nn.Cell):
         self.clip_low, self.clip_high = rl.clip_low, rl.clip_high
         self.beta, self.kl_estimator, self.agg = rl.beta, rl.kl_estimator, rl.loss_agg
         self.tis, self.tis_cap = rl.tis, rl.tis_cap
+        self.loss_mode, self.top_entropy_quantile = rl.loss_mode, rl.top_entropy_quantile
+        self.cov = CovOptions(rl.kl_cov_ratio, rl.ppo_kl_coef, rl.clip_cov_ratio, rl.clip_cov_lb, rl.clip_cov_ub)
 
     def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                   token_norm):
@@ -84,7 +89,8 @@ class GRPOLossCell(nn.Cell):
                                          token_norm)
         loss, pg_loss, kl, clip_frac = grpo_loss(logp, old_logp, ref_logp, advantages, mask, self.clip_low,
                                                  self.clip_high, self.beta, self.kl_estimator, self.agg,
-                                                 self.response_len, token_norm, weight)
+                                                 self.response_len, token_norm, weight, self.loss_mode, ent,
+                                                 self.top_entropy_quantile, self.cov)
         entropy = agg_token_mean(ops.stop_gradient(ent), fmask, self.response_len, token_norm)
         if self.seq_scale != 1.0:
             loss, pg_loss, kl = loss * self.seq_scale, pg_loss * self.seq_scale, kl * self.seq_scale
