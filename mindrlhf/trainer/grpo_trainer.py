@@ -28,7 +28,7 @@ from mindrlhf.reward.verifiers import accuracy_reward, score_each
 from mindrlhf.trainer import checkpointing, exchange, run_dir, startup
 from mindrlhf.trainer.build import build_models, build_training, compile_train_step
 from mindrlhf.trainer.experience_file import write_experience
-from mindrlhf.trainer.grpo_math import group_advantages, informative_groups, overlong_penalty
+from mindrlhf.trainer.grpo_math import compute_advantages, informative_groups, overlong_penalty
 from mindrlhf.trainer.metrics import MetricsLogger, PhaseClock, sample_metrics, update_metrics
 from mindrlhf.trainer.optim import scheduled_lr
 from mindrlhf.trainer.resolve import resolve
@@ -169,10 +169,10 @@ class GRPOTrainer:
         batch, collect_stats = self.collect(phase)
         samples, rewards, group_mask = batch.samples, batch.rewards, batch.group_mask
         self.rollout_log.add(self.step + 1, samples, batch.texts, rewards, batch.solutions, self.run.tokenizer)
-        advantages = group_advantages(rewards, rl.num_generations, rl.adv_norm_std)
         train_mask = samples.response_mask * np.repeat(group_mask, rl.num_generations)[:, None]
         if rl.mask_truncated_completions:
             train_mask = train_mask * samples.finished[:, None]
+        advantages = compute_advantages(rl.adv_estimator, rewards, rl.num_generations, rl.adv_norm_std, train_mask)
         mine = self.geometry.rows_of(self.train_mesh.dp_index)
         my_samples = samples.take(mine)
         if self.run.shared_prompt[0]:
