@@ -54,6 +54,11 @@ def _inert(table: Dict[str, Key], names: str, reason: str):
     table.update({n: Key(n, INERT, reason) for n in names.split()})
 
 
+def _checked(table: Dict[str, Key], checks: Dict[str, tuple]):
+    """A CHECKED row per check (key -> (test, the value we implement, upstream's default))."""
+    table.update({k: Key(k, CHECKED, expected) for k, (_, expected, _) in checks.items()})
+
+
 # ---- megatron_training, actor_config and the model entries (one MegatronConfig namespace) ---------------
 MODEL_MAPPED = {
     "num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "intermediate_size",
@@ -134,8 +139,7 @@ MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
     "split": (lambda v, ns: v is None or [float(x) for x in str(v).split(",")][1:] in ([], [0.0], [0.0, 0.0]),
               "train only, e.g. 100,0,0 (the GRPO trainer reads only the train split)", None),
 }
-for _k, (_, _exp, _) in MEGATRON_CHECKS.items():
-    MEGATRON[_k] = Key(_k, CHECKED, _exp)
+_checked(MEGATRON, MEGATRON_CHECKS)
 _inert(MEGATRON, "use_flash_attn use_fused_rmsnorm use_fused_swiglu use_fused_rotary_pos_emb no_masked_softmax_fusion "
        "no_gradient_accumulation_fusion gemm_gradient_accumulation_fusion no_bias_dropout_fusion shape_order "
        "use_ascend_coc coc_mode coc_parallel_num coc_fused_kernel use_mcore_models transformer_impl use_kv_cache "
@@ -217,8 +221,7 @@ RL_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
                            "sampling_config.max_tokens when overlong_buffer_enable is true (the penalty is "
                            "measured from max_tokens)", 2048),
 }
-for _k, (_, _exp, _) in RL_CHECKS.items():
-    RL[_k] = Key(_k, CHECKED, _exp)
+_checked(RL, RL_CHECKS)
 _inert(RL, "gamma lam cliprange_value critic_resource", "GAE / critic setting (PPO); group_norm does not use it")
 _inert(RL, "kl_horizon kl_target", "adaptive KL controller only; kl_ctrl_type is fixed")
 _inert(RL, "beta", "stored by upstream's actor but never read by the GRPO loss (its KL weight is init_kl_coef)")
@@ -266,8 +269,7 @@ GENERATE_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
     "infer_pipeline_parallel_size": (lambda v, c: int(v) == 1, "1 (the rollout layout has no pipeline stages)", 1),
     "infer_expert_parallel_size": (lambda v, c: int(v) == 1, "1 (dense models)", 1),
 }
-for _k, (_, _exp, _) in GENERATE_CHECKS.items():
-    GENERATE[_k] = Key(_k, CHECKED, _exp)
+_checked(GENERATE, GENERATE_CHECKS)
 _inert(GENERATE, "max_num_batched_tokens gpu_memory_utilization dtype enforce_eager torchair_graph "
        "enable_prefix_caching num_scheduler_steps ascend_scheduler_config_enabled trust_remote_code",
        "vLLM engine knob; the built-in engine has no equivalent (same samples)")
