@@ -15,11 +15,11 @@ its slot and zeros elsewhere. `P2PLink` (Ascend) uses MindSpore's isend/irecv; i
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import ops
 
 from mindrlhf.parallel.mesh import Mesh, group_for
 
