@@ -17,6 +17,16 @@ def half_constant(completion, solution):
     return 0.5 if int(solution) % 2 else sum(c.isdigit() for c in completion) / max(1, len(completion))
 
 
+_SIGNAL = {}                                           # the one solution per step whose group carries signal
+
+
+@register_verifier("one_group_test")
+def one_group(completion, solution):
+    """Distinct texts score apart in the chosen prompt's group (a sum of code points: a random model's
+    completions differ); every other group gets 0.5 each, so it has no signal."""
+    return sum(map(ord, completion)) % 101 / 100 if solution == _SIGNAL.get("solution") else 0.5
+
+
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     return make_grpo_assets(str(tmp_path_factory.mktemp("variants")))
@@ -63,16 +73,76 @@ def test_dynamic_sampling_keeps_the_first_informative_groups_and_never_trains_on
         extra_rounds += len(seen) - 1
         rows = _rows(exp)
         assert len(rows) == target * g
-        kept = informative[:target]
+        # a short step fills up with the first dropped groups; the batch keeps round order either way
+        dropped = np.flatnonzero(rewards.max(1) == rewards.min(1))
+        chosen = np.sort(np.concatenate([informative, dropped])[:target])
         ids = np.concatenate([r.samples.response_ids for r in seen])
-        for k, grp in enumerate(kept):
+        for k, grp in enumerate(chosen):
             trained = rows[k * g:(k + 1) * g]
             np.testing.assert_array_equal(np.stack([r["prompt_completion_ids"][-ids.shape[1]:] for r in trained]),
                                           ids[grp * g:(grp + 1) * g])
-            assert max(abs(float(r["advantages"][0])) for r in trained) > 0
-        for r in rows[len(kept) * g:]:                 # a short step's filler groups: no loss at all
-            assert r["responses_mask"].sum() == 0
+            if grp in informative:
+                assert max(abs(float(r["advantages"][0])) for r in trained) > 0
+            else:                                      # a filler group: no loss at all
+                assert sum(r["responses_mask"].sum() for r in trained) == 0
     assert extra_rounds > 0                            # the filter did drop groups and sample more
+
+
+def test_a_short_step_tops_up_with_masked_groups_that_the_update_ignores(assets, tmp_path):
+    """One round (max_num_gen_batches 1) with one informative group of two: the other group fills the batch
+    with its loss masked out. The experience file shows the mask, and the update ignores that group: the
+    same step re-run with the filler's completions, masks and rewards replaced gives the same loss, gradient
+    norm and weights, bit for bit."""
+    from mindrlhf.utils.params import param_to_numpy, write_param
+    exp = tmp_path / "exp.mindrecord"
+    trainer = _trainer(assets, tmp_path, total_steps=1, dynamic_sampling=True, max_num_gen_batches=1,
+                       verifier_function="one_group_test", save_data_file=str(exp))
+    g, draw, collect = 4, trainer.dataset.next_global_batch, trainer.collect
+
+    def drawing():                                     # the step's second prompt is the informative one
+        batch = draw()
+        assert len(set(batch["solution"].tolist())) == 2
+        _SIGNAL["solution"] = str(batch["solution"][1])
+        return batch
+
+    held = []
+
+    def collecting(phase):
+        held.append(collect(phase))
+        return held[-1]
+
+    trainer.dataset.next_global_batch, trainer.collect = drawing, collecting
+    state = trainer.policy.trainable_params() + trainer.optimizer.state_parameters()
+    start = {p.name: param_to_numpy(p) for p in state}
+    first = trainer.train_one_step()
+    assert first["dynamic_sampling/rounds"] == 1 and first["dynamic_sampling/kept_groups"] == 1
+    assert first["dynamic_sampling/masked_groups"] == 1 and first["zero_std_groups_frac"] == 0.5
+    batch, stats = held[0]
+    np.testing.assert_array_equal(batch.group_mask, [False, True])
+    rewards = batch.rewards.reshape(2, g)
+    assert (rewards[0] == 0.5).all() and len(set(rewards[1].tolist())) == g
+    mask = np.stack([r["responses_mask"] for r in _rows(exp)])          # over [prompt | response]
+    width = batch.samples.response_mask.shape[1]
+    assert mask[:g].sum() == 0 and batch.samples.response_mask[:g].sum() > 0
+    np.testing.assert_array_equal(mask[g:, -width:], batch.samples.response_mask[g:])
+    after = {p.name: param_to_numpy(p) for p in state}
+    assert any(not np.array_equal(after[k], v) for k, v in start.items())
+
+    for p in state:                                    # back to before the step; the filler group replaced
+        write_param(p, start[p.name])
+    trainer.step = 0
+    rng = np.random.default_rng(0)
+    s = batch.samples
+    swapped = type(s)(**{k: v.copy() for k, v in s.__dict__.items()})
+    swapped.response_ids[:g] = rng.integers(3, 300, swapped.response_ids[:g].shape)
+    swapped.response_mask[:g] = np.arange(s.response_mask.shape[1]) < 3
+    swapped.rollout_logp[:g] = -rng.uniform(0, 5, swapped.rollout_logp[:g].shape)
+    other = type(batch)(swapped, np.concatenate([[0.0, 1.0, 0.3, 0.7], batch.rewards[g:]]).astype(np.float32),
+                        batch.scores, batch.texts, batch.solutions, batch.group_mask)
+    trainer.collect = lambda phase: (phase("rollout", lambda: other), stats)      # the step's timings need one
+    second = trainer.train_one_step()
+    differ = [k for k in ("loss", "pg_loss", "entropy", "clip_frac", "grad_norm") if second[k] != first[k]]
+    assert differ + [p.name for p in state if not np.array_equal(param_to_numpy(p), after[p.name])] == []
 
 
 def test_a_step_with_no_informative_group_skips_its_update(assets, tmp_path):

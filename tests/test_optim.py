@@ -1,4 +1,5 @@
-"""AdamW (fused float32 path and composite path) against torch.optim.AdamW; clip scale; LR schedule."""
+"""AdamW (fused float32 path and composite path) against torch.optim.AdamW; clip scale; LR schedule; its state
+through a training checkpoint."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -128,3 +129,57 @@ def test_zero_learning_rate_leaves_weights_unchanged(fused):
         opt.fused_ids, opt.composite_ids = (), (0,)
     _Apply(opt)((Tensor(np.ones((4, 8), np.float32)),), Tensor(np.float32(0.0)), Tensor(np.float32(1.0)))
     np.testing.assert_array_equal(param.asnumpy(), init)
+
+
+class _Weights(nn.Cell):
+    """Stands in for the policy: a decayed float32 matrix, an undecayed norm weight (both on the fused kernel)
+    and a float16 matrix (the composite path, its moments float16)."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.w = Parameter(Tensor(rng.standard_normal((6, 4)).astype(np.float32)), name="layer.w.weight")
+        self.norm = Parameter(Tensor(rng.uniform(0.5, 1.5, 4).astype(np.float32)), name="layer.attention_norm.weight")
+        self.h = Parameter(Tensor(rng.uniform(-1, 1, (4, 3)).astype(np.float16)), name="layer.h.weight")
+
+
+def test_checkpoint_restores_the_optimizer_exactly_and_the_next_update_matches(tmp_path):
+    """Resume must continue the run, not restart Adam: after a save, overwriting every weight, moment and the
+    step counter, and a load, each equals its saved value bit for bit, and the next update (whose bias
+    correction reads the step counter) equals the one the original state would have made."""
+    from mindrlhf.trainer.checkpointing import load_training_checkpoint, save_training_checkpoint
+    from mindrlhf.utils.params import param_to_numpy, write_param
+    rng = np.random.default_rng(3)
+    model = _Weights(rng)
+    params = list(model.trainable_params())
+    opt = AdamW(params, weight_decay=0.1)
+    assert opt.fused_ids == (0, 1) and opt.composite_ids == (2,)
+    step = _Apply(opt)
+    grads = [tuple(Tensor(rng.standard_normal(p.shape).astype(p.asnumpy().dtype)) for p in params) for _ in range(3)]
+
+    def update(t):
+        step(grads[t], Tensor(np.float32(1e-2)), Tensor(np.float32(0.7)))
+
+    def state():
+        return {p.name: param_to_numpy(p) for p in params + opt.state_parameters()}
+
+    update(0)
+    update(1)
+    saved = state()
+    assert int(saved["adam_step"][0]) == 2
+    assert all(v.any() for k, v in saved.items() if k.startswith("adam_"))      # moments are not still zero
+    save_training_checkpoint(str(tmp_path), 2, 0, model, opt, rank_state={"data": {"epoch": 0}},
+                             trainer_state={"step": 2}, keep=1)
+    update(2)
+    expected = state()                                 # one more update from the unperturbed state
+    for p in params + opt.state_parameters():          # a different run's state: every entry changes
+        write_param(p, param_to_numpy(p) * 3 + 1)
+    assert all(not np.array_equal(v, saved[k]) for k, v in state().items())
+    loaded = load_training_checkpoint(str(tmp_path), 0, model, opt)
+    assert loaded["step"] == 2 and loaded["rank_state"] == {"data": {"epoch": 0}}
+    got = state()
+    for name, value in saved.items():
+        assert got[name].dtype == value.dtype and np.array_equal(got[name], value), name
+    update(2)
+    got = state()
+    for name, value in expected.items():
+        assert np.array_equal(got[name], value), name
