@@ -54,12 +54,15 @@ def pass_ks(n: int) -> List[int]:
 
 
 def _true_false(text: str) -> bool:
-    value = str(text).strip().lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+    """A bool flag as the training flags take one (configs/coerce.py): true or false, any case."""
+    if str(text).strip().lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+    return str(text).strip().lower() == "true"
+
+
+def _listed(values: Optional[List[str]]) -> List[str]:
+    """Space- or comma-separated values (the training flags take `a,b`)."""
+    return [v for item in values or [] for v in item.split(",") if v]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,9 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (completion j of prompt p draws from the "
                    "stream (seed, p, j))")
     p.add_argument("--verifier_function", nargs="+", default=["accuracy_reward"],
-                   help="verifiers scoring each completion, as in training (mindrlhf.reward.verifiers)")
-    p.add_argument("--verifier_weight", nargs="+", type=float, default=None, help="one weight per verifier "
-                   "(default: 1 each)")
+                   help="verifiers scoring each completion, as in training (mindrlhf.reward.verifiers); space- or "
+                   "comma-separated")
+    p.add_argument("--verifier_weight", nargs="+", default=None, help="one weight per verifier (default: 1 each)")
     p.add_argument("--reward_module", default="", help="a .py file or module registering more verifiers")
     p.add_argument("--verifier_timeout", type=float, default=5.0, help="seconds one verifier may spend on one "
                    "completion (0 scores it)")
@@ -142,9 +145,18 @@ def check_args(args):
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder):
             raise ConfigError(f"--output: the directory {folder} does not exist")
-    weights = args.verifier_weight or [1.0] * len(args.verifier_function)
-    if len(weights) != len(args.verifier_function):
-        raise ConfigError(f"--verifier_weight: {len(weights)} weights for {len(args.verifier_function)} verifiers")
+    verifiers(args)
+
+
+def verifiers(args) -> Tuple[List[str], List[float]]:
+    names = _listed(args.verifier_function)
+    try:
+        weights = [float(w) for w in _listed(args.verifier_weight)] or [1.0] * len(names)
+    except ValueError:
+        raise ConfigError(f"--verifier_weight: expected numbers, got {args.verifier_weight}") from None
+    if len(weights) != len(names):
+        raise ConfigError(f"--verifier_weight: {len(weights)} weights for {len(names)} verifiers")
+    return names, weights
 
 
 def sampling(args, eos_ids: List[int]):
@@ -302,8 +314,7 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
     added = load_reward_module(args.reward_module)
     if added:
         log(f"verifiers from {args.reward_module}: {', '.join(added)}")
-    reward_fn = RewardFn(args.verifier_function, args.verifier_weight or [1.0] * len(args.verifier_function),
-                         args.verifier_timeout)
+    reward_fn = RewardFn(*verifiers(args), args.verifier_timeout)
     params = sampling(args, eos_ids)
     if params.greedy and args.n > 1:
         log(f"note: --n {args.n} with greedy decoding: a prompt's completions are all equal (give --temperature > 0 "

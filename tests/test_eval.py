@@ -146,6 +146,21 @@ def test_the_completions_file_and_the_report_line(trained, capsys):
     assert report["seconds"] > 0
 
 
+def test_verifiers_from_a_reward_module_score_the_completions(trained, capsys):
+    """The training verifiers and weights, a reward module's included; correct means score >= the threshold."""
+    from mindrlhf.reward.verifiers import VERIFIERS
+    module = os.path.join(REPO, "examples", "grpo", "custom_reward", "my_rewards.py")
+    report, rows = _run_eval(trained, capsys, "--reward_module", module, "--verifier_function",
+                             "accuracy_reward,concise_answer", "--verifier_weight", "1.0,0.5", "--correct_threshold",
+                             "1.5", out="custom.jsonl")
+    for r in rows:
+        want = accuracy_reward(r["completion"], r["solution"]) + 0.5 * VERIFIERS["concise_answer"](r["completion"],
+                                                                                                   r["solution"])
+        assert r["score"] == pytest.approx(want, abs=1e-6) and r["correct"] == (r["score"] >= 1.5)
+    assert report["score_mean"] == pytest.approx(np.mean([r["score"] for r in rows]))
+    assert report["accuracy"] == np.mean([r["correct"] for r in rows]) and 0 < report["accuracy"] < 1
+
+
 def test_sampling_n_completions_per_prompt(trained, capsys):
     report, rows = _run_eval(trained, capsys, "--n", "4", "--temperature", "1.0", "--seed", "3", out="sampled.jsonl")
     assert [(r["index"], r["sample"]) for r in rows] == [(i, j) for i in range(EVAL_PROMPTS) for j in range(4)]
