@@ -14,7 +14,6 @@ from mindrlhf import eval as eval_cmd
 from mindrlhf.reward.verifiers import accuracy_reward
 
 EVAL_SCRIPT = os.path.join(REPO, "examples", "grpo", "qwen_grpo_tutorial", "eval.py")
-CONSTANT = "7"          # what the warmed-up model answers to every question
 EVAL_PROMPTS = 12
 
 
@@ -28,18 +27,19 @@ def _convert(assets, src, out, *extra):
 
 
 def _eval_rows():
-    """Questions whose reference answers are the constant for 5 of 12 rows: a model that always answers it
-    scores 5/12, neither 0 nor 1, so equal accuracies say something."""
+    """Questions 'What is i + (i + 3)?' whose reference answer is 7 when i % 3 == 0, else 8. The warmed-up model
+    answers 7 for an even i and 8 for an odd one: about 5 of 12 right, and which ones depends on each prompt
+    meeting its own solution."""
     rows = []
     for i in range(EVAL_PROMPTS):
-        answer = CONSTANT if i % 5 in (0, 2) else str(10 + i)
+        answer = 7 if i % 3 == 0 else 8
         rows.append({"question": f"What is {i} + {i + 3}?", "answer": f"it is {answer}.\n#### {answer}"})
     return rows
 
 
 def _warm_up(assets, root) -> str:
-    """A short supervised phase teaching the tiny model to answer '#### 7' and stop, whatever the question:
-    its greedy accuracy on _eval_rows is then predictable."""
+    """A short supervised phase teaching the tiny model to answer '#### 7' after 'What is a + b?' with an even
+    a, '#### 8' with an odd one, and stop: completions that differ by prompt, accuracies neither 0 nor 1."""
     import mindspore as ms
     from mindrlhf.checkpoint.model_io import model_state, save_checkpoint
     from mindrlhf.configs.model_config import load_model_yaml
@@ -47,14 +47,15 @@ def _warm_up(assets, root) -> str:
     from mindrlhf.data.tokenizer import load_tokenizer
     from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.trainer.sft import sft_warmup
-    rows = [{"prompt": f"What is {a} + {b}?", "answer": f"#### {CONSTANT}"} for a in range(8) for b in range(8)]
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": f"#### {7 if a % 2 == 0 else 8}"}
+            for a in range(16) for b in range(8)]
     sft = _convert(assets, write_jsonl(os.path.join(root, "sft.jsonl"), rows), os.path.join(root, "sft.mindrecord"),
                    "--dataset_type", "raw")
     ms.set_seed(0)
     model = CausalLM(load_model_yaml(assets["sft_path_train"]).model)
     table = read_mindrecord(sft)
     pad = load_tokenizer(assets["vocab_path"], assets["merges_file_path"]).pad_token_id
-    sft_warmup(model, table["pretrain_ids"], table["loss_mask"], pad, 120, batch_size=16, lr=3e-3, log=None)
+    sft_warmup(model, table["pretrain_ids"], table["loss_mask"], pad, 200, batch_size=16, lr=3e-3, log=None)
     out = os.path.join(root, "sft.safetensors")
     save_checkpoint(model_state(model), out)
     return out
@@ -64,6 +65,7 @@ def _warm_up(assets, root) -> str:
 def trained(tmp_path_factory):
     """A 2-step GRPO run from the warmed-up model, evaluating 12 held-out prompts at every step, exported."""
     from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.trainer import evaluation
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     from mindrlhf.trainer.metrics import read_metrics
     root = str(tmp_path_factory.mktemp("eval"))
@@ -74,10 +76,17 @@ def trained(tmp_path_factory):
     cfg = load_grpo_config(None, grpo_overrides(assets, save, load_sft_checkpoint_train=_warm_up(assets, root),
                                                 eval_dataset=eval_mr, eval_steps=1, eval_prompts=EVAL_PROMPTS,
                                                 export_hf=True, lr=1e-5))
-    GRPOTrainer(cfg, log=lambda *a: None).fit()
+    recorded, complete = [], evaluation.complete
+
+    def recording(*args, **kwargs):
+        recorded.append(complete(*args, **kwargs))
+        return recorded[-1]
+    with pytest.MonkeyPatch.context() as patch:          # the trainer's own eval completions, for comparison
+        patch.setattr(evaluation, "complete", recording)
+        GRPOTrainer(cfg, log=lambda *a: None).fit()
     evals = [r["eval_accuracy"] for r in read_metrics(os.path.join(save, "metrics.jsonl")) if "eval_accuracy" in r]
     return dict(assets, root=root, save=save, hf=os.path.join(save, "hf_policy"), eval_jsonl=eval_jsonl,
-                eval_mr=eval_mr, evals=evals, chunk_rows=str(cfg.rl.batch_size * cfg.rl.num_generations))
+                eval_mr=eval_mr, evals=evals, last_eval=recorded[-1], chunk_rows=str(cfg.rl.batch_size * cfg.rl.num_generations))
 
 
 def _tokenizer_flags(t):
@@ -119,6 +128,10 @@ def test_the_exported_policy_scores_the_trainers_last_eval_accuracy(trained, cap
     assert len(trained["evals"]) == 3 and 0 < last < 1, trained["evals"]
     report, rows = _run_eval(trained, capsys, "--limit", str(EVAL_PROMPTS))
     assert report["accuracy"] == last
+    ours = trained["last_eval"]         # the trainer's completions of its last eval, prompt by prompt
+    assert [r["index"] for r in rows] == ours.prompt_index.tolist()
+    assert [r["completion"] for r in rows] == ours.texts and len(set(ours.texts)) > 1
+    assert [r["score"] for r in rows] == ours.scores.tolist() and [r["length"] for r in rows] == ours.lengths.tolist()
     from_step, step_rows = _run_eval(trained, capsys, "--checkpoint", trained["save"], "--limit", str(EVAL_PROMPTS),
                                      model=trained["sft_path_train"], out="step.jsonl")
     assert from_step["accuracy"] == last and step_rows == rows
