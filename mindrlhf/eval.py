@@ -10,7 +10,8 @@ parquet / a directory of them, read and tokenized by rlhf_data.py's own code (da
 --dataset_type, --prompt_template and --max_prompt_length. Completions are generated, decoded and scored by
 trainer/evaluation.py, the code of the trainer's in-training eval: greedy (the default) on the same weights
 and prompts, with --chunk_rows set to the run's rl.batch_size x rl.num_generations, gives its eval_accuracy
-exactly.
+exactly (the trainer pads eval prompts to its training file's prompt width, this command to the eval file's:
+convert both with the same --max_prompt_length).
 
 Under msrun (--use_parallel True) every rank holds the whole model (data parallel, as an HF folder trains)
 and generates every world-th prompt from its own rank (r::world, as the trainer's eval splits prompts over
