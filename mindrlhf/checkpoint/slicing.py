@@ -61,9 +61,10 @@ class FullSource:
 
 
 class ShardedSource:
-    """Per-rank files `dir/rank_N/*.{ckpt,safetensors}` laid out by a source strategy."""
+    """Per-rank files `dir/rank_N/*.{ckpt,safetensors}` laid out by a source strategy; with `file_name`, that
+    file of each rank directory (a training checkpoint's `policy.safetensors` beside its optimizer's)."""
 
-    def __init__(self, path: str, strategy: Dict[str, StrategyEntry]):
+    def __init__(self, path: str, strategy: Dict[str, StrategyEntry], file_name: str = ""):
         self.path = path
         self.strategy = strategy
         self.num_ranks = max((e.stage + 1) * int(np.prod(e.dev_matrix)) for e in strategy.values())
@@ -71,7 +72,11 @@ class ShardedSource:
         self.stage_heads = sorted({e.stage * int(np.prod(e.dev_matrix)) for e in strategy.values()})
         self.files = {}
         for r in range(self.num_ranks):
-            self.files[r] = rank_checkpoint_file(path, r, f"rank {r} of the source strategy ({self.num_ranks} ranks)")
+            what = f"rank {r} of the source strategy ({self.num_ranks} ranks)"
+            self.files[r] = os.path.join(rank_dir(path, r), file_name) if file_name else \
+                rank_checkpoint_file(path, r, what)
+            if not os.path.isfile(self.files[r]):
+                raise CheckpointError(f"{self.files[r]}: not found ({what})")
         self._open: Dict[int, object] = {}
 
     def _reader(self, rank: int):

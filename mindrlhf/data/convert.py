@@ -11,13 +11,13 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES, SCHEMA, WRITE_BATCH_ROWS, MindRecordWriter
-from mindrlhf.data.sources import DATASET_TYPES, Source, parse_map_keys
+from mindrlhf.data.sources import DATASET_TYPES, Example, Source, parse_map_keys
 from mindrlhf.data.tokenizer import load_tokenizer
 
 TOKENIZE_ROWS = 2048    # rows per tokenizer call (the Rust side parallelises across one call's texts)
@@ -166,39 +166,19 @@ def convert(args) -> ConvertSummary:
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
     if pad is None:
         raise ConfigError("--pad_token_id: the tokenizer has no <|endoftext|> token; give the id explicitly")
-    examples = source.examples()
     summary = ConvertSummary()
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
         progress = tqdm(total=source.count(), desc="tokenize", unit="rows")
     batch = _WriteBatch(WRITE_BATCH_ROWS, args.max_prompt_length, args.seq_length, pad)
-    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     with MindRecordWriter(args.output_path, SCHEMA, index_fields=["prompt_length"]) as out:
-        while True:
-            part = list(itertools.islice(examples, TOKENIZE_ROWS))
-            if not part:
-                break
-            summary.rows_in += len(part)
-            # one tokenizer call per chunk (prompts then answers): the Rust side parallelises across both
-            ids = tok.encode_batch([template(e.question) for e in part] + [" " + e.answer_text for e in part])
-            for ex, p_ids, a_ids in zip(part, ids[:len(part)], ids[len(part):]):
-                if len(p_ids) > args.max_prompt_length:
-                    if args.on_long_prompt == "skip":
-                        summary.prompts_skipped += 1
-                        continue
-                    summary.prompts_truncated += 1
-                    p_ids = p_ids[-args.max_prompt_length:]
-                full = p_ids + a_ids + eos
-                if len(full) > args.seq_length:
-                    summary.answers_truncated += 1
-                    full = full[:args.seq_length]
-                batch.add(p_ids, full, ex.solution)
-                summary.rows_written += 1
-                if batch.rows == WRITE_BATCH_ROWS:
-                    batch.write_to(out)
-            if progress:
-                progress.update(len(part))
+        for p_ids, full, solution in tokenized_rows(source.examples(), template, tok, args.max_prompt_length,
+                                                    args.on_long_prompt, args.seq_length, summary, progress):
+            batch.add(p_ids, full, solution)
+            summary.rows_written += 1
+            if batch.rows == WRITE_BATCH_ROWS:
+                batch.write_to(out)
         if progress:
             progress.close()
         if summary.rows_written == 0:
@@ -209,6 +189,37 @@ def convert(args) -> ConvertSummary:
     summary.output_bytes = sum(os.path.getsize(args.output_path + s) for s in ("", ".db"))
     summary.seconds = time.time() - t0
     return summary
+
+
+def tokenized_rows(examples: Iterator[Example], template: Callable[[str], str], tok, max_prompt_length: int,
+                   on_long_prompt: str, seq_length: Optional[int], summary: ConvertSummary,
+                   progress=None) -> Iterator[Tuple[List[int], List[int], str]]:
+    """(prompt ids, prompt + answer + EOS ids, solution) of each kept row, as rlhf_data.py writes them: a
+    prompt longer than max_prompt_length cut to its end or skipped (`on_long_prompt`), the whole row cut at
+    seq_length (None: never). The eval command reads jsonl/JSON/parquet through this too, so its prompts are
+    the ones a converted file would hold."""
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    while True:
+        part = list(itertools.islice(examples, TOKENIZE_ROWS))
+        if not part:
+            return
+        summary.rows_in += len(part)
+        # one tokenizer call per chunk (prompts then answers): the Rust side parallelises across both
+        ids = tok.encode_batch([template(e.question) for e in part] + [" " + e.answer_text for e in part])
+        for ex, p_ids, a_ids in zip(part, ids[:len(part)], ids[len(part):]):
+            if len(p_ids) > max_prompt_length:
+                if on_long_prompt == "skip":
+                    summary.prompts_skipped += 1
+                    continue
+                summary.prompts_truncated += 1
+                p_ids = p_ids[-max_prompt_length:]
+            full = p_ids + a_ids + eos
+            if seq_length is not None and len(full) > seq_length:
+                summary.answers_truncated += 1
+                full = full[:seq_length]
+            yield p_ids, full, ex.solution
+        if progress:
+            progress.update(len(part))
 
 
 class _WriteBatch:

@@ -30,6 +30,11 @@ class StrategyEntry:
     opt_shard_size: int = 0
     stage: int = 0                  # pipeline stage holding the parameter (its ranks start at stage x devices)
 
+    @classmethod
+    def of(cls, layout: Layout) -> "StrategyEntry":
+        """The entry a strategy file would hold for `layout`."""
+        return cls(tuple(layout.dev_matrix), tuple(layout.tensor_map), stage=_stage(layout))
+
     def layout(self, full_shape, name: str = "") -> Layout:
         if self.opt_shard_size > 1:
             raise CheckpointError(f"parameter {name}: optimizer-sharded strategies (opt_weight_shard_size="

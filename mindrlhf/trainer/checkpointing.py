@@ -18,19 +18,23 @@ import json
 import os
 import re
 import shutil
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, rank_dir, read_checkpoint, save_checkpoint,
                                          write_param)
 from mindrlhf.checkpoint.safetensors_io import require_float
+from mindrlhf.checkpoint.slicing import ShardedSource
 from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.models.qwen2 import layouts_for
 from mindrlhf.parallel.mesh import distributed_env
+from mindrlhf.parallel.strategy import StrategyEntry
 from mindrlhf.trainer import exchange
 from mindrlhf.utils.atomic import atomic_dir, write_json
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
+POLICY_FILE = "policy.safetensors"      # in each step's rank_N/
 
 
 def step_folders(root: str) -> Dict[int, str]:
@@ -60,7 +64,7 @@ def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer,
                               f"another run writing to save_ckpt_dir?)")
     os.makedirs(target, exist_ok=True)
     with atomic_dir(rank_dir(target, rank)) as tmp:
-        save_checkpoint(model_state(policy), os.path.join(tmp, "policy.safetensors"))
+        save_checkpoint(model_state(policy), os.path.join(tmp, POLICY_FILE))
         opt_state = {p.name: p.asnumpy() for p in optimizer.state_parameters()}
         save_checkpoint(opt_state, os.path.join(tmp, "optimizer.safetensors"))
         for name, model in (extra_models or {}).items():
@@ -134,7 +138,7 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_mode
     shard_dir = rank_dir(target, rank)
     if not os.path.isdir(shard_dir):
         raise CheckpointError(f"{target}: no shard for rank {rank}; was it saved with another world size?")
-    policy_path = os.path.join(shard_dir, "policy.safetensors")
+    policy_path = os.path.join(shard_dir, POLICY_FILE)
     load_sharded_weights(policy, read_checkpoint(policy_path), policy_path)
     for name, model in (extra_models or {}).items():
         path = os.path.join(shard_dir, f"{name}.safetensors")
@@ -155,6 +159,27 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_mode
     with open(os.path.join(shard_dir, "rank_state.json"), encoding="utf-8") as fh:
         rank_state = json.load(fh)
     return {"step": step, "rank_state": rank_state, "trainer_state": trainer_state, "dir": target}
+
+
+def is_step_dir(path: str) -> bool:
+    return bool(_STEP_RE.match(os.path.basename(os.path.normpath(path)))) and os.path.isdir(path)
+
+
+def policy_tensors(step_path: str, model_cfg) -> Iterator[Tuple[str, np.ndarray]]:
+    """A saved step's policy as full tensors, assembled from the shards of the train layout it was saved in
+    (trainer_state.json records it): loading a step outside training (the eval command) needs no strategy
+    file and may use another layout."""
+    if not os.path.isfile(os.path.join(step_path, "COMPLETE")):
+        raise CheckpointError(f"{step_path}: not marked COMPLETE (its save did not finish); use a complete step")
+    with open(os.path.join(step_path, "trainer_state.json"), encoding="utf-8") as fh:
+        layout = json.load(fh).get("layout")
+    if not layout:
+        raise CheckpointError(f"{step_path}/trainer_state.json: records no layout (saved by an earlier version); "
+                              f"convert the step with transform_checkpoint.py and its strategy files")
+    (dp, tp), pp = layout["train"], layout.get("train_pipeline_stage", 1)
+    layouts = layouts_for(model_cfg, dp, tp, pp)
+    source = ShardedSource(step_path, {n: StrategyEntry.of(lay) for n, lay in layouts.items()}, POLICY_FILE)
+    return ((name, source.assemble(name, lay)) for name, lay in layouts.items())
 
 
 def _describe(layout: Optional[Dict]) -> str:

@@ -1,7 +1,8 @@
 """Every host exchange between ranks that the trainer code makes, in one place and the one door to
 parallel/comm.py (weights inside the train step and the weight sync excepted): rollout samples, score
-tables, training statistics (whose all-reduce is also the "did anyone hit a NaN" vote), eval counts,
-votes, barriers and gathers (checkpoints, node checks), pipeline-stage sums, and the exported policy.
+tables, training statistics (whose all-reduce is also the "did anyone hit a NaN" vote), eval counts and
+completions, votes, barriers and gathers (checkpoints, node checks), pipeline-stage sums, and the exported
+policy.
 Solutions need none: every rank reads the prompt table and the step's global batch.
 """
 from __future__ import annotations
@@ -73,6 +74,20 @@ def rows_of_all_replicas(local: np.ndarray, rows: np.ndarray, total: int, mesh) 
 def gather_over_world(values: np.ndarray) -> np.ndarray:
     """(world, ...) : every rank's `values` (same shape and dtype on every rank), in rank order."""
     return comm.all_gather(np.asarray(values), comm.world_ranks(), distributed_env()[0])
+
+
+def rows_over_world(local: np.ndarray) -> np.ndarray:
+    """Every rank's rows of `local`, concatenated in rank order, on every rank; row counts may differ between
+    ranks, the other dimensions and the dtype may not (an eval's completions: each rank its share of the
+    prompts)."""
+    world = comm.world_ranks()
+    if len(world) == 1:
+        return local
+    counts = gather_over_world(np.array([len(local)], np.int64))[:, 0]
+    padded = np.zeros((int(counts.max()),) + local.shape[1:], local.dtype)
+    padded[:len(local)] = local
+    every = gather_over_world(padded)
+    return np.concatenate([every[r, :counts[r]] for r in range(len(world))])
 
 
 def sum_over(values: np.ndarray, ranks) -> np.ndarray:

@@ -24,8 +24,7 @@ from mindrlhf.checkpoint.hf_interop import export_hf
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.models.qwen2 import left_pad
 from mindrlhf.parallel import watchdog
-from mindrlhf.reward.verifiers import accuracy_reward, score_each
-from mindrlhf.trainer import checkpointing, exchange, run_dir, startup
+from mindrlhf.trainer import checkpointing, evaluation, exchange, run_dir, startup
 from mindrlhf.trainer.build import build_models, build_training, compile_train_step
 from mindrlhf.trainer.experience_file import write_experience
 from mindrlhf.trainer.grpo_math import compute_advantages, informative_groups, overlong_penalty
@@ -229,23 +228,17 @@ class GRPOTrainer:
     def evaluate(self) -> float:
         """Greedy accuracy on up to eval_prompts held-out prompts, split over infer-DP replicas, in chunks of
         the rollout's rows per replica: the decode graphs the rollout compiled serve here too (a deep model's
-        decode graph costs seconds to compile and memory to keep)."""
+        decode graph costs seconds to compile and memory to keep). The eval command runs the same code
+        (trainer/evaluation.py)."""
         watchdog.enter("eval")
-        table = self.eval_dataset.table
-        n = min(self.cfg.run.eval_prompts, len(table["prompt_ids"]))
-        idx = np.arange(n)[self.infer_mesh.dp_index::self.infer_mesh.dp]
-        prompts = [table["prompt_ids"][i][:table["prompt_length"][i]].tolist() for i in idx]
-        rows = self.cfg.rl.batch_size * self.cfg.rl.num_generations
-        texts = []
-        for start in range(0, len(prompts), rows):
-            with self.swap.generating(self.engine):
-                out = self.engine.generate(prompts[start:start + rows], self.run.sampling(greedy=True))
-            texts += self.run.tokenizer.decode_batch([r[m == 1].tolist()
-                                                      for r, m in zip(out.response_ids, out.response_mask)])
-        correct = sum(v or 0.0 for v in score_each(accuracy_reward, texts, [table["solution"][i] for i in idx],
-                                                   self.cfg.reward.verifier_timeout))
-        total = exchange.sum_over_replicas([correct, len(idx)], self.infer_mesh)
-        return float(total[0] / max(total[1], 1))
+        table, mesh = self.eval_dataset.table, self.infer_mesh
+        idx = evaluation.replica_prompts(min(self.cfg.run.eval_prompts, len(table["prompt_ids"])), mesh.dp,
+                                         mesh.dp_index)
+        done = evaluation.complete(self.engine, self.run.tokenizer, table, idx, self.run.sampling(greedy=True),
+                                   self.cfg.rl.batch_size * self.cfg.rl.num_generations,
+                                   evaluation.accuracy_scores(self.cfg.reward.verifier_timeout),
+                                   generating=lambda: self.swap.generating(self.engine))
+        return evaluation.share(*exchange.sum_over_replicas([done.scores.sum(), len(idx)], mesh))
 
     def save(self):
         watchdog.enter("save")

@@ -136,15 +136,11 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
 
     model_cfg = train_yaml.model
     tokenizer = load_tokenizer(run.vocab_path, run.merges_file_path)
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise ConfigError(f"vocab_path: the tokenizer has {tokenizer.vocab_size} tokens but "
-                          f"model.model_config.vocab_size is {model_cfg.vocab_size}")
+    pad_id, eos_ids = special_ids(tokenizer, model_cfg)
     if not run.mind_dataset_dir:
         raise ConfigError("mind_dataset_dir: required (prompt MindRecord from rlhf_data.py)")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model_cfg.pad_token_id
-    eos_ids = sorted({tokenizer.eos_token_id, *model_cfg.eos_token_ids} - {None})
-    dataset = _with_solutions(PromptDataset(run.mind_dataset_dir, cfg.rl.batch_size, infer_mesh.dp,
-                                            infer_mesh.dp_index, run.seed, pad_id), tokenizer, log)
+    dataset = with_solutions(PromptDataset(run.mind_dataset_dir, cfg.rl.batch_size, infer_mesh.dp,
+                                           infer_mesh.dp_index, run.seed, pad_id), tokenizer, log)
     prompt_width = dataset.table["prompt_ids"].shape[1]
     _check_lengths(cfg, model_cfg, prompt_width)
     geometry = StepGeometry.from_config(cfg.rl, infer_mesh.dp, train_mesh.dp)
@@ -261,7 +257,7 @@ def _eval_dataset(cfg: GRPOConfig, infer_mesh: Mesh, pad_id: int, tokenizer, log
     run = cfg.run
     if not (run.eval_steps and run.eval_dataset):
         return None
-    data = _with_solutions(PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, pad_id, shuffle=False), tokenizer, log)
+    data = with_solutions(PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, pad_id, shuffle=False), tokenizer, log)
     n = min(run.eval_prompts, data.num_rows)
     if n < infer_mesh.dp:
         raise ConfigError(f"run.eval_prompts: {n} eval prompt(s) (eval_prompts={run.eval_prompts}, {run.eval_dataset} "
@@ -270,7 +266,18 @@ def _eval_dataset(cfg: GRPOConfig, infer_mesh: Mesh, pad_id: int, tokenizer, log
     return data
 
 
-def _with_solutions(dataset: PromptDataset, tokenizer, log) -> PromptDataset:
+def special_ids(tokenizer, model_cfg: ModelConfig) -> Tuple[int, List[int]]:
+    """(pad id, EOS ids) a rollout of `model_cfg` with `tokenizer` uses: the tokenizer's pad token (else the
+    model's), every EOS either names. Refuses a tokenizer with more tokens than the model's vocabulary."""
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(f"vocab_path: the tokenizer has {tokenizer.vocab_size} tokens but "
+                          f"model.model_config.vocab_size is {model_cfg.vocab_size}")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model_cfg.pad_token_id
+    return pad_id, sorted({tokenizer.eos_token_id, *model_cfg.eos_token_ids} - {None})
+
+
+def with_solutions(dataset: PromptDataset, tokenizer, log) -> PromptDataset:
+    """The dataset with its solution column; MindRLHF's three-column files get theirs from pretrain_ids."""
     if not dataset.has_solutions:
         dataset.recover_solutions(tokenizer.decode_batch, extract_answer)
         log(f"{dataset.path}: no solution column (MindRLHF's format); solutions taken from the answer part of "

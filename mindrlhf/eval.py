@@ -1,0 +1,408 @@
+"""Evaluate a model on a prompt set outside training: accuracy, pass@k and a completions file.
+
+    python -m mindrlhf.eval --model ckpt/hf_policy --dataset test.jsonl --prompt_template plain \\
+        --n 8 --temperature 0.7 --output completions.jsonl
+
+The model is an HF folder (config.json + safetensors), or a model YAML with --checkpoint (a step folder
+save_ckpt_dir/step_N, a save_ckpt_dir, whose newest complete step is taken, the exported hf_policy, or a
+.ckpt/.safetensors file). The prompts are a MindRecord written by rlhf_data.py, or jsonl / a JSON array /
+parquet / a directory of them, read and tokenized by rlhf_data.py's own code (data/convert.py) with its
+--dataset_type, --prompt_template and --max_prompt_length. Completions are generated, decoded and scored by
+trainer/evaluation.py, the code of the trainer's in-training eval: greedy (the default) on the same weights
+and prompts, with --chunk_rows set to the run's rl.batch_size x rl.num_generations, gives its eval_accuracy
+exactly (the trainer pads eval prompts to its training file's prompt width, this command to the eval file's:
+convert both with the same --max_prompt_length).
+
+Under msrun (--use_parallel True) every rank holds the whole model (data parallel, as an HF folder trains)
+and generates every world-th prompt from its own rank (r::world, as the trainer's eval splits prompts over
+infer-DP replicas); completions travel to rank 0 through trainer/exchange.py, which writes the file. Prompt p
+is sampled from its own random stream (seed, p, sample), so sampled completions do not depend on the number of
+ranks either.
+
+pass@k is the unbiased estimator of Chen et al. 2021 (1 - C(n-c, k) / C(n, k) per prompt, averaged), for k =
+1, 2, 4, ... < n and n. A completion is correct when its score (the weighted verifiers, by default
+accuracy_reward) is at least --correct_threshold.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from mindrlhf.configs.errors import CheckpointError, ConfigError
+
+MINDRECORD_SUFFIX = ".mindrecord"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k completions drawn without replacement from n, c of them correct,
+    is correct: 1 - C(n-c, k) / C(n, k), as the product 1 - prod_{i=n-c+1..n} (1 - k / i) (no huge
+    binomials)."""
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_ks(n: int) -> List[int]:
+    """The k reported for n completions per prompt: the powers of two below n, and n."""
+    return [k for k in (2 ** i for i in range(n.bit_length())) if k < n] + [n]
+
+
+def _true_false(text: str) -> bool:
+    """A bool flag as the training flags take one (configs/coerce.py): true or false, any case."""
+    if str(text).strip().lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+    return str(text).strip().lower() == "true"
+
+
+def _listed(values: Optional[List[str]]) -> List[str]:
+    """Space- or comma-separated values (the training flags take `a,b`)."""
+    return [v for item in values or [] for v in item.split(",") if v]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mindrlhf.configs.grpo_config import SamplingConfig
+    from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES
+    from mindrlhf.data.sources import DATASET_TYPES
+    smp = SamplingConfig()
+    p = argparse.ArgumentParser(prog="python -m mindrlhf.eval", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="a Hugging Face model folder (config.json + safetensors) or a "
+                   "model YAML (MindFormers' or MindSpeed-RL's; its parallel layout is not used: every rank holds "
+                   "the whole model)")
+    p.add_argument("--checkpoint", default="", help="the weights: save_ckpt_dir/step_N, a save_ckpt_dir (its newest "
+                   "complete step), an HF folder (save_ckpt_dir/hf_policy) or a .ckpt/.safetensors file; default: "
+                   "--model when it is an HF folder")
+    p.add_argument("--vocab_path", default="", help="tokenizer vocab.json (or a folder with tokenizer.json); "
+                   "default: the HF folder's tokenizer")
+    p.add_argument("--merges_file_path", default="", help="merges.txt belonging to --vocab_path")
+    p.add_argument("--dataset", required=True, help="a prompt MindRecord from rlhf_data.py, or a .jsonl, a .json "
+                   "array, a .parquet or a directory of them (read as rlhf_data.py reads them)")
+    p.add_argument("--dataset_type", default="gsm8k", type=str.lower, choices=sorted(DATASET_TYPES),
+                   help="jsonl/JSON/parquet input: the columns a row is read from (rlhf_data.py's flag)")
+    p.add_argument("--map_keys", default=None, help="jsonl/JSON/parquet input: JSON {field: column} renaming the "
+                   "columns --dataset_type reads (rlhf_data.py's flag)")
+    p.add_argument("--prompt_template", default="none", help=f"jsonl/JSON/parquet input: chat, one of "
+                   f"{sorted(PROMPT_TEMPLATES)} or a file with '{{question}}' (rlhf_data.py's flag; use the one "
+                   f"the training data was converted with)")
+    p.add_argument("--system_prompt", default="", help="with --prompt_template chat: a system message")
+    p.add_argument("--max_prompt_length", type=int, default=256, help="jsonl/JSON/parquet input: prompt tokens "
+                   "kept (rlhf_data.py's flag; the prompt bucket the rollout pads to)")
+    p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip"],
+                   help="jsonl/JSON/parquet input: prompts longer than --max_prompt_length (truncate keeps the end)")
+    p.add_argument("--limit", type=int, default=0, help="evaluate the first N prompts (0: all)")
+    p.add_argument("--n", type=int, default=1, help="completions per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top_p", type=float, default=smp.top_p)
+    p.add_argument("--top_k", type=int, default=smp.top_k, help="0: off")
+    p.add_argument("--min_p", type=float, default=smp.min_p)
+    p.add_argument("--repetition_penalty", type=float, default=smp.repetition_penalty)
+    p.add_argument("--max_tokens", type=int, default=smp.max_tokens, help="most new tokens per completion")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (completion j of prompt p draws from the "
+                   "stream (seed, p, j))")
+    p.add_argument("--verifier_function", nargs="+", default=["accuracy_reward"],
+                   help="verifiers scoring each completion, as in training (mindrlhf.reward.verifiers); space- or "
+                   "comma-separated")
+    p.add_argument("--verifier_weight", nargs="+", default=None, help="one weight per verifier (default: 1 each)")
+    p.add_argument("--reward_module", default="", help="a .py file or module registering more verifiers")
+    p.add_argument("--verifier_timeout", type=float, default=5.0, help="seconds one verifier may spend on one "
+                   "completion (0 scores it)")
+    p.add_argument("--correct_threshold", type=float, default=1.0, help="a completion with a score at least this "
+                   "is correct (accuracy, pass@k)")
+    p.add_argument("--output", default="", help="write every completion here as JSON lines (index, sample, prompt, "
+                   "completion, solution, score, correct, length, finish_reason)")
+    p.add_argument("--chunk_rows", type=int, default=32, help="completions per generate call on a rank (the "
+                   "trainer's eval uses rl.batch_size x rl.num_generations, 4 x 8 by default: the same number gives "
+                   "its greedy accuracy exactly)")
+    p.add_argument("--use_parallel", type=_true_false, default=False, help="under msrun: each rank evaluates "
+                   "every world-th prompt")
+    p.add_argument("--watchdog_timeout", type=float, default=1800.0, help="under msrun: a rank silent this many "
+                   "seconds ends the job (parallel/watchdog.py)")
+    p.add_argument("--progress", type=_true_false, default=True, help="a progress bar on rank 0")
+    return p
+
+
+# ---- inputs ------------------------------------------------------------------------------------------------
+def check_args(args):
+    """The flags' own checks, before anything is loaded."""
+    sampling(args, []).validate(where="--")
+    for flag, value, low in (("--limit", args.limit, 0), ("--chunk_rows", args.chunk_rows, 1),
+                             ("--max_prompt_length", args.max_prompt_length, 1)):
+        if value < low:
+            raise ConfigError(f"{flag}: expected >= {low}, got {value}")
+    if not os.path.exists(args.model):
+        raise ConfigError(f"--model: not found: {args.model}")
+    if args.checkpoint and not os.path.exists(args.checkpoint):
+        raise ConfigError(f"--checkpoint: not found: {args.checkpoint}")
+    if not os.path.exists(args.dataset):
+        raise ConfigError(f"--dataset: not found: {args.dataset}")
+    if args.output:
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder):
+            raise ConfigError(f"--output: the directory {folder} does not exist")
+    verifiers(args)
+
+
+def verifiers(args) -> Tuple[List[str], List[float]]:
+    names = _listed(args.verifier_function)
+    try:
+        weights = [float(w) for w in _listed(args.verifier_weight)] or [1.0] * len(names)
+    except ValueError:
+        raise ConfigError(f"--verifier_weight: expected numbers, got {args.verifier_weight}") from None
+    if len(weights) != len(names):
+        raise ConfigError(f"--verifier_weight: {len(weights)} weights for {len(names)} verifiers")
+    return names, weights
+
+
+def sampling(args, eos_ids: List[int]):
+    from mindrlhf.rollout.sampling import SamplingParams
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, n=args.n,
+                          eos_token_ids=list(eos_ids), seed=args.seed)
+
+
+def model_config(args, world: int, log):
+    """The model's config; its layout is every rank data-parallel, whatever a YAML says."""
+    from mindrlhf.configs.hf_config import is_hf_folder
+    from mindrlhf.configs.model_config import ParallelConfig, load_model_yaml
+    if os.path.isdir(args.model) and not is_hf_folder(args.model):
+        raise ConfigError(f"--model {args.model}: a folder without config.json; expected a Hugging Face model "
+                          f"folder or a model YAML")
+    yaml_cfg = load_model_yaml(args.model, ParallelConfig(data_parallel=world))
+    if not is_hf_folder(args.model):
+        par = yaml_cfg.parallel
+        if (par.data_parallel, par.model_parallel, par.pipeline_stage) != (world, 1, 1):
+            log(f"{args.model}: parallel_config not used: every rank holds the whole model (data parallel over "
+                f"{world} rank(s))")
+        if yaml_cfg.generation:
+            log(f"{args.model}: generation fields ({', '.join(sorted(yaml_cfg.generation))}) not used: sampling "
+                f"comes from the flags")
+    return yaml_cfg.model
+
+
+def weights_path(args) -> str:
+    from mindrlhf.configs.hf_config import is_hf_folder
+    if args.checkpoint:
+        return args.checkpoint
+    if is_hf_folder(args.model):
+        return args.model
+    raise ConfigError(f"--checkpoint: required with a model YAML ({args.model}): save_ckpt_dir/step_N, "
+                      f"save_ckpt_dir/hf_policy or a checkpoint file")
+
+
+def load_model_weights(model, path: str, log):
+    """`path` into `model`: a training step (or the newest complete one of a save_ckpt_dir) assembled from
+    its shards, anything else as checkpoint/model_io.load_weights reads it."""
+    from mindrlhf.checkpoint.model_io import load_full_weights, load_weights
+    from mindrlhf.trainer import checkpointing
+    if os.path.isdir(path) and not checkpointing.is_step_dir(path) and checkpointing.step_folders(path):
+        done = checkpointing.complete_steps(path)
+        if not done:
+            raise CheckpointError(f"--checkpoint {path}: holds step folders but none is marked COMPLETE")
+        path = checkpointing.step_dir(path, done[-1])
+        log(f"--checkpoint: the newest complete step, {path}")
+    if checkpointing.is_step_dir(path):
+        load_full_weights(model, checkpointing.policy_tensors(path, model.config), path)
+    else:
+        load_weights(model, path)
+    return path
+
+
+def tokenizer_of(args) -> Tuple[object, str]:
+    """(tokenizer, the folder holding it or ""): --vocab_path, else the HF folder's own files."""
+    from mindrlhf.data.tokenizer import load_tokenizer
+    if args.vocab_path:
+        return load_tokenizer(args.vocab_path, args.merges_file_path or None), \
+            args.vocab_path if os.path.isdir(args.vocab_path) else ""
+    for folder in (args.model, args.checkpoint):
+        if folder and os.path.isdir(folder):
+            if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+                return load_tokenizer(folder), folder
+            vocab, merges = os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")
+            if os.path.isfile(vocab) and os.path.isfile(merges):
+                return load_tokenizer(vocab, merges), folder
+    raise ConfigError(f"--vocab_path: required: {args.model} holds no tokenizer (tokenizer.json, or vocab.json + "
+                      f"merges.txt)")
+
+
+def is_mindrecord(path: str) -> bool:
+    return os.path.isfile(path) and (path.endswith(MINDRECORD_SUFFIX) or os.path.isfile(path + ".db"))
+
+
+def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log) -> Dict[str, np.ndarray]:
+    """prompt_ids (right-padded), prompt_length and solution of the first --limit prompts: a MindRecord's
+    columns, or a jsonl/JSON/parquet input tokenized as rlhf_data.py would write it."""
+    from mindrlhf.data.dataset import PromptDataset
+    from mindrlhf.trainer.resolve import with_solutions
+    path = args.dataset
+    if is_mindrecord(path):
+        table = with_solutions(PromptDataset(path, 1, pad_token_id=pad_id, shuffle=False), tokenizer, log).table
+        return {k: v[:args.limit] if args.limit else v for k, v in table.items()}
+    from mindrlhf.data.convert import ConvertSummary, resolve_template, tokenized_rows
+    from mindrlhf.data.sources import Source, parse_map_keys
+    source = Source(path, args.dataset_type, parse_map_keys(args.map_keys))
+    template = resolve_template(args.prompt_template, tokenizer_dir, args.system_prompt)
+    summary = ConvertSummary()
+    rows = tokenized_rows(source.examples(), template, tokenizer, args.max_prompt_length, args.on_long_prompt, None,
+                          summary)
+    rows = list(itertools.islice(rows, args.limit) if args.limit else rows)
+    if not rows:
+        raise ConfigError(f"--dataset {path}: no prompt left (every one longer than --max_prompt_length="
+                          f"{args.max_prompt_length}, and --on_long_prompt skip)")
+    blank = [i for i, (_, _, solution) in enumerate(rows) if not solution.strip()]
+    if blank:
+        raise ConfigError(f"--dataset {path}: {len(blank)} of {len(rows)} rows have no reference answer (first: "
+                          f"row {blank[0]}; {source.spec.describe()}): a completion cannot be scored without one")
+    if summary.prompts_truncated or summary.prompts_skipped:
+        log(f"--dataset {path}: prompts longer than --max_prompt_length={args.max_prompt_length}: "
+            f"{summary.prompts_truncated} truncated (the end kept), {summary.prompts_skipped} skipped")
+    ids = np.full((len(rows), args.max_prompt_length), pad_id, np.int64)
+    for i, (prompt, _, _) in enumerate(rows):
+        ids[i, :len(prompt)] = prompt
+    columns = {"prompt_ids": ids, "prompt_length": np.array([len(r[0]) for r in rows], np.int64),
+               "solution": np.array([r[2] for r in rows], dtype=object)}
+    return PromptDataset(path, 1, pad_token_id=pad_id, shuffle=False, columns=columns).table
+
+
+# ---- the run -------------------------------------------------------------------------------------------------
+def start_process(args, log) -> Tuple[int, int, Callable]:
+    """(rank, world, log on rank 0 only): CPU threads as the trainer sets them, msrun's process group."""
+    from mindrlhf.parallel import watchdog
+    from mindrlhf.parallel.mesh import init_distributed
+    from mindrlhf.parallel.swap import on_ascend
+    from mindrlhf.parallel.topology import Nodes, discover_nodes
+    from mindrlhf.utils import cpu_threads
+    if not on_ascend():
+        cpu_threads.run_in_calling_thread()          # before anything runs (utils/cpu_threads.py)
+    rank, world = init_distributed() if args.use_parallel else (0, 1)
+    nodes = discover_nodes() if args.use_parallel else Nodes([0], 0)
+    if args.use_parallel:
+        watchdog.start(args.watchdog_timeout, rank, nodes.node_of_rank[rank])
+    if not on_ascend():
+        cpu_threads.set_kernel_threads(cpu_threads.auto_threads(nodes.local_ranks)[0])
+    return rank, world, log if rank == 0 else (lambda *a, **k: None)
+
+
+def evaluate(args, out: Callable = print) -> Optional[dict]:
+    """Run the eval; rank 0 returns the report (and writes --output), the other ranks None."""
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.parallel import watchdog
+    from mindrlhf.parallel.mesh import Mesh
+    from mindrlhf.reward.verifiers import RewardFn, load_reward_module
+    from mindrlhf.rollout.backends import make_engine
+    from mindrlhf.trainer import evaluation, exchange
+    from mindrlhf.trainer.resolve import special_ids
+    t0 = time.time()
+    check_args(args)
+    rank, world, log = start_process(args, out)
+    model_cfg = model_config(args, world, log)
+    weights = weights_path(args)
+    tokenizer, tokenizer_dir = tokenizer_of(args)
+    pad_id, eos_ids = special_ids(tokenizer, model_cfg)
+    table = prompt_table(args, tokenizer, tokenizer_dir, pad_id, log)
+    count, width = len(table["prompt_ids"]), table["prompt_ids"].shape[1]
+    if count < world:
+        raise ConfigError(f"--dataset/--limit: {count} prompt(s) cannot give each of the {world} ranks one")
+    if width + args.max_tokens > model_cfg.max_position_embedding:
+        raise ConfigError(f"--max_tokens: prompt width {width} (from --dataset) + max_tokens {args.max_tokens} exceeds "
+                          f"the model's max_position_embedding={model_cfg.max_position_embedding}")
+    added = load_reward_module(args.reward_module)
+    if added:
+        log(f"verifiers from {args.reward_module}: {', '.join(added)}")
+    reward_fn = RewardFn(*verifiers(args), args.verifier_timeout)
+    params = sampling(args, eos_ids)
+    if params.greedy and args.n > 1:
+        log(f"note: --n {args.n} with greedy decoding: a prompt's completions are all equal (give --temperature > 0 "
+            f"to sample)")
+    model = CausalLM(model_cfg, Mesh(dp=world, tp=1, rank=rank))
+    weights = load_model_weights(model, weights, log)
+    engine = make_engine("mindspore", model, pad_id, width)
+    idx = evaluation.replica_prompts(count, world, rank)
+    how = "greedy" if params.greedy else f"temperature {params.temperature}, top_p {params.top_p}, top_k {params.top_k}"
+    log(f"eval: {weights} on {args.dataset}: {count} prompts x {args.n} completion(s), {how}, max_tokens "
+        f"{params.max_tokens}" + (f"; {world} ranks, rank r takes prompts r::{world}" if world > 1 else ""))
+    progress = None
+    if args.progress and rank == 0:
+        from tqdm import tqdm
+        progress = tqdm(total=len(idx), desc="eval" + (" (rank 0's share)" if world > 1 else ""), unit="prompt",
+                        leave=False)
+
+    def after_chunk(done: int):
+        watchdog.enter("eval")            # a chunk finished: this rank is alive
+        if progress:
+            progress.update(done - progress.n)
+
+    done = evaluation.complete(engine, tokenizer, table, idx, params, args.chunk_rows,
+                               lambda texts, sols: reward_fn.score_rows(texts, sols)[:, 0], after_chunk=after_chunk)
+    if progress:
+        progress.close()
+    sample = np.tile(np.arange(args.n), len(idx))
+    ints = exchange.rows_over_world(np.stack([done.prompt_index, sample, done.lengths, done.finished], 1))
+    ids = exchange.rows_over_world(done.response_ids)
+    scores = exchange.rows_over_world(done.scores.astype(np.float32)).astype(np.float64)
+    watchdog.stop()
+    if rank != 0:
+        return None
+    order = np.lexsort((ints[:, 1], ints[:, 0]))
+    ints, ids, scores = ints[order], ids[order], scores[order]
+    report = summarize(scores >= args.correct_threshold, scores, ints[:, 2], args.n, time.time() - t0)
+    if args.output:
+        write_completions(args.output, table, tokenizer, ints, ids, scores, args.correct_threshold)
+        log(f"wrote {args.output} ({len(ints)} completions)")
+    return report
+
+
+def summarize(correct: np.ndarray, scores: np.ndarray, lengths: np.ndarray, n: int, seconds: float) -> dict:
+    """The report of completions in (prompt, sample) order: accuracy, pass@k, score and length means."""
+    from mindrlhf.trainer.evaluation import share
+    per_prompt = correct.reshape(-1, n).sum(1)
+    report = {"accuracy": share(correct.sum(), len(correct))}
+    for k in pass_ks(n):
+        report[f"pass@{k}"] = float(np.mean([pass_at_k(n, int(c), k) for c in per_prompt]))
+    report.update(score_mean=float(scores.mean()), mean_length=float(lengths.mean()), prompts=len(per_prompt),
+                  samples=len(correct), n=n, seconds=round(seconds, 3))
+    return report
+
+
+def write_completions(path: str, table, tokenizer, ints, ids, scores, threshold: float):
+    """One JSON line per completion, in (prompt, sample) order; written to a temp file renamed into place."""
+    from mindrlhf.utils.atomic import atomic_path
+    texts = tokenizer.decode_batch([r[:n].tolist() for r, n in zip(ids, ints[:, 2])])
+    prompts = {int(i): tokenizer.decode(table["prompt_ids"][i][:table["prompt_length"][i]].tolist(),
+                                        skip_special_tokens=False) for i in np.unique(ints[:, 0])}
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for (index, sample, length, finished), text, score in zip(ints.tolist(), texts, scores.tolist()):
+                fh.write(json.dumps({"index": index, "sample": sample, "prompt": prompts[index], "completion": text,
+                                     "solution": str(table["solution"][index]), "score": score,
+                                     "correct": score >= threshold, "length": length,
+                                     "finish_reason": "stop" if finished else "length"}, ensure_ascii=False) + "\n")
+
+
+def report_lines(report: dict) -> List[str]:
+    passes = ", ".join(f"{k} {v:.4f}" for k, v in report.items() if k.startswith("pass@"))
+    return [f"accuracy {report['accuracy']:.4f} ({report['samples']} completions of {report['prompts']} prompts); "
+            f"{passes}; score mean {report['score_mean']:.4f}; mean length {report['mean_length']:.1f} tokens; "
+            f"{report['seconds']:.1f} s", json.dumps(report)]
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        report = evaluate(args)
+    except (ConfigError, CheckpointError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    if report is not None:
+        print("\n".join(report_lines(report)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
