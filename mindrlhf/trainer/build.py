@@ -98,7 +98,7 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         "ref": SwapGroup("ref", ref.get_parameters() if ref else [], sw.offload_ref_param),
         # filled after the first rollout; prefill rewrites the whole cache, so no host copy is kept
         "kv_cache": SwapGroup("kv_cache", [], sw.offload_kv_cache, keep_contents=False),
-    })
+    }, offload_kv_cache=sw.offload_kv_cache)
     if swap.any_enabled and not on_ascend():
         log("note: on CPU, swapped buffers' pages are released; the policy, optimizer and reference keep a host copy "
             "in the same RAM (device-side footprint drops, process total does not), the rollout weights and KV "

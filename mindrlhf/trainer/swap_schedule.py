@@ -19,9 +19,11 @@ PHASE_RESIDENT = {
 
 
 class SwapSchedule:
-    def __init__(self, groups: Dict[str, SwapGroup]):
+    def __init__(self, groups: Dict[str, SwapGroup], offload_kv_cache: bool = False):
         self.groups = groups
-        self.offload_kv_cache = groups["kv_cache"].enabled      # the switch; the group has no buffers yet
+        # the switch itself: the KV-cache group has no buffers until the engine has run, so its own
+        # `enabled` is False at first whatever the switch says
+        self.offload_kv_cache = offload_kv_cache
 
     @contextlib.contextmanager
     def generating(self, engine):
