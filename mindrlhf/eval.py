@@ -272,21 +272,11 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log) -> Dict[
 
 # ---- the run -------------------------------------------------------------------------------------------------
 def start_process(args, log) -> Tuple[int, int, Callable]:
-    """(rank, world, log on rank 0 only): CPU threads as the trainer sets them, msrun's process group."""
-    from mindrlhf.parallel import watchdog
-    from mindrlhf.parallel.mesh import init_distributed
-    from mindrlhf.parallel.swap import on_ascend
-    from mindrlhf.parallel.topology import Nodes, discover_nodes
-    from mindrlhf.utils import cpu_threads
-    if not on_ascend():
-        cpu_threads.run_in_calling_thread()          # before anything runs (utils/cpu_threads.py)
-    rank, world = init_distributed() if args.use_parallel else (0, 1)
-    nodes = discover_nodes() if args.use_parallel else Nodes([0], 0)
-    if args.use_parallel:
-        watchdog.start(args.watchdog_timeout, rank, nodes.node_of_rank[rank])
-    if not on_ascend():
-        cpu_threads.set_kernel_threads(cpu_threads.auto_threads(nodes.local_ranks)[0])
-    return rank, world, log if rank == 0 else (lambda *a, **k: None)
+    """(rank, world, log on rank 0 only): msrun's process group and CPU threads, as the trainer starts."""
+    from mindrlhf.trainer import startup
+    rank, world, nodes, log, _ = startup.join(args.use_parallel, args.watchdog_timeout, log)
+    startup.set_cpu_threads(0, nodes, log)
+    return rank, world, log
 
 
 def evaluate(args, out: Callable = print) -> Optional[dict]:

@@ -30,18 +30,26 @@ class Process:
     run_id: Optional[str]       # this run's id in save_ckpt_dir (run_dir.py); a resume reads it from there
 
 
-def start(cfg: GRPOConfig, log: Callable = print) -> Process:
+def join(use_parallel: bool, watchdog_timeout: float, log: Callable = print):
+    """(rank, world, nodes, log printing on rank 0 only, the calling-thread setting or None): msrun's process
+    group (or one process) with the watchdog running. Every job of ours (training, eval) starts here."""
     blocking = cpu_threads.run_in_calling_thread() if not on_ascend() else None   # before anything runs
-    rank, world = init_distributed() if cfg.run.use_parallel else (0, 1)
+    rank, world = init_distributed() if use_parallel else (0, 1)
     log = log if rank == 0 else (lambda *a, **k: None)
-    nodes = discover_nodes() if cfg.run.use_parallel else Nodes([0], 0)
+    nodes = discover_nodes() if use_parallel else Nodes([0], 0)
+    if use_parallel:
+        watchdog.start(watchdog_timeout, rank, nodes.node_of_rank[rank])
+    return rank, world, nodes, log, blocking
+
+
+def start(cfg: GRPOConfig, log: Callable = print) -> Process:
+    rank, world, nodes, log, blocking = join(cfg.run.use_parallel, cfg.run.watchdog_timeout, log)
     if cfg.run.use_parallel:
-        watchdog.start(cfg.run.watchdog_timeout, rank, nodes.node_of_rank[rank])
         check_nodes_agree(cfg, nodes)    # before anything else: every node runs the same job
     _report_storage(cfg, nodes, log)
     marks = rank == 0 if cfg.run.checkpoint_storage == "shared" else nodes.leader
     run_id = None if cfg.run.resume else run_dir.claim(cfg.run, rank, marks)
-    _set_cpu_threads(cfg, nodes, log)
+    set_cpu_threads(cfg.run.cpu_threads, nodes, log)
     if blocking is not None:
         log(f"MindSpore host work in the calling thread: {cpu_threads.BLOCKING_RUN}={blocking} "
             f"(utils/cpu_threads.py says why)")
@@ -85,13 +93,13 @@ def _report_storage(cfg: GRPOConfig, nodes: Nodes, log: Callable):
             f"shards complete; metrics, rollout log and HF export are written on node 0")
 
 
-def _set_cpu_threads(cfg: GRPOConfig, nodes: Nodes, log: Callable):
+def set_cpu_threads(requested: int, nodes: Nodes, log: Callable):
     """MindSpore's CPU kernels default to 25 threads per process; utils.cpu_threads says why and what we
-    use instead."""
+    use instead (`requested`: run.cpu_threads, 0 = derived from the cores and the node's ranks)."""
     if on_ascend():
         return
-    if cfg.run.cpu_threads:
-        threads, why = cfg.run.cpu_threads, "run.cpu_threads"
+    if requested:
+        threads, why = requested, "run.cpu_threads"
     else:
         threads, why = cpu_threads.auto_threads(nodes.local_ranks)
     in_force = cpu_threads.set_kernel_threads(threads)
