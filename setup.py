@@ -19,8 +19,9 @@ setup(
     extras_require={
         # reference implementations used only by tests and benchmarks
         # gguf + accelerate: transformers' GGUF loader, for scripts/get_smollm2.py (the real-model tests)
+        # peft: the LoRA reference (tests/test_lora.py)
         "test": ["pytest", "torch==2.13.0", "transformers", "sentencepiece", "matplotlib", "tensorboard", "gguf",
-                 "accelerate", "pyarrow<26"],     # parquet input to rlhf_data.py (pyarrow 26 needs NumPy 2)
+                 "accelerate", "peft", "pyarrow<26"],     # parquet input to rlhf_data.py (pyarrow 26 needs NumPy 2)
         "plot": ["matplotlib"],
     },
 )

@@ -28,6 +28,8 @@ from mindrlhf.checkpoint.model_io import model_state, read_checkpoint, save_chec
 from mindrlhf.configs import load_model_yaml
 from mindrlhf.data.convert import build_parser, convert
 from mindrlhf.data.mindrecord_io import read_columns
+from mindrlhf.configs.lora import LoraSpec, parse_targets
+from mindrlhf.models.lora import is_adapter
 from mindrlhf.models.qwen2 import CausalLM, layouts_for
 from mindrlhf.trainer.metrics import read_metrics
 
@@ -122,11 +124,14 @@ def runs(assets):
     return {name: _run(assets, name) for name in LAYOUTS}
 
 
-def _full_weights(assets, out_dir, name):
-    """The final checkpoint's shards placed into full tensors by their layouts (independent of export)."""
+def _full_weights(assets, out_dir, name, lora=None):
+    """The final checkpoint's shards placed into full tensors by their layouts (independent of export); with
+    `lora` (a LoraSpec) the adapters, which is all a LoRA run's checkpoint holds."""
     train, tie = ALL_LAYOUTS[name][0], ALL_LAYOUTS[name][4]
     cfg = load_model_yaml(assets["yamls"][(1, 1, 1, tie)]).model
-    layouts = layouts_for(cfg, *train)
+    layouts = layouts_for(cfg, *train, lora)
+    if lora:
+        layouts = {n: lay for n, lay in layouts.items() if is_adapter(n)}
     step = os.path.join(out_dir, f"step_{STEPS:06d}")
     full = {n: np.zeros(l.full_shape, np.float32) for n, l in layouts.items()}
     filled = set()
@@ -155,14 +160,14 @@ def _check_reference(assets, runs, single):
     return ref, ref_weights
 
 
-def _check_layout(assets, out_dir, name, ref, ref_weights):
+def _check_layout(assets, out_dir, name, ref, ref_weights, lora=None):
     rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), name
     for a, b in zip(rows, ref):
         for key in COMPARED:
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=ABS_TOL.get(key, 1e-8)), (name, a["step"], key)
         assert a["rollout_train_logprob_gap"] <= 1e-4, (name, a["step"])   # same T for rollout and train
-    weights, _ = _full_weights(assets, out_dir, name)
+    weights, _ = _full_weights(assets, out_dir, name, lora)
     # Whole model, relative in norm: <= 1e-5 (measured <= 1e-6). Per tensor, Adam turns float noise in
     # near-zero gradients into ~lr-sized steps, so small-gradient tensors drift more: <= 1e-4 (measured
     # <= 5e-6), and attention.wk.bias, whose gradient is 0 in exact arithmetic (softmax ignores the q.b_k
@@ -297,3 +302,30 @@ def _crash_and_resume(assets, name, uninterrupted, tmp_path):
     want = read_columns(os.path.join(uninterrupted, "rollouts.mindrecord"), cols)
     for c in cols:
         assert [str(v) for v in got[c]] == [str(v) for v in want[c]], c
+
+
+# LoRA on every linear layer (the reference is the base with the adapters off, so it never syncs); A is drawn
+# from (seed, name) at full shape, so every layout starts from the same adapters
+LORA_FLAGS = dict(lora_rank=4, lora_alpha=8, ref_sync_steps=0)
+LORA = LoraSpec(4, 8.0, parse_targets("all-linear"), seed=7)
+
+
+def _check_lora_layout(assets, single, name):
+    ref_dir, out = _run(assets, single, "_lora", **LORA_FLAGS), _run(assets, name, "_lora", **LORA_FLAGS)
+    ref = read_metrics(os.path.join(ref_dir, "metrics.jsonl"))
+    assert ref[-1]["kl"] > 0.0                                          # the base as the reference
+    assert all(abs(r["loss"]) > 1e-4 and r["grad_norm"] > 1e-3 for r in ref)
+    ref_weights, _ = _full_weights(assets, ref_dir, single, LORA)
+    assert min(np.abs(w).max() for n, w in ref_weights.items() if n.endswith("lora_b")) > 0   # every B moved
+    _check_layout(assets, out, name, ref, ref_weights, LORA)
+
+
+def test_lora_trajectory_is_layout_invariant_under_tp(assets):
+    """Train tp2 (column-parallel B and row-parallel A split, the others summed over TP) / infer dp2 (a
+    separate rollout model fed merged weights) against the single process."""
+    _check_lora_layout(assets, "single", "train_tp2_infer_dp2")
+
+
+@pytest.mark.slow
+def test_lora_trajectory_is_layout_invariant_under_pipeline_stages(assets):
+    _check_lora_layout(assets, "single_untied", "train_pp2_infer_dp2")

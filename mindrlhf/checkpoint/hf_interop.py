@@ -142,3 +142,33 @@ def export_hf(tensors: Dict[str, np.ndarray], out_dir: str, cfg: ModelConfig,
             write_json(os.path.join(tmp, "model.safetensors.index.json"),
                        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
         write_json(os.path.join(tmp, "config.json"), hf_config_dict(cfg, torch_dtype), indent=2)
+
+
+PEFT_PREFIX = "base_model.model."
+
+
+def peft_adapter_name(name: str) -> str:
+    """Our adapter name -> PEFT's: model.layers.0.attention.wq.mindpet_delta_lora_a ->
+    base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight."""
+    from mindrlhf.models.lora import ADAPTER_A, ADAPTER_B
+    layer, factor = name.rsplit(".", 1)
+    if factor not in (ADAPTER_A, ADAPTER_B):
+        raise CheckpointError(f"parameter {name}: not a LoRA adapter factor")
+    hf = ms_to_hf_name(layer + ".weight")[:-len("weight")]
+    return f"{PEFT_PREFIX}{hf}{'lora_A' if factor == ADAPTER_A else 'lora_B'}.weight"
+
+
+def export_peft_adapter(tensors: Dict[str, np.ndarray], out_dir: str, lora, base_model: str = "",
+                        overwrite: bool = False, flag: str = "PEFT adapter folder"):
+    """Write full adapter tensors (our names) as PEFT's LoRA folder: adapter_config.json and
+    adapter_model.safetensors with PEFT's key names, for peft.PeftModel.from_pretrained(base, out_dir).
+    `lora`: the run's configs.lora.LoraSpec."""
+    from mindrlhf.configs.lora import MODULES
+    with owned_output_dir(out_dir, EXPORT_TOOL, flag, overwrite) as tmp:
+        write_safetensors(os.path.join(tmp, "adapter_model.safetensors"),
+                          [(peft_adapter_name(n), a) for n, a in tensors.items()], {"format": "pt"})
+        write_json(os.path.join(tmp, "adapter_config.json"), {
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
+            "lora_dropout": 0.0, "target_modules": [MODULES[m] for m in lora.targets], "bias": "none",
+            "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "modules_to_save": None,
+            "init_lora_weights": True, "inference_mode": True, "base_model_name_or_path": base_model}, indent=2)

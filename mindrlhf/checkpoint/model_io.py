@@ -15,6 +15,7 @@ from mindspore import Tensor
 
 from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, require_float, write_safetensors
 from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.models.lora import is_adapter
 from mindrlhf.utils.atomic import atomic_path
 from mindrlhf.utils.bf16 import BF16, bf16_to_f32
 from mindrlhf.utils.params import param_to_numpy, write_param
@@ -23,7 +24,8 @@ CKPT_EXTS = (".ckpt", ".safetensors")
 
 
 def load_full_weights(model, tensors: Iterable[Tuple[str, np.ndarray]], source: str):
-    """Load full (unsharded) tensors, slicing each to this rank's shard; errors name the parameter."""
+    """Load full (unsharded) tensors, slicing each to this rank's shard; errors name the parameter. A model
+    with LoRA adapters may load a source without them (a base model): its adapters keep their initialisation."""
     params = {p.name: p for p in model.get_parameters()}
     layouts = model.layouts()
     rank = model.mesh.rank
@@ -44,16 +46,21 @@ def load_full_weights(model, tensors: Iterable[Tuple[str, np.ndarray]], source: 
         shard = layout.shard(arr, rank)
         write_param(params[name], shard)
         loaded.add(name)
-    missing = sorted(set(params) - loaded)
+    missing = set(params) - loaded
+    adapters = {n for n in params if is_adapter(n)}
+    if not loaded & adapters:
+        missing -= adapters
+    missing = sorted(missing)
     if missing:
         raise CheckpointError(f"{source}: missing parameter {missing[0]} (expected shape "
                               f"{layouts[missing[0]].full_shape})" + (f" and {len(missing) - 1} more"
                                                                       if len(missing) > 1 else ""))
 
 
-def load_sharded_weights(model, tensors: Dict[str, np.ndarray], source: str):
-    """Load tensors that are already this rank's shards (a per-rank checkpoint)."""
-    params = {p.name: p for p in model.get_parameters()}
+def load_sharded_weights(model, tensors: Dict[str, np.ndarray], source: str, names=None):
+    """Load tensors that are already this rank's shards (a per-rank checkpoint); `names`: only those
+    parameters (a LoRA run's checkpoint holds its adapters only)."""
+    params = {p.name: p for p in model.get_parameters() if names is None or p.name in names}
     for name in sorted(set(params) | set(tensors)):
         if name not in tensors:
             raise CheckpointError(f"{source}: missing parameter {name} (expected shape {params[name].shape})")
@@ -66,9 +73,9 @@ def load_sharded_weights(model, tensors: Dict[str, np.ndarray], source: str):
         write_param(params[name], tensors[name])
 
 
-def model_state(model) -> Dict[str, np.ndarray]:
-    """This rank's parameter shards as numpy (bf16 as BF16 bit views)."""
-    return {p.name: param_to_numpy(p) for p in model.get_parameters()}
+def model_state(model, names=None) -> Dict[str, np.ndarray]:
+    """This rank's parameter shards as numpy (bf16 as BF16 bit views); `names`: only those."""
+    return {p.name: param_to_numpy(p) for p in model.get_parameters() if names is None or p.name in names}
 
 
 def save_checkpoint(tensors: Dict[str, np.ndarray], path: str):

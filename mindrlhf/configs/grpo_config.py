@@ -267,6 +267,24 @@ class SwapConfig(_Section):
 
 
 @dataclass
+class LoraConfig(_Section):
+    """LoRA adapters on the policy (mindrlhf/models/lora.py): only they train, the base weights are frozen, the
+    reference model is the policy with its adapters off, checkpoints hold the adapters and their optimizer
+    state. Names as verl's and OpenRLHF's."""
+    lora_rank: int = _f(0, "adapter rank r; 0 = full fine-tuning (no adapters)")
+    lora_alpha: float = _f(16.0, "adapter scale alpha: the update is (alpha / r) B A, as PEFT's")
+    lora_dropout: float = _f(0.0, "only 0: dropout on the adapter's input would make the train step's log-probs "
+                             "differ from the rollout's for the same weights")
+    target_modules: List[str] = _f(["all-linear"], "layers that get adapters: all-linear, or names from q_proj "
+                                   "k_proj v_proj o_proj gate_proj up_proj down_proj (Hugging Face) or wq wk wv wo "
+                                   "w1 w3 w2 (MindFormers)")
+    lora_export: str = _f("both", "what run.export_hf writes under LoRA: merged (one Hugging Face folder with W + "
+                          "scale B A), adapter (PEFT's adapter_config.json + adapter_model.safetensors, loaded "
+                          "with peft.PeftModel.from_pretrained on the base) or both",
+                          choices=("merged", "adapter", "both"))
+
+
+@dataclass
 class GRPOConfig(_Section):
     run: RunConfig = field(default_factory=RunConfig)
     rl: RLConfig = field(default_factory=RLConfig)
@@ -274,6 +292,7 @@ class GRPOConfig(_Section):
     optim: OptimConfig = field(default_factory=OptimConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     swap: SwapConfig = field(default_factory=SwapConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self):
         self.explicit = set()      # "section.field" set by the config file or a flag (the rest are defaults)
@@ -347,6 +366,7 @@ class GRPOConfig(_Section):
         if self.rl.clip_cov_lb >= self.rl.clip_cov_ub:
             raise ConfigError(f"rl.clip_cov_lb/clip_cov_ub: expected lb < ub, got {self.rl.clip_cov_lb}/"
                               f"{self.rl.clip_cov_ub}")
+        self._validate_lora()
         if self.run.max_num_seqs and self.run.max_num_seqs < self.rl.num_generations:
             raise ConfigError(f"run.max_num_seqs: {self.run.max_num_seqs} cannot hold one prompt's "
                               f"num_generations={self.rl.num_generations} samples")
@@ -355,6 +375,23 @@ class GRPOConfig(_Section):
             raise ConfigError(f"reward.verifier_weight: {len(self.reward.verifier_weight)} weights for "
                               f"{len(self.reward.verifier_function)} verifier_function entries")
         return self
+
+
+    def _validate_lora(self):
+        from mindrlhf.configs.lora import parse_targets, require_no_dropout
+        lora = self.lora
+        if lora.lora_rank < 0:
+            raise ConfigError(f"lora.lora_rank: expected >= 0 (0 = no adapters), got {lora.lora_rank}")
+        if not lora.lora_rank:
+            return
+        if lora.lora_alpha <= 0:
+            raise ConfigError(f"lora.lora_alpha: expected > 0, got {lora.lora_alpha}")
+        require_no_dropout(lora.lora_dropout)
+        parse_targets(lora.target_modules)
+        if self.rl.ref_sync_steps:
+            raise ConfigError(f"rl.ref_sync_steps: {self.rl.ref_sync_steps} with lora.lora_rank "
+                              f"{lora.lora_rank}; under LoRA the reference model is the frozen base (the policy "
+                              f"with its adapters off), so there is nothing to sync: set ref_sync_steps 0")
 
 
 SECTIONS = [f.name for f in dataclasses.fields(GRPOConfig)]

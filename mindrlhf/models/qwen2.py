@@ -22,12 +22,15 @@ from mindspore.common.initializer import One, initializer
 
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
 from mindrlhf.models.graph_ops import expand_as, mean_last, sum_last, swap_middle, take
+from mindrlhf.configs.lora import LoraSpec
+from mindrlhf.models.lora import adapter_specs, freeze_base, init_adapters
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, HeadLogProb, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import GatherSeq, Identity, copy_to_tp, enter_tp, gather_from_tp
 from mindrlhf.parallel.layouts import Layout, RoleWeights, role_layouts
 from mindrlhf.parallel.mesh import Mesh
 
+_NO_LORA = LoraSpec(1, 1.0, ())     # no layer carries an adapter
 NEG_INF = -1e30  # additive mask value; finite so fully-masked rows stay NaN-free
 _BMM_NT = ops.BatchMatMul(transpose_b=True)   # q @ k^T without materialising k^T (a cache-sized copy)
 # probs @ v as the primitive: the functional matmul's backward transposes both operands with Transpose
@@ -162,7 +165,7 @@ def apply_rope(x, cos, signed_sin, rotate: HalfRotation):
 
 
 class Attention(nn.Cell):
-    def __init__(self, cfg: ModelConfig, mesh: Mesh):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None):
         super().__init__()
         pdt, cdt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype]
         self.hd = cfg.head_dim
@@ -170,13 +173,14 @@ class Attention(nn.Cell):
         self.nkv = cfg.n_kv_heads // mesh.tp
         self.rep = self.nh // self.nkv
         std = cfg.initializer_range
+        on = (lora or _NO_LORA).on
         self.wq = ColumnParallelLinear(cfg.hidden_size, cfg.num_heads * self.hd, mesh, cfg.qkv_has_bias,
-                                       pdt, cdt, std)
+                                       pdt, cdt, std, on("wq"))
         self.wk = ColumnParallelLinear(cfg.hidden_size, cfg.n_kv_heads * self.hd, mesh, cfg.qkv_has_bias,
-                                       pdt, cdt, std)
+                                       pdt, cdt, std, on("wk"))
         self.wv = ColumnParallelLinear(cfg.hidden_size, cfg.n_kv_heads * self.hd, mesh, cfg.qkv_has_bias,
-                                       pdt, cdt, std)
-        self.wo = RowParallelLinear(cfg.num_heads * self.hd, cfg.hidden_size, mesh, False, pdt, cdt, std)
+                                       pdt, cdt, std, on("wv"))
+        self.wo = RowParallelLinear(cfg.num_heads * self.hd, cfg.hidden_size, mesh, False, pdt, cdt, std, on("wo"))
         self.scale = 1.0 / float(np.sqrt(self.hd))
         self.rotate = HalfRotation(self.hd)
         self.softmax_dtype = MS_DTYPES[cfg.softmax_compute_type]
@@ -301,13 +305,14 @@ class SharedPrompt:
 class FeedForward(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
 
-    def __init__(self, cfg: ModelConfig, mesh: Mesh):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None):
         super().__init__()
         pdt, cdt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype]
         std = cfg.initializer_range
-        self.w1 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, mesh, False, pdt, cdt, std)
-        self.w3 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, mesh, False, pdt, cdt, std)
-        self.w2 = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, mesh, False, pdt, cdt, std)
+        on = (lora or _NO_LORA).on
+        self.w1 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, mesh, False, pdt, cdt, std, on("w1"))
+        self.w3 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, mesh, False, pdt, cdt, std, on("w3"))
+        self.w2 = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, mesh, False, pdt, cdt, std, on("w2"))
 
     def construct(self, x):
         gate = self.w1(x)
@@ -315,13 +320,13 @@ class FeedForward(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    def __init__(self, cfg: ModelConfig, mesh: Mesh):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None):
         super().__init__()
         pdt, ndt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.layernorm_compute_type]
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt, mesh)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt, mesh)
-        self.attention = Attention(cfg, mesh)
-        self.feed_forward = FeedForward(cfg, mesh)
+        self.attention = Attention(cfg, mesh, lora)
+        self.feed_forward = FeedForward(cfg, mesh, lora)
         self.enter_attn = enter_tp(mesh)        # under sequence parallelism: gather the sequence
         self.enter_ffn = enter_tp(mesh)
 
@@ -347,7 +352,7 @@ class DecoderLayer(nn.Cell):
 class DecoderModel(nn.Cell):
     """Embedding, decoder layers and final norm (MindFormers' `model.*`); under PP, this stage's part."""
 
-    def __init__(self, cfg: ModelConfig, mesh: Mesh):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None):
         super().__init__()
         pdt = MS_DTYPES[cfg.param_init_type]
         self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
@@ -357,7 +362,7 @@ class DecoderModel(nn.Cell):
         if self.first:
             self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
                                                          cfg.initializer_range)
-        self.layers = nn.CellList([DecoderLayer(cfg, mesh) for _ in self.layer_ids])
+        self.layers = nn.CellList([DecoderLayer(cfg, mesh, lora) for _ in self.layer_ids])
         if self.last:
             self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type],
                                     mesh)
@@ -468,15 +473,17 @@ def causal_bias(attention_mask) -> Tensor:
 
 
 class CausalLM(nn.Cell):
-    """Decoder + LM head. `construct` returns this rank's vocabulary shard of the logits (B, T, Vl)."""
+    """Decoder + LM head. `construct` returns this rank's vocabulary shard of the logits (B, T, Vl).
+    With `lora`, the targeted layers carry adapters (initialised, models/lora.py) and only those train."""
 
-    def __init__(self, cfg: ModelConfig, mesh: Optional[Mesh] = None):
+    def __init__(self, cfg: ModelConfig, mesh: Optional[Mesh] = None, lora: Optional[LoraSpec] = None):
         super().__init__()
         mesh = mesh or Mesh(1, 1, 0)
         ParallelConfig(data_parallel=mesh.dp, model_parallel=mesh.tp, pipeline_stage=mesh.pp).check_model(cfg)
         self.config = cfg
         self.mesh = mesh
-        self.model = DecoderModel(cfg, mesh)
+        self.lora = lora
+        self.model = DecoderModel(cfg, mesh, lora)
         self.tie = cfg.tie_word_embeddings
         # under sequence parallelism the final hidden states are gathered along the sequence first, whose
         # backward already sums over TP ranks: the head then needs no copy_to_tp
@@ -494,6 +501,9 @@ class CausalLM(nn.Cell):
         self.gather_vocab = gather_from_tp(mesh)
         if mesh.pp > 1:
             _global_layer_names(self, self.model.layer_ids.start)
+        if lora is not None:
+            init_adapters(self, lora)
+            freeze_base(self)
 
     def head(self, hidden):
         hidden = self.enter_head(hidden)
@@ -519,7 +529,7 @@ class CausalLM(nn.Cell):
 
     def layouts(self) -> Dict[str, Layout]:
         """Every parameter's layout in this model's mesh (under PP, also those other stages hold)."""
-        return layouts_for(self.config, self.mesh.dp, self.mesh.tp, self.mesh.pp)
+        return layouts_for(self.config, self.mesh.dp, self.mesh.tp, self.mesh.pp, self.lora)
 
     def weights(self) -> RoleWeights:
         """This rank's parameters with their layouts: what a weight transfer (sync, export) needs."""
@@ -575,8 +585,9 @@ def _global_layer_names(model: nn.Cell, first_layer: int):
             p.name = f"{prefix}{first_layer + int(local)}.{rest}"
 
 
-def param_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], Optional[int]]]:
-    """Every parameter's full shape and the dimension split across TP ranks (None = replicated).
+def param_specs(cfg: ModelConfig, lora: Optional[LoraSpec] = None) -> Dict[str, Tuple[Tuple[int, ...], Optional[int]]]:
+    """Every parameter's full shape and the dimension split across TP ranks (None = replicated); with `lora`,
+    the adapters' too (after their layer's weight).
 
     The one place that knows the parameter list without building the model: layouts, strategy files
     and checkpoint slicing read it; a test checks it against the built model.
@@ -602,16 +613,16 @@ def param_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], Optional[i
     specs["model.norm_out.weight"] = ((h,), None)
     if not cfg.tie_word_embeddings:
         specs["lm_head.weight"] = ((cfg.vocab_size, h), 0)
-    return specs
+    return adapter_specs(specs, lora) if lora else specs
 
 
-def param_stages(cfg: ModelConfig, pp: int) -> Dict[str, int]:
+def param_stages(cfg: ModelConfig, pp: int, lora: Optional[LoraSpec] = None) -> Dict[str, int]:
     """The pipeline stage that holds each parameter: the embedding on the first, the final norm and LM head on
     the last, each decoder layer where layer_split puts it."""
     split = layer_split(cfg.num_layers, pp, cfg.offset)
     stage_of_layer = {layer: s for s, layers in enumerate(split) for layer in layers}
     out = {}
-    for name in param_specs(cfg):
+    for name in param_specs(cfg, lora):
         if name.startswith("model.layers."):
             out[name] = stage_of_layer[int(name.split(".")[2])]
         else:
@@ -619,6 +630,6 @@ def param_stages(cfg: ModelConfig, pp: int) -> Dict[str, int]:
     return out
 
 
-def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1) -> Dict[str, Layout]:
+def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1, lora: Optional[LoraSpec] = None) -> Dict[str, Layout]:
     """Every parameter's layout for a role arranged [pp, dp, tp] (strategy files, slicing, re-layout)."""
-    return role_layouts(param_specs(cfg), dp, tp, param_stages(cfg, pp) if pp > 1 else None)
+    return role_layouts(param_specs(cfg, lora), dp, tp, param_stages(cfg, pp, lora) if pp > 1 else None)

@@ -17,7 +17,8 @@ from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
 
 from mindrlhf.models.graph_ops import expand_as
-from mindrlhf.models.tp_regions import leave_tp, max_from_tp, reduce_from_tp
+from mindrlhf.models.lora import ADAPTER_A, ADAPTER_B
+from mindrlhf.models.tp_regions import Identity, copy_to_tp, leave_tp, max_from_tp, reduce_from_tp
 
 MS_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -60,11 +61,31 @@ def _rows_and_weight(x, weight, compute_dtype):
     return x2, weight if weight.dtype == compute_dtype else ops.cast(weight, compute_dtype)
 
 
-class ColumnParallelLinear(nn.Cell):
+class _LoraLinear(nn.Cell):
+    """A linear layer that may carry a LoRA adapter (models/lora.py): `lora` = (rank, scaling) or None.
+    The adapter's factors are shaped like the layer's shard: A (r, in shard), B (out shard, r); the factor that
+    is not split (A of a column-parallel layer, B of a row-parallel one) enters through copy_to_tp."""
+
+    def _add_lora(self, lora, local_in, local_out, mesh, param_dtype, replicated: str):
+        self.lora_scaling = 0.0
+        if lora is None:
+            return
+        rank, self.lora_scaling = lora
+        self.mindpet_delta_lora_a = Parameter(initializer(Zero(), (rank, local_in), param_dtype), name=ADAPTER_A)
+        self.mindpet_delta_lora_b = Parameter(initializer(Zero(), (local_out, rank), param_dtype), name=ADAPTER_B)
+        self.enter_a = copy_to_tp(mesh) if replicated == "a" else Identity()
+        self.enter_b = copy_to_tp(mesh) if replicated == "b" else Identity()
+
+    def _lora_delta(self, x):
+        low = linear(x, self.enter_a(self.mindpet_delta_lora_a), self.compute_dtype)
+        return linear(low, self.enter_b(self.mindpet_delta_lora_b), self.compute_dtype) * self.lora_scaling
+
+
+class ColumnParallelLinear(_LoraLinear):
     """Output features split across TP ranks; the input must already be in the TP region."""
 
     def __init__(self, in_features, out_features, mesh, has_bias=False, param_dtype=ms.float32,
-                 compute_dtype=ms.float32, init_std=0.02):
+                 compute_dtype=ms.float32, init_std=0.02, lora=None):
         super().__init__()
         if out_features % mesh.tp:
             raise ValueError(f"out_features={out_features} is not divisible by model_parallel={mesh.tp}")
@@ -75,19 +96,23 @@ class ColumnParallelLinear(nn.Cell):
                                 name="weight")
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (local_out,), param_dtype), name="bias")
+        self._add_lora(lora, in_features, local_out, mesh, param_dtype, replicated="a")
 
     def construct(self, x):
         y = linear(x, self.weight, self.compute_dtype)
+        if self.lora_scaling:
+            y = y + self._lora_delta(x)
         if self.has_bias:
             y = y + expand_as(ops.cast(self.bias, self.compute_dtype), y)
         return y
 
 
-class RowParallelLinear(nn.Cell):
-    """Input features split across TP ranks; partial products are summed by `reduce_from_tp`."""
+class RowParallelLinear(_LoraLinear):
+    """Input features split across TP ranks; partial products are summed by `reduce_from_tp` (an adapter's
+    too: x_k A_k^T B^T summed over ranks k is x A^T B^T, so it adds no collective)."""
 
     def __init__(self, in_features, out_features, mesh, has_bias=False, param_dtype=ms.float32,
-                 compute_dtype=ms.float32, init_std=0.02):
+                 compute_dtype=ms.float32, init_std=0.02, lora=None):
         super().__init__()
         if in_features % mesh.tp:
             raise ValueError(f"in_features={in_features} is not divisible by model_parallel={mesh.tp}")
@@ -98,9 +123,13 @@ class RowParallelLinear(nn.Cell):
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias")
         self.reduce = leave_tp(mesh)          # under sequence parallelism: reduce-scatter along the sequence
+        self._add_lora(lora, in_features // mesh.tp, out_features, mesh, param_dtype, replicated="b")
 
     def construct(self, x):
-        y = self.reduce(linear(x, self.weight, self.compute_dtype))
+        y = linear(x, self.weight, self.compute_dtype)
+        if self.lora_scaling:
+            y = y + self._lora_delta(x)
+        y = self.reduce(y)
         if self.has_bias:
             y = y + expand_as(ops.cast(self.bias, self.compute_dtype), y)
         return y

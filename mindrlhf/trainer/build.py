@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from mindrlhf.checkpoint.model_io import load_weights
+from mindrlhf.models.lora import BaseModelLogProb, merged_weights
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
@@ -28,13 +29,13 @@ from mindrlhf.utils.params import copy_params
 class Models:
     policy: CausalLM
     rollout_model: CausalLM             # the policy itself when the layouts and dtypes match
-    ref_model: Optional[CausalLM]       # None when rl.beta is 0
+    ref_model: Optional[CausalLM]       # None when rl.beta is 0, and under LoRA (the policy, adapters off)
     weight_sync: WeightSync
 
 
 def build_models(run: ResolvedRun, log: Callable) -> Models:
     paths = run.cfg.run
-    policy = CausalLM(run.model_cfg, run.train_mesh)
+    policy = CausalLM(run.model_cfg, run.train_mesh, run.lora)
     if paths.load_sft_checkpoint_train:
         load_weights(policy, paths.load_sft_checkpoint_train)
     t, i = run.train_mesh, run.infer_mesh
@@ -43,13 +44,16 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
     else:
         rollout = CausalLM(run.infer_model_cfg, run.infer_mesh)
     shared = rollout is policy
-    sync = WeightSync(policy.weights(), None if shared else rollout.weights(), paths.reshard_transport, log=log)
+    # a policy with adapters runs them itself when it serves rollout; a separate rollout model receives the
+    # merged weights W + scale B A through the same re-layout
+    source = merged_weights(policy) if run.lora else policy.weights()
+    sync = WeightSync(source, None if shared else rollout.weights(), paths.reshard_transport, log=log)
     if paths.load_sft_checkpoint_infer and not shared:
         load_weights(rollout, paths.load_sft_checkpoint_infer)   # checked by the logprob gap
     else:
         sync.sync()                        # rollout starts from the policy's weights
     ref = None
-    if run.cfg.rl.beta > 0:
+    if run.cfg.rl.beta > 0 and not run.lora:
         ref = CausalLM(run.model_cfg, run.train_mesh)
         ref_path = paths.load_ref_checkpoint or paths.load_sft_checkpoint_train
         if ref_path:
@@ -103,8 +107,11 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         log("note: on CPU, swapped buffers' pages are released; the policy, optimizer and reference keep a host copy "
             "in the same RAM (device-side footprint drops, process total does not), the rollout weights and KV "
             "cache keep none (both drop) (mindrlhf/parallel/swap.py)")
-    return Training(engine, optimizer, train_step, logprob_cell(models.policy),
-                    logprob_cell(ref) if ref else None, swap)
+    policy_logprob = logprob_cell(models.policy)
+    ref_logprob = logprob_cell(ref) if ref else None
+    if run.lora and rl.beta > 0:            # the reference is the base: the policy's own graph, adapters off
+        ref_logprob = BaseModelLogProb(policy_logprob, models.policy)
+    return Training(engine, optimizer, train_step, policy_logprob, ref_logprob, swap)
 
 
 def compile_train_step(run: ResolvedRun, training: Training, log: Callable):

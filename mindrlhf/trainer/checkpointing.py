@@ -1,6 +1,7 @@
 """Training checkpoints: per-rank shards written atomically, a step counts only once marked COMPLETE.
 
     save_ckpt_dir/step_000010/rank_0/{policy,optimizer[,ref]}.safetensors + rank_state.json
+    (under LoRA `policy` holds the adapters only: the base is the run's load_sft_checkpoint_train)
     save_ckpt_dir/step_000010/trainer_state.json, COMPLETE
 
 Every file is fsynced before it is renamed into place and COMPLETE is written last, after every rank's
@@ -27,6 +28,7 @@ from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, ran
 from mindrlhf.checkpoint.safetensors_io import require_float
 from mindrlhf.checkpoint.slicing import ShardedSource
 from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.models.lora import saved_names
 from mindrlhf.models.qwen2 import layouts_for
 from mindrlhf.parallel.mesh import distributed_env
 from mindrlhf.parallel.strategy import StrategyEntry
@@ -64,7 +66,7 @@ def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer,
                               f"another run writing to save_ckpt_dir?)")
     os.makedirs(target, exist_ok=True)
     with atomic_dir(rank_dir(target, rank)) as tmp:
-        save_checkpoint(model_state(policy), os.path.join(tmp, POLICY_FILE))
+        save_checkpoint(model_state(policy, saved_names(policy)), os.path.join(tmp, POLICY_FILE))
         opt_state = {p.name: p.asnumpy() for p in optimizer.state_parameters()}
         save_checkpoint(opt_state, os.path.join(tmp, "optimizer.safetensors"))
         for name, model in (extra_models or {}).items():
@@ -139,7 +141,7 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_mode
     if not os.path.isdir(shard_dir):
         raise CheckpointError(f"{target}: no shard for rank {rank}; was it saved with another world size?")
     policy_path = os.path.join(shard_dir, POLICY_FILE)
-    load_sharded_weights(policy, read_checkpoint(policy_path), policy_path)
+    load_sharded_weights(policy, read_checkpoint(policy_path), policy_path, saved_names(policy))
     for name, model in (extra_models or {}).items():
         path = os.path.join(shard_dir, f"{name}.safetensors")
         if not os.path.isfile(path):
@@ -176,6 +178,10 @@ def policy_tensors(step_path: str, model_cfg) -> Iterator[Tuple[str, np.ndarray]
     if not layout:
         raise CheckpointError(f"{step_path}/trainer_state.json: records no layout (saved by an earlier version); "
                               f"convert the step with transform_checkpoint.py and its strategy files")
+    if layout.get("lora"):
+        raise CheckpointError(f"{step_path}: holds the LoRA adapters of a run, not a whole model; evaluate that "
+                              f"run's export (run.export_hf, lora.lora_export merged or both), or load its base "
+                              f"model with the adapter through PEFT")
     (dp, tp), pp = layout["train"], layout.get("train_pipeline_stage", 1)
     layouts = layouts_for(model_cfg, dp, tp, pp)
     source = ShardedSource(step_path, {n: StrategyEntry.of(lay) for n, lay in layouts.items()}, POLICY_FILE)

@@ -105,16 +105,17 @@ def barrier(ranks=None):
     comm.barrier(ranks)
 
 
-def full_policy(model) -> Dict[str, np.ndarray]:
+def full_policy(model, weights=None) -> Dict[str, np.ndarray]:
     """The model's full (unsharded) float32 tensors on rank 0, {} elsewhere: the re-layout plan to the
-    full layout, so each slice comes from one replica."""
-    return {name: full for name, full in gather_full(model.weights()) if model.mesh.rank == 0}
+    full layout, so each slice comes from one replica. `weights`: a view of the model's weights other than
+    model.weights() (LoRA: merged, or the adapters alone)."""
+    return {name: full for name, full in gather_full(weights or model.weights()) if model.mesh.rank == 0}
 
 
-def write_full_policy(model, write: Callable[[Dict[str, np.ndarray]], None]):
-    """Rank 0 writes the model's full tensors with `write`; every rank returns once it has (so anything
-    after this, on any rank, sees the whole export)."""
-    full = full_policy(model)
+def write_full_policy(model, write: Callable[[Dict[str, np.ndarray]], None], weights=None):
+    """Rank 0 writes the model's full tensors (or those of `weights`, see full_policy) with `write`; every
+    rank returns once it has (so anything after this, on any rank, sees the whole export)."""
+    full = full_policy(model, weights)
     if model.mesh.rank == 0:
         write(full)
     barrier()

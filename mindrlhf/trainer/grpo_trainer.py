@@ -20,8 +20,9 @@ from typing import Dict, List
 import numpy as np
 import mindspore as ms
 
-from mindrlhf.checkpoint.hf_interop import export_hf
+from mindrlhf.checkpoint.hf_interop import export_hf, export_peft_adapter
 from mindrlhf.configs.grpo_config import GRPOConfig
+from mindrlhf.models.lora import adapter_weights, merged_weights
 from mindrlhf.models.qwen2 import left_pad
 from mindrlhf.parallel import watchdog
 from mindrlhf.trainer import checkpointing, evaluation, exchange, run_dir, startup
@@ -277,12 +278,21 @@ class GRPOTrainer:
         self.rollout_log.restore(self.step)
         self.log(f"resumed from {state['dir']} (step {self.step})")
 
-    def export_policy(self, out_dir: str):
-        """Write the policy as HF safetensors (rank 0), its full tensors assembled from one replica each."""
+    def export_policy(self, out_dir: str, adapter_dir: str = ""):
+        """Write the policy as HF safetensors (rank 0), its full tensors assembled from one replica each. Under
+        LoRA as lora.lora_export says: merged weights to `out_dir`, the adapter in PEFT's format to
+        `adapter_dir`, or both."""
         watchdog.enter("export")
-        exchange.write_full_policy(self.policy, lambda full: export_hf(
-            full, out_dir, self.run.model_cfg, tokenizer_dir=self.cfg.run.vocab_path,
-            overwrite=self.cfg.run.overwrite_ckpt_dir, flag="save_ckpt_dir/" + run_dir.EXPORT_DIR))
+        run, what = self.cfg.run, self.cfg.lora.lora_export if self.run.lora else "merged"
+        if what in ("merged", "both"):
+            weights = merged_weights(self.policy) if self.run.lora else None
+            exchange.write_full_policy(self.policy, lambda full: export_hf(
+                full, out_dir, self.run.model_cfg, tokenizer_dir=run.vocab_path, overwrite=run.overwrite_ckpt_dir,
+                flag="save_ckpt_dir/" + run_dir.EXPORT_DIR), weights)
+        if what in ("adapter", "both"):
+            exchange.write_full_policy(self.policy, lambda full: export_peft_adapter(
+                full, adapter_dir, self.run.lora, run.load_sft_checkpoint_train, overwrite=run.overwrite_ckpt_dir,
+                flag="save_ckpt_dir/" + run_dir.ADAPTER_EXPORT_DIR), adapter_weights(self.policy))
 
     def fit(self) -> List[Dict[str, float]]:
         run = self.cfg.run
@@ -311,7 +321,8 @@ class GRPOTrainer:
         self.weight_sync.close()
         self.rollout_log.flush()
         if run.export_hf:
-            self.export_policy(os.path.join(run.save_ckpt_dir, run_dir.EXPORT_DIR))
+            self.export_policy(os.path.join(run.save_ckpt_dir, run_dir.EXPORT_DIR),
+                               os.path.join(run.save_ckpt_dir, run_dir.ADAPTER_EXPORT_DIR))
         self.metrics.close()
         watchdog.stop()
         return history

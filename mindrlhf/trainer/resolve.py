@@ -19,6 +19,7 @@ from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.hf_config import is_hf_folder
+from mindrlhf.configs.lora import LoraSpec, parse_targets
 from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig, load_model_yaml
 from mindrlhf.data.dataset import PromptDataset
 from mindrlhf.data.tokenizer import load_tokenizer
@@ -51,6 +52,7 @@ class ResolvedRun:
     prompt_width: int                   # the dataset's prompt_ids column
     reward_fn: RewardFn
     shared_prompt: Tuple[int, int]      # (group, prompt width), or (0, 0): see models/qwen2.SharedPrompt
+    lora: Optional[LoraSpec] = None     # the policy's adapters; None: full fine-tuning
 
     def sampling(self, greedy: bool = False) -> SamplingParams:
         fields = dict(dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
@@ -84,6 +86,8 @@ class ResolvedRun:
                  "infer": [self.infer_mesh.dp, self.infer_mesh.tp]}
         if self.train_mesh.pp > 1:
             state["train_pipeline_stage"] = self.train_mesh.pp
+        if self.lora:
+            state["lora"] = self.lora.state()
         return state
 
     def describe(self) -> str:
@@ -92,7 +96,8 @@ class ResolvedRun:
         train += (" sequence parallel" if m.seq_parallel else "") + \
             (f", {self.micro_batches} micro-batches per update" if self.micro_batches > 1 else "")
         return (f"GRPO: {self.world} rank(s); train layout {train}; infer layout dp={i.dp} tp={i.tp}; "
-                f"{self.cfg.rl.batch_size * i.dp} prompts x {self.cfg.rl.num_generations} samples per step")
+                f"{self.cfg.rl.batch_size * i.dp} prompts x {self.cfg.rl.num_generations} samples per step"
+                + (f"; {self.lora.describe()} (base frozen)" if self.lora else ""))
 
 
 def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) -> ResolvedRun:
@@ -152,9 +157,13 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
         log(f"verifiers from {cfg.reward.reward_module}: {', '.join(added)}")
     reward_fn = RewardFn(cfg.reward.verifier_function, cfg.reward.verifier_weight, cfg.reward.verifier_timeout)
     shared = _shared_prompt(cfg, train_mesh, geometry, micro_batches, prompt_width, log)
+    lora = cfg.lora
+    spec = LoraSpec(lora.lora_rank, float(lora.lora_alpha), parse_targets(lora.target_modules),
+                    cfg.run.seed) if lora.lora_rank else None
     cfg.freeze()
     return ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,
-                       geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn, shared)
+                       geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn, shared,
+                       spec)
 
 
 def _take_generation_fields(cfg: GRPOConfig, infer_yaml: ModelYaml, log):

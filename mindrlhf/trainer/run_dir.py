@@ -23,12 +23,13 @@ from mindrlhf.utils.atomic import write_json
 
 RUN_FILE = "RUN"
 EXPORT_DIR = "hf_policy"
+ADAPTER_EXPORT_DIR = "hf_adapter"       # a LoRA run's adapter in PEFT's format
 
 
 def run_state(save_ckpt_dir: str, files: List[str]) -> List[str]:
     """The paths of a run's state present now: in save_ckpt_dir, and those of `files` (metrics, TensorBoard,
     rollout log) that exist."""
-    owned = [os.path.join(save_ckpt_dir, n) for n in (RUN_FILE, EXPORT_DIR)]
+    owned = [os.path.join(save_ckpt_dir, n) for n in (RUN_FILE, EXPORT_DIR, ADAPTER_EXPORT_DIR)]
     found = sorted(list(step_folders(save_ckpt_dir).values()) + [p for p in owned if os.path.lexists(p)])
     return found + [f for f in files if f and os.path.exists(f) and f not in found]
 
