@@ -91,11 +91,13 @@ def phase_flops(model_dir: str) -> dict:
 
 
 # ---- mindrlhf (this Python) ---------------------------------------------------------------------------------
-def child_ours(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
+def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict = None,
+               out_name: str = "mindrlhf") -> dict:
+    """One mindrlhf run of the example's config; `extra`: overrides on top (bench_lora.py's LoRA run)."""
     from mindrlhf.configs.grpo_config import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     from mindrlhf.trainer.metrics import read_metrics
-    out_dir = os.path.join(work, "mindrlhf")
+    out_dir = os.path.join(work, out_name)
     overrides = {"sft_path_train": inputs["model_dir"], "mind_dataset_dir": os.path.join(inputs["data"], "train.mindrecord"),
                  "save_ckpt_dir": out_dir, "total_steps": steps, "save_steps": 0, "export_hf": False,
                  "progress": False, "tensorboard": False, "eval_prompts": EVAL_PROMPTS}
@@ -103,6 +105,7 @@ def child_ours(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
         overrides.update(eval_dataset=os.path.join(inputs["data"], "test.mindrecord"), eval_steps=eval_every)
     else:
         overrides.update(eval_steps=0)
+    overrides.update(extra or {})
     cfg = load_grpo_config(os.path.join(EXAMPLE, "grpo_config.yaml"), overrides)
     t0 = time.perf_counter()
     trainer = GRPOTrainer(cfg, log=lambda *a, **k: None)

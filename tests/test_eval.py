@@ -252,6 +252,7 @@ def test_bad_input_is_named(trained, capsys, flags, pattern):
     assert re.search(pattern, err), err
 
 
+@pytest.mark.slow       # ~20 s; the eval path is the trainer's (test_the_exported_policy_scores_...) and msrun runs elsewhere
 def test_two_msrun_workers_give_the_single_process_completions(trained, capsys, tmp_path):
     """Rank r generates prompts r::2; rank 0 gathers and writes: the same file and accuracy as one process."""
     report, rows = _run_eval(trained, capsys)

@@ -205,3 +205,11 @@ def test_a_separate_rollout_model_receives_the_merged_weights(assets, tmp_path):
     assert moved == 2                                                    # both layers' wq carry their update
     assert os.path.isfile(tmp_path / "hf_policy" / "model.safetensors")
     assert os.path.isfile(tmp_path / "hf_adapter" / "adapter_model.safetensors")
+
+
+def test_mindformers_pet_config_is_refused_naming_the_lora_section(tmp_path):
+    from mindrlhf.configs import load_model_yaml
+    path = model_yaml(str(tmp_path / "m.yaml"), pet_config={"pet_type": "lora", "lora_rank": 8,
+                                                            "target_modules": ".*wq|.*wv"})
+    with pytest.raises(ConfigError, match="pet_config.*lora section"):
+        load_model_yaml(path)

@@ -183,3 +183,30 @@ def test_checkpoint_restores_the_optimizer_exactly_and_the_next_update_matches(t
     got = state()
     for name, value in expected.items():
         assert np.array_equal(got[name], value), name
+
+
+def test_an_update_over_many_parameters_compiles_past_the_default_call_depth(monkeypatch):
+    """The update loop unrolls into about two nested calls per parameter at compile time: 420 LoRA adapter
+    tensors of a 30-layer model exceeded MindSpore's default depth of 1000. Here the limit is first lowered
+    to 100 and 60 parameters are updated in one graph; AdamW raises the limit to what they need."""
+    from mindrlhf.trainer import optim
+    n = 60
+    ms.set_recursion_limit(100)
+    monkeypatch.setattr(optim, "_CALL_DEPTH", [100], raising=False)
+    try:
+        params = [Parameter(Tensor(np.ones((3,), np.float32)), name=f"m.l{i}.weight") for i in range(n)]
+        opt = AdamW(params, weight_decay=0.0)
+
+        class Step(nn.Cell):
+            def __init__(self):
+                super().__init__()
+                self.opt = opt
+
+            @ms.jit
+            def construct(self, grads, lr):
+                return self.opt(grads, lr, 1.0)
+
+        Step()(tuple(Tensor(np.full((3,), 0.5, np.float32)) for _ in range(n)), Tensor(1e-2, ms.float32))
+        assert all(np.allclose(p.asnumpy(), 1.0 - 1e-2, atol=1e-6) for p in params)   # Adam's first step: lr x sign
+    finally:
+        ms.set_recursion_limit(1000)

@@ -220,6 +220,8 @@ MODEL_CHECKED = {
     "kv_channels": (lambda v, raw: int(v) * int(raw.get("num_heads", 0) or 1) == int(raw.get("hidden_size", 0)),
                     "hidden_size / num_heads"),
     "rotary_emb_base": (lambda v, raw: "theta" not in raw or float(v) == float(raw["theta"]), "theta"),
+    "pet_config": (lambda v, raw: not v, "unset: LoRA is the GRPO config's lora section (lora_rank, lora_alpha, "
+                   "target_modules, which takes pet_config's '.*wq|.*wv' form)"),
 }
 PARALLEL_INERT: Dict[str, str] = {
     "vocab_emb_dp": "embedding placement; the embedding is vocab-split over model_parallel either way",

@@ -131,7 +131,8 @@ MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
                     "hidden_size / num_attention_heads", None),
     "attention_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
     "hidden_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
-    "lora_target_modules": (lambda v, ns: not v, "unset (LoRA is not implemented)", None),
+    "lora_target_modules": (lambda v, ns: not v, "unset (MindSpeed-RL's Megatron LoRA keys are not translated; "
+                            "Megatron fuses q/k/v and gate/up into one adapter each: set our lora section instead)", None),
     "noop_layers": (lambda v, ns: v is None, "unset", None),
     "mm_model": (lambda v, ns: v is None, "unset (text models only)", None),
     "spec": (lambda v, ns: v is None, "unset (the built-in Qwen2/Llama decoder)", None),
@@ -215,7 +216,8 @@ RL_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
     "shuffle_mini_batch": (lambda v, c: v is False, "false (mini-batches in rollout order)", False),
     "is_multimodal": (lambda v, c: v is False, "false (text models only)", False),
     "multi_turn_enable": (lambda v, c: v is False, "false (single-turn rollouts)", False),
-    "share_backbone": (lambda v, c: v is False, "false (LoRA is not implemented)", False),
+    "share_backbone": (lambda v, c: v is False, "false (under our lora section the reference is always the base: "
+                                                    "set that instead)", False),
     "partial_rollout_max_split": (lambda v, c: int(v) == 1, "1 (every rollout finishes in its step)", 1),
     "rollout_max_tokens": (lambda v, c: not c.get("overlong_buffer_enable") or int(v) == c["max_tokens"],
                            "sampling_config.max_tokens when overlong_buffer_enable is true (the penalty is "

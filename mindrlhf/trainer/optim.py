@@ -19,6 +19,20 @@ def no_decay(name: str) -> bool:
     return name.endswith(".bias") or "norm" in name.rsplit(".", 2)[-2]
 
 
+_CALL_DEPTH = [1000]         # MindSpore's graph call-depth limit (its default), raised, never lowered, by AdamW
+
+
+def allow_call_depth(params: int):
+    """The per-parameter update loop unrolls at compile time into nested calls, about two per parameter (the
+    micro-batched apply's buffer loop adds more): a 30-layer model with LoRA on every linear layer (420
+    adapter tensors) passed MindSpore 2.10's default limit of 1000 ("Exceed function call depth limit"), as
+    would a full model of ~450 tensors. The limit becomes 4 per parameter + 500 when that is more."""
+    need = 4 * params + 500
+    if need > _CALL_DEPTH[0]:
+        ms.set_recursion_limit(need)
+        _CALL_DEPTH[0] = need
+
+
 class AdamW(nn.Cell):
     """torch.optim.AdamW's update. float32 parameters go through MindSpore's fused, in-place Adam
     kernel (ApplyAdam) with the bias correction folded into its per-step arguments: beta powers 0 (so it
@@ -32,6 +46,7 @@ class AdamW(nn.Cell):
 
     def __init__(self, params, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8):
         super().__init__(auto_prefix=False)
+        allow_call_depth(len(params))
         self.params = ms.ParameterTuple(params)
         self.exp_avg = self.params.clone(prefix="adam_m", init="zeros")
         self.exp_avg_sq = self.params.clone(prefix="adam_v", init="zeros")
