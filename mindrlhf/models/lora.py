@@ -29,6 +29,8 @@ from mindrlhf.parallel.layouts import RoleWeights
 from mindrlhf.utils.params import param_as_f32, param_to_numpy, write_param
 
 ADAPTER_A, ADAPTER_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
+
+
 def is_adapter(name: str) -> bool:
     return name.endswith((ADAPTER_A, ADAPTER_B))
 
@@ -101,10 +103,8 @@ class BaseModelLogProb:
         self.cell, self.model = logprob_cell, model
 
     def __call__(self, *inputs):
-        with adapters_off(self.model):
-            out = self.cell(*inputs)
-            ms.runtime.synchronize()          # computed before the adapters come back
-            return out
+        with adapters_off(self.model):            # which waits for the pass before restoring them
+            return self.cell(*inputs)
 
 
 class MergedWeight:
