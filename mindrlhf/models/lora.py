@@ -126,7 +126,9 @@ class MergedWeight:
 
 def merged_weights(model) -> RoleWeights:
     """The model's weights as a model without adapters has them, adapted layers merged on read: the source of
-    the weight sync to a separate rollout model and of a merged export."""
+    the weight sync to a separate rollout model and of a merged export (a model without adapters: its own)."""
+    if getattr(model, "lora", None) is None:
+        return model.weights()
     params = {p.name: p for p in model.get_parameters()}
     out = {}
     for name, p in params.items():

@@ -46,8 +46,7 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
     shared = rollout is policy
     # a policy with adapters runs them itself when it serves rollout; a separate rollout model receives the
     # merged weights W + scale B A through the same re-layout
-    source = merged_weights(policy) if run.lora else policy.weights()
-    sync = WeightSync(source, None if shared else rollout.weights(), paths.reshard_transport, log=log)
+    sync = WeightSync(merged_weights(policy), None if shared else rollout.weights(), paths.reshard_transport, log=log)
     if paths.load_sft_checkpoint_infer and not shared:
         load_weights(rollout, paths.load_sft_checkpoint_infer)   # checked by the logprob gap
     else:

@@ -285,10 +285,9 @@ class GRPOTrainer:
         watchdog.enter("export")
         run, what = self.cfg.run, self.cfg.lora.lora_export if self.run.lora else "merged"
         if what in ("merged", "both"):
-            weights = merged_weights(self.policy) if self.run.lora else None
             exchange.write_full_policy(self.policy, lambda full: export_hf(
                 full, out_dir, self.run.model_cfg, tokenizer_dir=run.vocab_path, overwrite=run.overwrite_ckpt_dir,
-                flag="save_ckpt_dir/" + run_dir.EXPORT_DIR), weights)
+                flag="save_ckpt_dir/" + run_dir.EXPORT_DIR), merged_weights(self.policy))
         if what in ("adapter", "both"):
             exchange.write_full_policy(self.policy, lambda full: export_peft_adapter(
                 full, adapter_dir, self.run.lora, run.load_sft_checkpoint_train, overwrite=run.overwrite_ckpt_dir,
