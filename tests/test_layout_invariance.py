@@ -329,3 +329,16 @@ def test_lora_trajectory_is_layout_invariant_under_tp(assets):
 @pytest.mark.slow
 def test_lora_trajectory_is_layout_invariant_under_pipeline_stages(assets):
     _check_lora_layout(assets, "single_untied", "train_pp2_infer_dp2")
+
+
+# sequence packing: rows of 23 (prompt 16 + 8 response tokens - 1), two per micro-batch; the packed run on each
+# layout follows the padded single process's trajectory
+PACKING_FLAGS = dict(sequence_packing=True, max_packing_token_size=46)
+
+
+@pytest.mark.slow       # ~4 min: five packed runs (single process, 2 msrun workers x 3, 4 workers)
+@pytest.mark.parametrize("name", ["single", "train_tp2_infer_dp2", "train_dp2_infer_tp2", "train_pp2_infer_dp2",
+                                  "train_pp2_tp2_sp_infer_dp4"])
+def test_packed_trajectory_equals_the_padded_single_process(assets, runs, name):
+    ref, ref_weights = _check_reference(assets, runs, REFERENCE[ALL_LAYOUTS[name][4]])
+    _check_layout(assets, _run(assets, name, "_packed", **PACKING_FLAGS), name, ref, ref_weights)

@@ -125,6 +125,15 @@ class RLConfig(_Section):
                                "(verl's ppo_micro_batch_size_per_gpu): the update's gradients are summed over its "
                                "micro-batches, the same update with a smaller activation peak; 0 = the whole "
                                "mini-batch (or the model YAML's micro_batch_num x micro_batch_interleave_num)")
+    sequence_packing: bool = _f(False, "the training, old and reference log-prob forwards run on rows packed with "
+                                "several sequences (attention within each, positions restarting) instead of one "
+                                "padded row per sequence: the same loss and gradients with the padding not computed "
+                                "(NeMo-RL's sequence_packing, verl's use_dynamic_bsz, MindSpeed-RL's "
+                                "use_remove_padding). Needs loss_agg token-mean and a token-level loss_mode")
+    max_packing_token_size: int = _f(0, "sequence_packing: tokens per packed micro-batch on each train-DP rank "
+                                     "(MindSpeed-RL's name; verl's ppo_max_token_len_per_gpu), in rows of the "
+                                     "padded row's width (prompt + response - 1); 0 = the padded micro-batch's "
+                                     "(micro_batch_size, else the mini-batch, rows of that width)")
     num_iterations: int = _f(1, "passes over each rollout; the ratio's denominator is always the log-probs of the "
                              "policy before the step's first update (PPO's old policy): with one update per "
                              "rollout (1 pass, one mini-batch) the train forward's own, detached, with no extra pass")
@@ -336,6 +345,7 @@ class GRPOConfig(_Section):
                   ("run.epochs", self.run.epochs), ("run.max_num_seqs", self.run.max_num_seqs),
                   ("run.max_model_len", self.run.max_model_len), ("rl.mini_batch_size", self.rl.mini_batch_size),
                   ("rl.micro_batch_size", self.rl.micro_batch_size),
+                  ("rl.max_packing_token_size", self.rl.max_packing_token_size),
                   ("rl.ref_sync_steps", self.rl.ref_sync_steps), ("run.cpu_threads", self.run.cpu_threads),
                   ("reward.verifier_timeout", self.reward.verifier_timeout),
                   ("run.watchdog_timeout", self.run.watchdog_timeout)]

@@ -18,7 +18,8 @@ from mindrlhf.rollout.backends import make_engine
 from mindrlhf.trainer.optim import AdamW
 from mindrlhf.trainer.pipeline_step import PipelineLogProb, PipelineTrainStep
 from mindrlhf.trainer.resolve import ResolvedRun
-from mindrlhf.trainer.samples import SampleBatch, train_step_inputs
+from mindrlhf.trainer.packing import PackedRowLayout
+from mindrlhf.trainer.samples import PaddedRows, SampleBatch, train_step_inputs
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
 from mindrlhf.utils import compile_ahead
@@ -70,6 +71,7 @@ class Training:
     policy_logprob: object              # ResponseLogProb / PipelineLogProb of the policy
     ref_logprob: Optional[object]       # ... of the reference model
     swap: SwapSchedule
+    rows: object                        # samples.PaddedRows or packing.PackedRowLayout: how samples become rows
 
 
 def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
@@ -78,16 +80,19 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
                          run.cfg.run.max_num_seqs)
     optimizer = AdamW(list(models.policy.trainable_params()), opt.weight_decay, opt.beta1, opt.beta2, opt.eps)
     temperature, shared, m, pp = run.logprob_temperature, run.shared_prompt, run.micro_batches, run.train_mesh.pp
-    loss_cell = GRPOLossCell(models.policy, rl, smp.max_tokens, temperature, run.on_policy, m, shared)
-    if m > 1 or pp > 1:
-        train_step = PipelineTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m)
+    # packed rows: every position may hold a response token, so log-probs come for the whole row; the number
+    # of packed micro-batches varies by update, so the update always accumulates over them
+    read_len, micro_rows = (run.packing.width, run.packing.micro_rows) if run.packing else (smp.max_tokens, 0)
+    loss_cell = GRPOLossCell(models.policy, rl, read_len, temperature, run.on_policy, m, shared)
+    if m > 1 or pp > 1 or run.packing:
+        train_step = PipelineTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m, micro_rows)
     else:
         train_step = PolicyTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm)
 
     def logprob_cell(model):
         if pp == 1:
-            return ResponseLogProb(model, smp.max_tokens, temperature, shared)
-        return PipelineLogProb(model, smp.max_tokens, temperature, m)
+            return ResponseLogProb(model, read_len, temperature, shared)
+        return PipelineLogProb(model, read_len, temperature, m, micro_rows)
 
     separate = models.rollout_model is not models.policy
     ref = models.ref_model
@@ -110,7 +115,8 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
     ref_logprob = logprob_cell(ref) if ref else None
     if run.lora and rl.beta > 0:            # the reference is the base: the policy's own graph, adapters off
         ref_logprob = BaseModelLogProb(policy_logprob, models.policy)
-    return Training(engine, optimizer, train_step, policy_logprob, ref_logprob, swap)
+    rows = PackedRowLayout(run.pad_id, micro_rows, pp > 1) if run.packing else PaddedRows(run.geometry.mini_batch)
+    return Training(engine, optimizer, train_step, policy_logprob, ref_logprob, swap, rows)
 
 
 def compile_train_step(run: ResolvedRun, training: Training, log: Callable):

@@ -335,12 +335,13 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float, clip_
               kl_estimator: str, agg: str, max_len: int, token_norm=None, pg_weight=None, loss_mode: str = "vanilla",
               entropy=None, top_entropy_quantile: float = 1.0, cov: CovOptions = CovOptions()):
     """Total loss and its parts: (loss, policy_loss, kl, clip_fraction), each a scalar (see agg_token_mean
-    for `token_norm`). The policy term is POLICY_LOSSES[loss_mode]; `pg_weight` (N, R) multiplies it (TIS),
+    for `token_norm`). `advantages` (N,) per sequence, or (N, R) per token (packed rows, trainer/packing.py).
+    The policy term is POLICY_LOSSES[loss_mode]; `pg_weight` (N, R) multiplies it (TIS),
     and with top_entropy_quantile < 1 only the tokens of highest `entropy` (N, R) keep it (top_entropy_mask;
     the aggregation still counts every masked token, as TRL). Neither touches the KL term."""
     mask = ops.cast(mask, ms.float32)
-    pg, clipped = POLICY_LOSSES[loss_mode](logp, old_logp, ops.expand_dims(advantages, -1), mask, clip_low,
-                                           clip_high, cov)
+    adv = advantages if advantages.ndim == 2 else ops.expand_dims(advantages, -1)
+    pg, clipped = POLICY_LOSSES[loss_mode](logp, old_logp, adv, mask, clip_low, clip_high, cov)
     if pg_weight is not None:
         pg = pg * pg_weight
     if top_entropy_quantile < 1.0:

@@ -33,7 +33,7 @@ from mindrlhf.trainer.metrics import MetricsLogger, PhaseClock, sample_metrics, 
 from mindrlhf.trainer.optim import scheduled_lr
 from mindrlhf.trainer.resolve import resolve
 from mindrlhf.trainer.rollout_log import RolloutLog
-from mindrlhf.trainer.samples import SampleBatch, ScoredBatch, train_step_inputs, training_tensors
+from mindrlhf.trainer.samples import SampleBatch, ScoredBatch
 from mindrlhf.trainer.train_step import UPDATE_STATS, reduce_updates
 from mindrlhf.utils.params import copy_params
 
@@ -59,6 +59,7 @@ class GRPOTrainer:
         training = build_training(run, models, self.log)
         self.engine, self.optimizer, self.train_step = training.engine, training.optimizer, training.train_step
         self.policy_logprob, self.ref_logprob, self.swap = training.policy_logprob, training.ref_logprob, training.swap
+        self.rows = training.rows           # padded or packed rows (samples.PaddedRows, packing.PackedRowLayout)
         self.step = 0
         log_dir = self.cfg.run.log_dir or self.cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0, tensorboard=self.cfg.run.tensorboard)
@@ -95,12 +96,7 @@ class GRPOTrainer:
         return np.array(result.total, np.float32), result, texts
 
     def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
-        out = []
-        mb = self.geometry.mini_batch
-        for start in range(0, len(samples), mb):
-            t = training_tensors(samples.rows(start, start + mb))
-            out.append(cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"]).asnumpy())
-        return np.concatenate(out)
+        return self.rows.logprobs(cell, samples)
 
     def update(self, samples: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norms) -> np.ndarray:
         """num_iterations passes over this rank's mini-batches; returns UPDATE_STATS over the updates (MAX_STATS
@@ -112,8 +108,9 @@ class GRPOTrainer:
                 sl = slice(k * mb, (k + 1) * mb)
                 update_index = int(self.optimizer.step.asnumpy()[0])
                 lr = scheduled_lr(update_index, self.cfg.optim, self.run.total_updates)
-                out = self.train_step(*train_step_inputs(samples.rows(sl.start, sl.stop), train_mask[sl],
-                                                         old_logp[sl], ref_logp[sl], advantages[sl], token_norms[k], lr))
+                out = self.train_step(*self.rows.step_inputs(samples.rows(sl.start, sl.stop), train_mask[sl],
+                                                             old_logp[sl], ref_logp[sl], advantages[sl], token_norms[k],
+                                                             lr))
                 stats.append([float(x.asnumpy()) for x in out] + [lr])
         return reduce_updates(stats)
 

@@ -137,10 +137,12 @@ class ApplyAccumulated(nn.Cell):
 
 class PipelineTrainStep:
     """PolicyTrainStep for a pipelined train layout, or for micro-batches without stages
-    (micro_batch_interleave_num): one optimizer update per call (one mini-batch)."""
+    (micro_batch_interleave_num): one optimizer update per call (one mini-batch). `micro_rows` > 0: micro-batches
+    of that many rows each, as many as the call brings (packed rows: their count varies by update and rank)."""
 
-    def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, max_grad_norm: float, micro_batches: int):
-        self.mesh, self.micro_batches = mesh, micro_batches
+    def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, max_grad_norm: float, micro_batches: int,
+                 micro_rows: int = 0):
+        self.mesh, self.micro_batches, self.micro_rows = mesh, micro_batches, micro_rows
         self.model = model = loss_cell.model
         params = list(optimizer.params)
         self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
@@ -176,8 +178,8 @@ class PipelineTrainStep:
                    token_norm) -> np.ndarray:
         """The mini-batch's micro-batches through the 1F1B schedule: this stage's gradients summed into
         `self.acc`; returns (loss, the loss cell's 8 statistics) on every stage."""
-        m = self.micro_batches
-        n = input_ids.shape[0] // m
+        n = self.micro_rows or input_ids.shape[0] // self.micro_batches
+        m = input_ids.shape[0] // n
         cut = [slice(i * n, (i + 1) * n) for i in range(m)]
         io = StageIO(*self.links, self.model.activation_shape(n, input_ids.shape[1]))
         stash: List = [None] * m
@@ -226,10 +228,11 @@ class LastStageLogProb(nn.Cell):
 
 class PipelineLogProb:
     """ResponseLogProb for a pipelined layout: micro-batches flow forward through the stages; every stage
-    gets the last stage's log-probs."""
+    gets the last stage's log-probs. `micro_rows` > 0: micro-batches of that many rows (packed rows)."""
 
-    def __init__(self, model, response_len: int, temperature: float, micro_batches: int):
+    def __init__(self, model, response_len: int, temperature: float, micro_batches: int, micro_rows: int = 0):
         self.mesh, self.micro_batches, self.model = model.mesh, micro_batches, model
+        self.micro_rows = micro_rows
         self.links = make_links(self.mesh, MS_DTYPES[model.config.compute_dtype], on_ascend())
         self.cell = LastStageLogProb(model, response_len, temperature) if self.mesh.is_last_stage \
             else StageForward(model)
@@ -237,8 +240,11 @@ class PipelineLogProb:
 
     def __call__(self, input_ids, position_ids, bias, labels):
         rows = input_ids.shape[0]
-        m = self.micro_batches if rows % self.micro_batches == 0 else 1
-        n = rows // m
+        if self.micro_rows:
+            n, m = self.micro_rows, rows // self.micro_rows
+        else:
+            m = self.micro_batches if rows % self.micro_batches == 0 else 1
+            n = rows // m
         cut = [slice(i * n, (i + 1) * n) for i in range(m)]
         out = np.zeros((rows, self.response_len), np.float32)
 

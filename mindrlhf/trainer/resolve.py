@@ -29,6 +29,7 @@ from mindrlhf.parallel.swap import on_ascend
 from mindrlhf.reward.verifiers import RewardFn, extract_answer, load_reward_module
 from mindrlhf.rollout.backends import check_backend
 from mindrlhf.rollout.sampling import SamplingParams
+from mindrlhf.trainer.packing import PackingLayout
 from mindrlhf.trainer.pipeline_step import micro_batch_count
 from mindrlhf.trainer.step_geometry import StepGeometry
 
@@ -53,6 +54,7 @@ class ResolvedRun:
     reward_fn: RewardFn
     shared_prompt: Tuple[int, int]      # (group, prompt width), or (0, 0): see models/qwen2.SharedPrompt
     lora: Optional[LoraSpec] = None     # the policy's adapters; None: full fine-tuning
+    packing: Optional[PackingLayout] = None     # rl.sequence_packing; None: one padded row per sequence
 
     def sampling(self, greedy: bool = False) -> SamplingParams:
         fields = dict(dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
@@ -97,7 +99,8 @@ class ResolvedRun:
             (f", {self.micro_batches} micro-batches per update" if self.micro_batches > 1 else "")
         return (f"GRPO: {self.world} rank(s); train layout {train}; infer layout dp={i.dp} tp={i.tp}; "
                 f"{self.cfg.rl.batch_size * i.dp} prompts x {self.cfg.rl.num_generations} samples per step"
-                + (f"; {self.lora.describe()} (base frozen)" if self.lora else ""))
+                + (f"; {self.lora.describe()} (base frozen)" if self.lora else "")
+                + (f"; {self.packing.describe()}" if self.packing else ""))
 
 
 def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) -> ResolvedRun:
@@ -157,13 +160,14 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
         log(f"verifiers from {cfg.reward.reward_module}: {', '.join(added)}")
     reward_fn = RewardFn(cfg.reward.verifier_function, cfg.reward.verifier_weight, cfg.reward.verifier_timeout)
     shared = _shared_prompt(cfg, train_mesh, geometry, micro_batches, prompt_width, log)
+    packing = _packing(cfg, geometry, micro_batches, prompt_width)
     lora = cfg.lora
     spec = LoraSpec(lora.lora_rank, float(lora.lora_alpha), parse_targets(lora.target_modules),
                     cfg.run.seed) if lora.lora_rank else None
     cfg.freeze()
     return ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,
                        geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn, shared,
-                       spec)
+                       spec, packing)
 
 
 def _take_generation_fields(cfg: GRPOConfig, infer_yaml: ModelYaml, log):
@@ -251,6 +255,31 @@ def _micro_batches(cfg: GRPOConfig, geometry: StepGeometry, mesh: Mesh, pipeline
     return count
 
 
+def _packing(cfg: GRPOConfig, geometry: StepGeometry, micro_batches: int, prompt_width: int) -> \
+        Optional[PackingLayout]:
+    """Packed rows are as wide as a padded input row (any one sequence fits); a micro-batch holds as many as
+    rl.max_packing_token_size allows, by default the padded micro-batch's tokens."""
+    rl = cfg.rl
+    if not rl.sequence_packing:
+        if rl.max_packing_token_size:
+            raise ConfigError("rl.max_packing_token_size: set, but rl.sequence_packing is false (it sizes packed "
+                              "micro-batches only)")
+        return None
+    if rl.loss_agg != "token-mean":
+        raise ConfigError(f"rl.sequence_packing: needs rl.loss_agg token-mean (got {rl.loss_agg!r}: its per-sequence "
+                          f"means over packed rows are not implemented)")
+    if rl.loss_mode == "gspo":
+        raise ConfigError("rl.sequence_packing: rl.loss_mode gspo takes a ratio per sequence; over packed rows that "
+                          "is not implemented (use a token-level loss_mode or sequence_packing false)")
+    width = prompt_width + cfg.sampling.max_tokens - 1
+    budget = rl.max_packing_token_size or geometry.mini_batch // micro_batches * width
+    if budget < width:
+        raise ConfigError(f"rl.max_packing_token_size: {budget} tokens hold no packed row of {width} (prompt width "
+                          f"{prompt_width} + sampling.max_tokens {cfg.sampling.max_tokens} - 1: the longest "
+                          f"sequence); expected >= {width}")
+    return PackingLayout(width, budget // width)
+
+
 def _steps_from_epochs(cfg: GRPOConfig, rows: int, infer_dp: int, log):
     run, per_step = cfg.run, cfg.rl.batch_size * infer_dp
     if not run.epochs or "run.total_steps" in cfg.explicit:
@@ -303,6 +332,9 @@ def _shared_prompt(cfg: GRPOConfig, mesh: Mesh, geometry: StepGeometry, micro_ba
         return 0, 0
     mini = geometry.mini_batch
     micro_rows = mini // micro_batches
+    if cfg.rl.sequence_packing:
+        log("note: run.share_prompt: with rl.sequence_packing every sequence runs its prompt in its packed row")
+        return 0, 0
     obstacles = [(mesh.pp > 1, "pipeline stages"), (mesh.seq_parallel, "sequence parallelism"),
                  (mini % g, f"mini-batches of {mini} rows split groups of {g}"),
                  (micro_rows % g, f"micro-batches of {micro_rows} rows split groups of {g}"),

@@ -95,10 +95,35 @@ def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:
 
 def train_step_inputs(batch: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norm, lr) -> tuple:
     """The inputs of one training step (train_step.PolicyTrainStep, pipeline_step.PipelineTrainStep) for a
-    mini-batch, in their order; every float input float32, so the graph compiled for one call serves the next."""
-    t = training_tensors(batch)
+    mini-batch of padded rows, in their order."""
+    return step_inputs(training_tensors(batch), train_mask, old_logp, batch.rollout_logp, ref_logp, advantages,
+                       token_norm, lr)
 
+
+def step_inputs(model_inputs: Dict[str, Tensor], train_mask, old_logp, rollout_logp, ref_logp, advantages,
+                token_norm, lr) -> tuple:
+    """Model inputs (training_tensors' keys) and the loss's values as a training step's arguments; every float
+    input float32, so the graph compiled for one call serves the next."""
     def f32(x):
         return Tensor(np.asarray(x, np.float32))
+    t = model_inputs
     return (t["input_ids"], t["position_ids"], t["bias"], t["labels"], f32(train_mask), f32(old_logp),
-            f32(batch.rollout_logp), f32(ref_logp), f32(advantages), f32(token_norm), f32(lr))
+            f32(rollout_logp), f32(ref_logp), f32(advantages), f32(token_norm), f32(lr))
+
+
+class PaddedRows:
+    """One padded row per sequence (the default; trainer/packing.PackedRowLayout is the packed one): what the
+    trainer calls to run a log-prob cell over samples and to make a training step's inputs."""
+
+    def __init__(self, rows_per_call: int):
+        self.rows_per_call = rows_per_call
+
+    def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
+        out = []
+        for start in range(0, len(samples), self.rows_per_call):
+            t = training_tensors(samples.rows(start, start + self.rows_per_call))
+            out.append(cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"]).asnumpy())
+        return np.concatenate(out)
+
+    def step_inputs(self, batch: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norm, lr) -> tuple:
+        return train_step_inputs(batch, train_mask, old_logp, ref_logp, advantages, token_norm, lr)
