@@ -3,11 +3,11 @@
     python benchmarks/bench_packing.py [--updates 4] [--micro_rows 4] [--packed_micro_rows 2]
 
 Model: the issues' benchmark model (benchmarks/common.py BENCH_MODEL: 4 layers, hidden 512, vocab 32000), random
-weights. A mini-batch is 16 sequences of prompt width 128 and up to 512 response tokens (input rows of 639):
-prompt lengths uniform in [24, 128], response lengths log-normal (median 96, sigma 0.9) clipped to [1, 512], the
+weights. A mini-batch is 16 sequences of prompt width 96 and up to 400 response tokens (input rows of 495):
+prompt lengths uniform in [24, 96], response lengths log-normal (median 80, sigma 0.9) clipped to [1, 400], the
 long tail of reasoning RL, where a few responses reach the limit and most stop far earlier. Padded: micro-batches
-of --micro_rows rows of 639 (the trainer with rl.micro_batch_size). Packed (rl.sequence_packing): the sequences
-first-fit into rows of 639, micro-batches of --packed_micro_rows rows. The same code the trainer calls
+of --micro_rows rows of 495 (the trainer with rl.micro_batch_size). Packed (rl.sequence_packing): the sequences
+first-fit into rows of 495, micro-batches of --packed_micro_rows rows. The same code the trainer calls
 (samples.train_step_inputs / packing.packed_step_inputs, pipeline_step.PipelineTrainStep). Each system runs in
 its own process, one after the other; the first update compiles and is not timed.
 
@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BENCH_MODEL, ours_kernel_threads, peak_rss_mb, run_child  # noqa: E402
 
-PROMPT_WIDTH, MAX_TOKENS, SEQUENCES = 128, 512, 16
+PROMPT_WIDTH, MAX_TOKENS, SEQUENCES = 96, 400, 16      # rows of 495 < the model's 512 positions
 
 
 def mini_batch(seed: int):
@@ -37,7 +37,7 @@ def mini_batch(seed: int):
     rng = np.random.RandomState(seed)
     n, p, r = SEQUENCES, PROMPT_WIDTH, MAX_TOKENS
     plen = rng.randint(24, p + 1, n)
-    rlen = np.clip(np.round(rng.lognormal(np.log(96), 0.9, n)), 1, r).astype(np.int64)
+    rlen = np.clip(np.round(rng.lognormal(np.log(80), 0.9, n)), 1, r).astype(np.int64)
     pmask = (np.arange(p)[None] >= p - plen[:, None]).astype(np.int64)
     rmask = (np.arange(r)[None] < rlen[:, None]).astype(np.int64)
     vocab = BENCH_MODEL["vocab_size"]

@@ -79,8 +79,9 @@ GRPO_KEYS: List[Key] = (
     + _inert("sink_size device_target parallel_mode full_batch enable_alltoall micro_batch_interleaved "
              "inference_micro_size enable_reshard_optimizer reshard_mem_opt_level",
              "Ascend graph-execution / memory knob; results are the same without it")
-    + _inert("packing packing_sample_length pack_num", "sequence packing saves padding on Ascend; the "
-                                                       "log-probs and loss are the same padded")
+    + _inert("packing packing_sample_length pack_num", "upstream's Ascend packing layout, not read; the log-probs "
+                                                       "and loss are the same padded (rl.sequence_packing packs "
+                                                       "here)")
     + _inert("ref_model_batch_size", "batching of the reference pass; the reference log-probs are the same "
                                      "(ours runs it per mini-batch)")
     + _inert("performance_stats", "phase times are always logged (metrics.jsonl time_*)")

@@ -245,7 +245,8 @@ _inert(RL, "actor_rollout_dispatch_size actor_logprob_dispatch_size ref_dispatch
        "use_dp_batch_balance use_remove_padding use_dynamic_bsz max_packing_token_size ref_max_packing_token_size "
        "actor_max_packing_token_size update_max_packing_token_size dynamic_max_batch_size "
        "ref_dynamic_max_batch_size actor_dynamic_max_batch_size update_dynamic_max_batch_size",
-       "batching / packing of a phase; the same log-probs (the update's micro-batches are micro_batch_size)")
+       "batching / packing of a phase, not read; the same log-probs (the update's micro-batches are "
+       "micro_batch_size; rl.sequence_packing and rl.max_packing_token_size pack here)")
 _inert(RL, "tp_split_expert", "MoE setting; dense models")
 _inert(RL, "vit_resource vit_forward_micro_batch_size actor_image_embeds_dispatch_size reuse_image_embeds "
        "colocate_actor_and_vit", "multimodal setting; is_multimodal is false")
