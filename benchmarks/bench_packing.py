@@ -1,6 +1,6 @@
 """Sequence packing against padded rows: the GRPO update (loss, backward, AdamW) on the same mini-batches.
 
-    python benchmarks/bench_packing.py [--updates 4] [--micro_rows 4] [--packed_micro_rows 2]
+    python benchmarks/bench_packing.py [--updates 4] [--micro_rows 4] [--packed_micro_rows 1]
 
 Model: the issues' benchmark model (benchmarks/common.py BENCH_MODEL: 4 layers, hidden 512, vocab 32000), random
 weights. A mini-batch is 16 sequences of prompt width 96 and up to 400 response tokens (input rows of 495):
@@ -107,7 +107,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--updates", type=int, default=4, help="timed updates (after one that compiles)")
     p.add_argument("--micro_rows", type=int, default=4, help="padded rows per micro-batch")
-    p.add_argument("--packed_micro_rows", type=int, default=2, help="packed rows per micro-batch")
+    p.add_argument("--packed_micro_rows", type=int, default=1, help="packed rows per micro-batch (1: the default "
+                                                                     "of rl.max_packing_token_size)")
     p.add_argument("--child", nargs=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

@@ -9,7 +9,7 @@ from mindrlhf.configs import ModelConfig
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.qwen2 import CausalLM
-from mindrlhf.trainer.packing import first_fit_decreasing, pack, packed_logprobs, packed_step_inputs
+from mindrlhf.trainer.packing import PackingLayout, first_fit_decreasing, pack, packed_logprobs, packed_step_inputs
 from mindrlhf.trainer.samples import SampleBatch, train_step_inputs
 from mindrlhf.trainer.train_step import GRPOLossCell, ResponseLogProb
 
@@ -144,6 +144,12 @@ def test_packing_config_checks(tmp_path):
     cfg = load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "y"), max_packing_token_size=2 * 47))
     with pytest.raises(ConfigError, match="rl.sequence_packing is false"):
         GRPOTrainer(cfg, log=lambda *a: None)
+    # by default one packed row of prompt width 16 + max_tokens 8 - 1 per micro-batch; share_prompt is off
+    cfg = load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "z"), sequence_packing=True,
+                                                share_prompt=True))
+    run = GRPOTrainer(cfg, log=lambda *a: None).run
+    assert run.packing == PackingLayout(23, 1) and run.shared_prompt == (0, 0)
+    assert "sequence packing: 1 row(s) of 23 tokens per micro-batch" in run.describe()
 
 
 def test_packed_run_follows_the_padded_trajectory(tmp_path, monkeypatch):

@@ -132,8 +132,8 @@ class RLConfig(_Section):
                                 "use_remove_padding). Needs loss_agg token-mean and a token-level loss_mode")
     max_packing_token_size: int = _f(0, "sequence_packing: tokens per packed micro-batch on each train-DP rank "
                                      "(MindSpeed-RL's name; verl's ppo_max_token_len_per_gpu), in rows of the "
-                                     "padded row's width (prompt + response - 1); 0 = the padded micro-batch's "
-                                     "(micro_batch_size, else the mini-batch, rows of that width)")
+                                     "padded row's width (prompt + response - 1); 0 = one such row per "
+                                     "micro-batch")
     num_iterations: int = _f(1, "passes over each rollout; the ratio's denominator is always the log-probs of the "
                              "policy before the step's first update (PPO's old policy): with one update per "
                              "rollout (1 pass, one mini-batch) the train forward's own, detached, with no extra pass")

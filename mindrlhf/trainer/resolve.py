@@ -160,7 +160,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
         log(f"verifiers from {cfg.reward.reward_module}: {', '.join(added)}")
     reward_fn = RewardFn(cfg.reward.verifier_function, cfg.reward.verifier_weight, cfg.reward.verifier_timeout)
     shared = _shared_prompt(cfg, train_mesh, geometry, micro_batches, prompt_width, log)
-    packing = _packing(cfg, geometry, micro_batches, prompt_width)
+    packing = _packing(cfg, prompt_width)
     lora = cfg.lora
     spec = LoraSpec(lora.lora_rank, float(lora.lora_alpha), parse_targets(lora.target_modules),
                     cfg.run.seed) if lora.lora_rank else None
@@ -255,10 +255,10 @@ def _micro_batches(cfg: GRPOConfig, geometry: StepGeometry, mesh: Mesh, pipeline
     return count
 
 
-def _packing(cfg: GRPOConfig, geometry: StepGeometry, micro_batches: int, prompt_width: int) -> \
-        Optional[PackingLayout]:
+def _packing(cfg: GRPOConfig, prompt_width: int) -> Optional[PackingLayout]:
     """Packed rows are as wide as a padded input row (any one sequence fits); a micro-batch holds as many as
-    rl.max_packing_token_size allows, by default the padded micro-batch's tokens."""
+    rl.max_packing_token_size allows, by default one (an update's last micro-batch is filled up with empty
+    rows: one-row micro-batches waste none, and measured as fast as two, benchmarks/bench_packing.py)."""
     rl = cfg.rl
     if not rl.sequence_packing:
         if rl.max_packing_token_size:
@@ -272,7 +272,7 @@ def _packing(cfg: GRPOConfig, geometry: StepGeometry, micro_batches: int, prompt
         raise ConfigError("rl.sequence_packing: rl.loss_mode gspo takes a ratio per sequence; over packed rows that "
                           "is not implemented (use a token-level loss_mode or sequence_packing false)")
     width = prompt_width + cfg.sampling.max_tokens - 1
-    budget = rl.max_packing_token_size or geometry.mini_batch // micro_batches * width
+    budget = rl.max_packing_token_size or width
     if budget < width:
         raise ConfigError(f"rl.max_packing_token_size: {budget} tokens hold no packed row of {width} (prompt width "
                           f"{prompt_width} + sampling.max_tokens {cfg.sampling.max_tokens} - 1: the longest "
