@@ -20,10 +20,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_packing import cpu_model  # noqa: E402
-from bench_real_model import EVAL_PROMPTS, child_ours, prepare  # noqa: E402
+from bench_real_model import child_ours, plot, prepare  # noqa: E402
 from common import REPO, run_child  # noqa: E402
 
 MODES = ("vanilla", "gspo", "cispo")
+LABELS = {"vanilla": "GRPO", "gspo": "GSPO", "cispo": "CISPO"}
 # the example sets clip_low/clip_high 0.2 / 0.28 (GRPO's, and CISPO's cap 1 + 0.28); GSPO clips the sequence's
 # geometric-mean ratio, which moves far less than a token's: the paper's range, set explicitly here
 EXTRA = {"vanilla": {}, "gspo": {"clip_low": 3e-4, "clip_high": 4e-4}, "cispo": {}}
@@ -39,24 +40,6 @@ def child(mode: str, work: str, steps: int, eval_every: int, mini_batch_size: in
     clip = [row["clip_frac"] for row in rows if "clip_frac" in row]
     r["clip_frac_mean"] = sum(clip) / max(len(clip), 1)
     return r
-
-
-def plot(path: str, curves: dict):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for mode, curve in curves.items():
-        ax.plot([s for s, _ in curve], [a for _, a in curve], marker="o", label={"vanilla": "GRPO"}.get(mode,
-                                                                                                        mode.upper()))
-    ax.set_xlabel("GRPO step (2 updates each)")
-    ax.set_ylabel(f"held-out greedy accuracy ({EVAL_PROMPTS} prompts)")
-    ax.set_title("SmolLM2-135M-Instruct: rl.loss_mode")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main():
@@ -94,7 +77,8 @@ def main():
         if mode not in curves and os.path.exists(path):
             curves[mode] = [[r["step"], r["eval_accuracy"]] for r in read_metrics(path) if "eval_accuracy" in r]
     curves = {m: curves[m] for m in MODES if m in curves}
-    plot(args.plot, curves)
+    plot(args.plot, {LABELS[m]: c for m, c in curves.items()}, "SmolLM2-135M-Instruct: rl.loss_mode",
+         "GRPO step (2 updates each)")
     print(json.dumps({"bench": "loss_modes", "final": {m: c[-1][1] for m, c in curves.items() if c},
                       "area": {m: round(sum(a for _, a in c) / len(c), 4) for m, c in curves.items() if c},
                       "steps": args.steps, "mini_batch_size": args.mini_batch_size, "cpu": cpu_model()}), flush=True)

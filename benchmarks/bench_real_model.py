@@ -214,17 +214,19 @@ def summary(system: str, r: dict, steps: int) -> dict:
             "phases": {k: round(v, 3) for k, v in r["phases"].items()}}
 
 
-def plot(path: str, results: dict):
+def plot(path: str, curves: dict, title: str = "SmolLM2-135M-Instruct, one-step arithmetic word problems",
+         xlabel: str = "GRPO step"):
+    """Held-out accuracy curves {label: [[step, accuracy], ...]} into one PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
-    for system, r in results.items():
-        if r["curve"]:
-            ax.plot([s for s, _ in r["curve"]], [a for _, a in r["curve"]], marker="o", label=system)
-    ax.set_xlabel("GRPO step")
+    for label, curve in curves.items():
+        if curve:
+            ax.plot([s for s, _ in curve], [a for _, a in curve], marker="o", label=label)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(f"held-out greedy accuracy ({EVAL_PROMPTS} prompts)")
-    ax.set_title("SmolLM2-135M-Instruct, one-step arithmetic word problems")
+    ax.set_title(title)
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -267,7 +269,7 @@ def main():
         results[system] = run_child(os.path.abspath(__file__), system, work, *quick, python=python)
         print(json.dumps(summary(system, results[system], steps)), flush=True)
     if args.plot:
-        plot(args.plot, results)
+        plot(args.plot, {system: r["curve"] for system, r in results.items()})
     if "mindrlhf" in results:
         ours = results["mindrlhf"]
         flops = phase_flops(inputs["model_dir"])
