@@ -56,7 +56,7 @@ def worker(work: str, case: str):
     params = list(model.trainable_params())
     opt = AdamW(params, 0.01)
     rl = GRPOConfig().rl
-    rl.beta = 0.04
+    rl.beta, rl.loss_agg = 0.04, "token-mean"     # the token-mean loss these figures were measured with
     if pp > 1:
         step = PipelineTrainStep(GRPOLossCell(model, rl, R, 1.0, micro_batches=m), opt, mesh, 1.0, m)
         step.profile = True

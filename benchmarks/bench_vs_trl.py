@@ -124,7 +124,8 @@ def child_ours(work: str, inputs: dict, dims: dict) -> dict:
         "save_ckpt_dir": os.path.join(work, "ours"), "total_steps": STEPS, "save_steps": 0, "export_hf": False,
         "progress": False, "batch_size": PROMPTS, "num_generations": G, "max_tokens": NEW, "min_tokens": NEW,
         "temperature": 1.0, "beta": BETA, "kl_estimator": "k3", "loss_agg": "token-mean", "lr": LR,
-        "lr_schedule": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0, "verifier_function": "digit_share",
+        "lr_schedule": "constant", "warmup_steps": 0, "beta2": 0.999, "ref_sync_steps": 0, "weight_decay": 0.0,
+        "max_grad_norm": 1.0, "verifier_function": "digit_share",
         "verifier_weight": "1.0", "tensorboard": False, "enable_compile_cache": True})
     t0 = time.perf_counter()
     trainer = GRPOTrainer(cfg, log=lambda *a, **k: None)

@@ -114,9 +114,11 @@ def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, s
             yaml.safe_dump(doc, fh)
     grpo = {
         "rl": {"num_generations": 8, "batch_size": 16 // workers, "mini_batch_size": 64 if args.steps >= 10 else 0,
-               "beta": 0.01, "kl_estimator": "k3", "clip_high": 0.28, "loss_agg": "token-mean"},
+               "beta": 0.01, "kl_estimator": "k3", "clip_high": 0.28, "loss_agg": "token-mean",
+               "ref_sync_steps": 0},
         "sampling": {"max_tokens": 6, "temperature": 1.0},
-        "optim": {"lr": 2e-4, "min_lr": 2e-5, "warmup_steps": 5, "weight_decay": 0.0},
+        "optim": {"lr": 2e-4, "min_lr": 2e-5, "warmup_steps": 5, "weight_decay": 0.0, "lr_schedule": "cosine",
+                  "beta2": 0.999},
         "reward": {"verifier_function": ["accuracy_reward"], "verifier_weight": [1.0]},
         "run": {"total_steps": args.steps, "eval_steps": args.eval_steps or max(1, args.steps // 5),
                 "eval_prompts": 200, "save_steps": max(1, args.steps // 2), "seed": args.seed},

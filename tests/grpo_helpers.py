@@ -48,11 +48,19 @@ def make_grpo_assets(root: str, rows: int = 64) -> dict:
             "sft_path_train": model_yaml(os.path.join(root, "model.yaml"))}
 
 
+# The tests' fixed settings where the package defaults (MindRLHF's: KL 0.01 with a reference, a 10-update
+# warmup from lr 0, accuracy + format rewards) would slow every tiny run or leave it untrained; tests of those
+# defaults set nothing (tests/test_upstream_compat.py).
+TEST_DEFAULTS = dict(beta=0.0, loss_agg="token-mean", ref_sync_steps=0, lr_schedule="cosine", min_lr=0.0,
+                     warmup_steps=0, decay_steps=0, beta2=0.999, verifier_function="accuracy_reward",
+                     verifier_weight="1.0", epochs=0)
+
+
 def grpo_overrides(assets: dict, save_dir: str, **extra) -> dict:
     # share_prompt is on by default for users; these runs check everything else, and its graphs compile ~20%
     # slower (most of a short test run). Its own tests: test_model_parity (against Hugging Face), test_trainer
     # (trajectory against whole rows), test_pipeline (micro-batches) and the layout-invariance runs.
     base = dict(assets, save_ckpt_dir=save_dir, total_steps=2, max_tokens=8, num_generations=4, batch_size=2,
-                progress=False, export_hf=False, lr=1e-3, share_prompt=False)
+                progress=False, export_hf=False, lr=1e-3, share_prompt=False, **TEST_DEFAULTS)
     base.update(extra)
     return base

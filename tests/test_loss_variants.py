@@ -326,7 +326,7 @@ def _cell_loss(tiny, compiled=False, **rl_fields):
     from mindrlhf.trainer.train_step import GRPOLossCell
     model, inputs, mask, logp, ent, old, adv, r = tiny
     rl = GRPOConfig().rl
-    rl.clip_low, rl.clip_high = 0.2, 0.28
+    rl.clip_low, rl.clip_high, rl.beta, rl.loss_agg = 0.2, 0.28, 0.0, "token-mean"
     for k, v in rl_fields.items():
         setattr(rl, k, v)
     cell = GRPOLossCell(model, rl, r, 1.0)

@@ -100,7 +100,7 @@ def test_packed_loss_and_gradients_equal_padded(model, beta, tis, on_policy):
     mask[5] = 0                                          # a masked-out row (e.g. a filler group) trains nothing
     token_norm = mask.sum()
     rl = GRPOConfig().rl
-    rl.beta, rl.tis, rl.clip_low, rl.clip_high = beta, tis, 0.2, 0.28
+    rl.beta, rl.tis, rl.clip_low, rl.clip_high, rl.loss_agg = beta, tis, 0.2, 0.28, "token-mean"
     params = model.trainable_params()
 
     def run(cell, calls):
@@ -137,8 +137,10 @@ def test_packing_config_checks(tmp_path):
                            ({"loss_mode": "gspo"}, "needs rl.loss_agg token-mean"),
                            ({"loss_mode": "gspo", "loss_agg": "token-mean"}, "gspo takes a ratio per sequence"),
                            ({"max_packing_token_size": 10}, "hold no packed row of 23"))):
-        cfg = load_grpo_config(None, grpo_overrides(assets, str(tmp_path / str(k)), sequence_packing=True,
-                                                    **extra))
+        overrides = grpo_overrides(assets, str(tmp_path / str(k)), sequence_packing=True, **extra)
+        if "loss_agg" not in extra:
+            del overrides["loss_agg"]        # left to the loss_mode's own default (gspo: a sequence mean)
+        cfg = load_grpo_config(None, overrides)
         with pytest.raises(ConfigError, match=pattern):
             GRPOTrainer(cfg, log=lambda *a: None)
     cfg = load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "y"), max_packing_token_size=2 * 47))

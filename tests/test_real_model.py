@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from msrun_util import REPO, run_msrun
+from grpo_helpers import TEST_DEFAULTS
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.reward.verifiers import register_verifier
 
@@ -196,7 +197,7 @@ def _grpo_assets(model_dir, root, rows=16, prompt_len=64):
 def _trainer(model_dir, tmp_path, **flags):
     from mindrlhf.configs.grpo_config import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
-    overrides = dict(sft_path_train=model_dir, mind_dataset_dir=_grpo_assets(model_dir, str(tmp_path)),
+    overrides = dict(TEST_DEFAULTS, sft_path_train=model_dir, mind_dataset_dir=_grpo_assets(model_dir, str(tmp_path)),
                      save_ckpt_dir=str(tmp_path / "ckpt"), total_steps=1, batch_size=2, num_generations=4,
                      max_tokens=12, temperature=0.7, beta=0.04, progress=False, tensorboard=False,
                      lr=1e-5, verifier_function="response_length_test", verifier_weight="1.0")

@@ -296,3 +296,71 @@ def test_max_num_seqs_gives_the_same_samples_in_chunks(assets):
     np.testing.assert_array_equal(whole.response_ids, chunked.response_ids)
     np.testing.assert_array_equal(whole.prompt_index, chunked.prompt_index)
     np.testing.assert_allclose(whole.logprobs, chunked.logprobs, atol=1e-5)
+
+
+# ---- defaults: what upstream runs, and every field's origin at start-up -------------------------------------
+def test_our_defaults_are_what_upstream_runs_except_the_listed_differences():
+    from mindrlhf.configs.grpo_config import field_defaults
+    ours = field_defaults()
+    for key, (theirs, why) in upstream.RUN_DEFAULTS.items():
+        if why:
+            assert ours[key] != theirs, f"{key}: listed as differing ({why}) but equal: drop the reason"
+        else:
+            assert ours[key] == theirs, f"{key}: ours {ours[key]!r}, upstream runs {theirs!r}"
+
+
+def test_the_tutorials_command_without_a_config_runs_upstreams_defaults(assets, tmp_path):
+    """grpo_one_stage.py with only the tutorial's file flags: KL 0.01 with a reference synced every 50 steps,
+    accuracy + format rewards, MindRLHF's warmup-cosine from 5e-7, 10 passes over the data."""
+    from mindrlhf.trainer.resolve import resolve
+    argv = ["--sft_path_train", assets["sft_path_train"], "--sft_path_infer", assets["sft_path_infer"],
+            "--vocab_path", assets["vocab_path"], "--merges_file_path", assets["merges_file_path"],
+            "--mind_dataset_dir", assets["mind_dataset_dir"], "--save_ckpt_dir", str(tmp_path)]
+    lines = []
+    run = resolve(config_from_argv(argv), 0, 1, lambda *a, **k: lines.append(" ".join(map(str, a))))
+    cfg = run.cfg
+    assert (cfg.rl.beta, cfg.rl.kl_estimator, cfg.rl.ref_sync_steps, cfg.rl.loss_agg) == \
+        (0.01, "k3", 50, "seq-mean-token-mean")
+    assert cfg.reward.verifier_function == ["accuracy_reward", "format_reward"] and run.reward_fn is not None
+    assert (cfg.optim.lr_schedule, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.optim.beta2) == \
+        ("mindrlhf_cosine", 5e-7, 1e-10, 10, 0.95)
+    assert cfg.run.total_steps == 10 * (64 // 4)            # epochs 10 over 64 prompts, 4 per step
+    text = "\n".join(lines)
+    assert "total_steps = 160  <- run.epochs 10 x 16 steps per pass" in text
+    assert f"sft_path_train = {assets['sft_path_train']!r}  <- --sft_path_train" in text
+    assert "beta = 0.01  <- default\n" in text
+    assert "seed = 1  <- default; MindRLHF runs None" in text
+    # the predict YAML's generation fields, named as their source
+    assert f"max_tokens = 8  <- {assets['sft_path_infer']} (model_config)" in text
+
+
+def test_start_up_lists_every_field_once_with_its_origin(assets, tmp_path):
+    from mindrlhf.configs.grpo_config import _section_fields
+    from mindrlhf.trainer.resolve import resolve
+    path = _write(tmp_path / "g.yaml", {"rl": {"beta": 0.2, "num_generations": 4}, "optim": {"lr": 1e-4}})
+    argv = ["--config", path, "--lr", "3e-4", "--total_steps", "2", "--max_tokens", "8", "--save_ckpt_dir",
+            str(tmp_path)]
+    for k in ("vocab_path", "merges_file_path", "mind_dataset_dir", "sft_path_train"):
+        argv += [f"--{k}", assets[k]]
+    lines = []
+    resolve(config_from_argv(argv), 0, 1, lambda *a, **k: lines.extend(" ".join(map(str, a)).split("\n")))
+    fields = [line.strip() for line in lines if line.startswith("    ") and " = " in line]
+    assert len(fields) == len(list(_section_fields()))
+    origin = dict(line.split(" = ", 1) for line in fields)
+    assert origin["beta"] == f"0.2  <- {path}" and origin["num_generations"] == f"4  <- {path}"
+    assert origin["lr"] == "0.0003  <- --lr"            # the flag wins over the file, and says so
+    assert origin["total_steps"] == "2  <- --total_steps"
+    assert origin["min_p"] == "0.0  <- default" and origin["max_tokens"] == "8  <- --max_tokens"
+
+
+def test_settings_that_rule_out_a_default_replace_it_and_say_so(tmp_path):
+    cfg = load_grpo_config(None, {"lora_rank": 4})
+    assert cfg.rl.ref_sync_steps == 0 and "lora" in cfg.origin["rl.ref_sync_steps"]
+    assert any(line.startswith("rl.ref_sync_steps: 0") for line in cfg.derived)
+    with pytest.raises(ConfigError, match="ref_sync_steps"):       # set by the user: still refused
+        load_grpo_config(None, {"lora_rank": 4, "ref_sync_steps": 10})
+    cfg = load_grpo_config(None, {"sequence_packing": True})
+    assert cfg.rl.loss_agg == "token-mean" and "rl.loss_agg" in cfg.origin
+    assert load_grpo_config(None, {"sequence_packing": False}).rl.loss_agg == "seq-mean-token-mean"
+    cfg = load_grpo_config(None, {"verifier_function": "accuracy_reward"})     # weights left out: 1 each
+    assert cfg.reward.verifier_weight == [1.0] and "reward.verifier_weight" in cfg.origin

@@ -287,3 +287,17 @@ def test_two_grpo_steps_from_the_mindspeed_yaml(assets, tmp_path):
     rows = list(ds.MindDataset(log_file, shuffle=False).create_dict_iterator(output_numpy=True, num_epochs=1))
     steps = [int(r["step"]) for r in rows]
     assert steps.count(1) == steps.count(2) == 2 * 3          # global_batch_size x n_samples_per_prompt
+
+
+def test_keys_the_file_leaves_out_take_mindspeeds_defaults_not_mindrlhfs(tmp_path):
+    """Our defaults are MindRLHF's; a MindSpeed-RL file without these keys runs as MindSpeed-RL would."""
+    path = _write(tmp_path, _edited(**{"actor_config.adam_beta2": None, "actor_config.min_lr": None,
+                                       "actor_config.lr_warmup_fraction": None, "megatron_training.train_iters": None,
+                                       "rl_config.verifier_function": None, "rl_config.verifier_weight": None,
+                                       "rl_config.init_kl_coef": None}))
+    cfg = load_grpo_config(path)
+    assert (cfg.optim.beta2, cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.optim.decay_steps) == (0.999, 0.0, 0, 0)
+    assert (cfg.rl.loss_agg, cfg.rl.ref_sync_steps, cfg.run.epochs) == ("token-mean", 0, 0)
+    assert (cfg.reward.verifier_function, cfg.reward.verifier_weight) == (["base_acc"], [1.0])
+    assert "optim.beta2: 0.999 (Megatron's adam_beta2 default; the file leaves it out)" in cfg.derived
+    assert cfg.rl.beta == 0.01          # init_kl_coef absent: 0.01, MindSpeed-RL's default and MindRLHF's

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import math
 import os
+import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -88,9 +89,10 @@ class RunConfig(_Section):
                                  "shards and marks them, a step counts once every node has marked it",
                                  choices=choices.CHECKPOINT_STORAGE)
     seed: int = _f(1, "seed for sampling, data order and init")
-    total_steps: int = _f(100, "GRPO steps (each: rollout, rewards, updates, weight sync)")
-    epochs: int = _f(0, "passes over the prompt dataset (MindRLHF's epochs): > 0 sets the run to epochs x "
-                     "(prompts // prompts per step) steps, unless total_steps is given explicitly")
+    total_steps: int = _f(100, "GRPO steps (each: rollout, rewards, updates, weight sync); given, it wins over "
+                          "epochs")
+    epochs: int = _f(10, "passes over the prompt dataset (MindRLHF's epochs): > 0 sets the run to epochs x "
+                      "(prompts // prompts per step) steps, unless total_steps is given explicitly; 0: total_steps")
     save_steps: int = _f(50, "save a checkpoint every N steps (and at the end); 0 = only at the end")
     keep_checkpoints: int = _f(2, "keep the last K complete checkpoints")
     eval_steps: int = _f(0, "greedy-accuracy eval on eval_dataset every N steps (and at start/end); 0 = off")
@@ -137,14 +139,15 @@ class RLConfig(_Section):
     num_iterations: int = _f(1, "passes over each rollout; the ratio's denominator is always the log-probs of the "
                              "policy before the step's first update (PPO's old policy): with one update per "
                              "rollout (1 pass, one mini-batch) the train forward's own, detached, with no extra pass")
-    beta: float = _f(0.0, "KL coefficient to the reference model; 0 disables the reference model entirely")
+    beta: float = _f(0.01, "KL coefficient to the reference model; 0 disables the reference model entirely")
     kl_estimator: str = _f("k3", "k1, k2 or k3", choices=choices.KL_ESTIMATORS)
     clip_low: float = _f(0.2, "ratio clip below 1 - clip_low")
     clip_high: float = _f(0.2, "ratio clip above 1 + clip_high (clip-higher: > clip_low)")
-    loss_agg: str = _f("token-mean", "token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm "
-                       "(Dr.GRPO)", choices=choices.LOSS_AGGREGATIONS)
+    loss_agg: str = _f("seq-mean-token-mean", "token-mean (DAPO), seq-mean-token-mean (GRPO), "
+                       "seq-mean-token-sum-norm (Dr.GRPO)", choices=choices.LOSS_AGGREGATIONS)
     adv_norm_std: bool = _f(True, "divide advantages by the group std (False: Dr.GRPO)")
-    ref_sync_steps: int = _f(0, "copy the policy into the reference model every N steps; 0 = never")
+    ref_sync_steps: int = _f(50, "copy the policy into the reference model every N steps (MindRLHF's "
+                             "sync_ref_model + ref_model_sync_steps); 0 = never; under LoRA always 0")
     dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling: drop prompt groups whose rewards are all equal "
                                 "(no policy gradient) and sample more prompts until the step holds batch_size x "
                                 "infer data_parallel informative groups (verl's filter_groups)")
@@ -227,10 +230,11 @@ class SamplingConfig(_Section):
 @dataclass
 class OptimConfig(_Section):
     """AdamW and its learning-rate schedule."""
-    lr: float = _f(1e-6, "peak learning rate")
-    min_lr: float = _f(0.0, "learning rate at the end of the decay")
-    warmup_steps: int = _f(0, "linear warmup, in optimizer updates")
-    lr_schedule: str = _f("cosine", "cosine: warmup, then cosine to min_lr at the run's last update; constant; "
+    lr: float = _f(5e-7, "peak learning rate")
+    min_lr: float = _f(1e-10, "learning rate at the end of the decay")
+    warmup_steps: int = _f(10, "linear warmup, in optimizer updates")
+    lr_schedule: str = _f("mindrlhf_cosine", "cosine: warmup, then cosine to min_lr at the run's last update; "
+                          "constant; "
                           "mindrlhf_cosine / mindrlhf_polynomial: MindRLHF's LearningRate (update t from 0: "
                           "lr x t / warmup_steps while t < warmup_steps, else min_lr + (lr - min_lr) x "
                           "decay(min(t, decay_steps) / decay_steps), decay = (1 + cos(pi x p)) / 2 or 1 - p); "
@@ -238,11 +242,11 @@ class OptimConfig(_Section):
                           "(MindSpeed-RL's; lr x t / warmup_steps while t <= warmup_steps, then the decay from "
                           "the warmup's end to decay_steps, then min_lr)",
                           choices=choices.LR_SCHEDULES)
-    decay_steps: int = _f(0, "mindrlhf_* and megatron_* schedules: updates over which lr decays to min_lr; 0 = the "
-                             "run's updates")
+    decay_steps: int = _f(200000, "mindrlhf_* and megatron_* schedules: updates over which lr decays to min_lr; "
+                          "0 = the run's updates")
     weight_decay: float = _f(0.01, "decoupled weight decay (not on norms/biases)")
     beta1: float = _f(0.9, "Adam beta1")
-    beta2: float = _f(0.999, "Adam beta2")
+    beta2: float = _f(0.95, "Adam beta2")
     eps: float = _f(1e-8, "Adam epsilon")
     max_grad_norm: float = _f(1.0, "global gradient-norm clip; 0 = off")
 
@@ -250,12 +254,13 @@ class OptimConfig(_Section):
 @dataclass
 class RewardConfig(_Section):
     """Rule-based rewards, combined by weight."""
-    verifier_function: List[str] = _f(["accuracy_reward"], "names from mindrlhf.reward.verifiers: accuracy_reward "
-                                      "(answers judged as math-verify judges them), format_reward (R1 format), "
+    verifier_function: List[str] = _f(["accuracy_reward", "format_reward"], "names from mindrlhf.reward.verifiers: "
+                                      "accuracy_reward (answers judged as math-verify judges them), format_reward "
+                                      "(R1 format), "
                                       "answer_format_reward; MindSpeed-RL's acc, format, step, strict_format, "
                                       "base_acc, math_17k_acc, acc_for_dapo, acc_for_ppo, math_verify_reward and "
                                       "MindRLHF's qwen_accuracy_reward (mindrlhf.reward.compat)")
-    verifier_weight: List[float] = _f([1.0], "one weight per verifier_function")
+    verifier_weight: List[float] = _f([1.0, 1.0], "one weight per verifier_function")
     reward_module: str = _f("", "your verifiers: a .py file or an importable module whose @register_verifier "
                             "functions (mindrlhf.reward.verifiers) become names for verifier_function")
     verifier_timeout: float = _f(5.0, "seconds one verifier may spend on one completion (timer signal, main "
@@ -305,13 +310,23 @@ class GRPOConfig(_Section):
 
     def __post_init__(self):
         self.explicit = set()      # "section.field" set by the config file or a flag (the rest are defaults)
+        self.origin = {}           # "section.field" -> where its value came from, for every field not a default
         self.ignored = []          # (source, key, reason): accepted MindRLHF keys that change nothing here
         self.derived = []          # "field: value (why)": defaults filled from other fields, said at start-up
+
+    def set_from(self, key: str, value, origin: str, explicit: bool = False):
+        """Set "section.field" and record where the value came from (a file, a flag, or what derived it)."""
+        sec, name = key.split(".")
+        setattr(getattr(self, sec), name, value)
+        self.origin[key] = origin
+        if explicit:
+            self.explicit.add(key)
 
     def freeze(self) -> "GRPOConfig":
         """From here on every field assignment raises; `explicit`/`ignored`/`derived` become tuples."""
         for name in ("explicit", "ignored", "derived"):
             setattr(self, name, frozenset(self.explicit) if name == "explicit" else tuple(getattr(self, name)))
+        self.origin = types.MappingProxyType(dict(self.origin))
         for sec in SECTIONS:
             object.__setattr__(getattr(self, sec), "_frozen", True)
         object.__setattr__(self, "_frozen", True)
@@ -465,15 +480,15 @@ def load_grpo_config(path: Optional[str] = None, overrides: Optional[Dict[str, A
             for key, value in values.items():
                 if key not in known:
                     raise ConfigError(f"{path}: {sec_name}.{key}: unknown field (known: {', '.join(known)})")
-                setattr(section, key, coerce(value, known[key], f"{path}: {sec_name}.{key}"))
-                cfg.explicit.add(f"{sec_name}.{key}")
+                cfg.set_from(f"{sec_name}.{key}", coerce(value, known[key], f"{path}: {sec_name}.{key}"), path,
+                             explicit=True)
     where = {f.name: (sec, f) for sec, f in _section_fields()}
     for key, value in (overrides or {}).items():
         sec, f = where[key]
-        setattr(getattr(cfg, sec), key, coerce(value, f, f"--{key}"))
-        cfg.explicit.add(f"{sec}.{key}")
+        cfg.set_from(f"{sec}.{key}", coerce(value, f, f"--{key}"), f"--{key}", explicit=True)
     _hf_folder_defaults(cfg)
     _loss_mode_defaults(cfg)
+    _implied_defaults(cfg)
     return cfg.validate()
 
 
@@ -487,8 +502,27 @@ def _loss_mode_defaults(cfg: GRPOConfig):
     """A loss_mode's own defaults for the rl fields the config and flags did not set."""
     for name, value in LOSS_MODE_DEFAULTS.get(cfg.rl.loss_mode, {}).items():
         if f"rl.{name}" not in cfg.explicit:
-            setattr(cfg.rl, name, value)
+            cfg.set_from(f"rl.{name}", value, f"loss_mode {cfg.rl.loss_mode}'s default")
             cfg.derived.append(f"rl.{name}: {value} (loss_mode {cfg.rl.loss_mode}'s default)")
+
+
+def _implied_defaults(cfg: GRPOConfig):
+    """Defaults another setting rules out: under LoRA the reference is the frozen base (nothing to sync);
+    packed rows need the token-mean loss; verifiers given without weights weigh 1 each. Only fields the
+    config and flags did not set; said at start-up."""
+    implied = []
+    if cfg.lora.lora_rank:
+        implied.append(("rl.ref_sync_steps", 0, "lora: the reference is the frozen base"))
+    if cfg.rl.sequence_packing and cfg.rl.loss_mode != "gspo":
+        implied.append(("rl.loss_agg", "token-mean", "rl.sequence_packing packs token-mean losses"))
+    functions = cfg.reward.verifier_function
+    implied.append(("reward.verifier_weight", [1.0] * len(functions), f"1 for each of the {len(functions)} "
+                    f"verifier_function entries, as upstream's reward_weights"))
+    for key, value, why in implied:
+        sec, name = key.split(".")
+        if key not in cfg.explicit and getattr(getattr(cfg, sec), name) != value:
+            cfg.set_from(key, value, why)
+            cfg.derived.append(f"{key}: {value} ({why})")
 
 
 def _hf_folder_defaults(cfg: GRPOConfig):
@@ -499,7 +533,7 @@ def _hf_folder_defaults(cfg: GRPOConfig):
         return
     for name in ("load_sft_checkpoint_train", "vocab_path"):
         if not getattr(run, name):
-            setattr(run, name, run.sft_path_train)
+            cfg.set_from(f"run.{name}", run.sft_path_train, "the Hugging Face folder given as sft_path_train")
             cfg.derived.append(f"run.{name}: {run.sft_path_train} (the Hugging Face folder given as sft_path_train)")
 
 
@@ -537,3 +571,22 @@ def config_reference_markdown() -> str:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         lines.append(f"| {sec} | `{f.name}` | `{default!r}` | {f.metadata['help']} |")
     return "\n".join(lines)
+
+
+def field_defaults() -> Dict[str, Any]:
+    """"section.field" -> its dataclass default."""
+    return {f"{sec}.{f.name}": (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            for sec, f in _section_fields()}
+
+
+def describe_fields(cfg: GRPOConfig) -> List[str]:
+    """Every field of the run, its value and where it came from (default, a file, a flag, or what derived it),
+    one section per line group: printed once at start-up so a run's settings are never a guess."""
+    lines = ["config (every field: value  <- where it came from):"]
+    for sec in SECTIONS:
+        lines.append(f"  [{sec}]")
+        for f in dataclasses.fields(getattr(cfg, sec)):
+            key, value = f"{sec}.{f.name}", getattr(getattr(cfg, sec), f.name)
+            where = cfg.origin.get(key) or "default" + upstream.upstream_default_note(key, value)
+            lines.append(f"    {f.name} = {value!r}  <- {where}")
+    return lines

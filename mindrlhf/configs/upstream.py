@@ -141,6 +141,61 @@ def flat_grpo_sections(raw: Dict[str, Any], where: str) -> Tuple[Dict[str, Dict[
     return sections, ignored
 
 
+# ---- our defaults against what upstream's GRPOConfig runs ----------------------------------------------------
+# "section.field" -> (the value upstream runs when the file and flags leave it out, why ours differs; "" = same).
+# Upstream is MindRLHF's flat GRPOConfig (mindrlhf/configs/grpo_configs.py) with grpo_one_stage.py's rewards,
+# Feb-May 2025; the values upstream's code hard-codes count, not the declared ones it never reads.
+RUN_DEFAULTS: Dict[str, Tuple[Any, str]] = {
+    "run.epochs": (10, ""),
+    "rl.num_generations": (8, ""),
+    "rl.batch_size": (4, ""),                 # chunk_size 1 x num_rollouts 4
+    "rl.beta": (0.01, ""),
+    "rl.kl_estimator": ("k3", ""),
+    "rl.clip_low": (0.2, ""),
+    "rl.clip_high": (0.2, ""),
+    "rl.loss_agg": ("seq-mean-token-mean", ""),
+    "rl.adv_norm_std": (True, ""),
+    "rl.ref_sync_steps": (50, ""),            # sync_ref_model True, ref_model_sync_steps 50
+    "optim.lr": (5e-7, ""),                   # start_lr
+    "optim.min_lr": (1e-10, ""),              # end_lr
+    "optim.warmup_steps": (10, ""),
+    "optim.decay_steps": (200000, ""),
+    "optim.lr_schedule": ("mindrlhf_cosine", ""),
+    "optim.beta1": (0.9, ""),
+    "optim.beta2": (0.95, ""),
+    "optim.eps": (1e-8, ""),
+    "reward.verifier_function": (["accuracy_reward", "format_reward"], ""),
+    "reward.verifier_weight": ([1.0, 1.0], ""),
+    "rl.mini_batch_size": (1, "upstream's batch_size 1 is one sequence per optimizer update per data-parallel "
+                              "rank, sized for Ascend memory at 7B; ours (0) is one update over the step's "
+                              "samples (on-policy, no old-policy pass), and rl.micro_batch_size bounds memory "
+                              "without changing the update. Set mini_batch_size 1 (batch_size: 1) for upstream's"),
+    "rl.num_iterations": (2, "one pass per rollout, as upstream before May 2025 (its second pass came with the "
+                             "ratio clip): a second pass doubles the train phase"),
+    "optim.weight_decay": (0.1, "upstream declares 0.01 but its optimizer hard-codes 0.1 (on every parameter but "
+                                "layernorm and bias); ours applies the field's 0.01"),
+    "optim.max_grad_norm": (10.0, "upstream clips the global norm at 10 without pipeline stages and at 1 with "
+                                  "them; one value for every layout keeps the trajectory the same on any layout"),
+    "run.seed": (None, "upstream leaves it unset (each run samples differently); ours repeats a run exactly"),
+}
+
+
+def upstream_default_note(key: str, value) -> str:
+    """', MindRLHF runs X' when our default `value` of "section.field" is not what upstream runs."""
+    entry = RUN_DEFAULTS.get(key)
+    if entry is None or entry[0] == value:
+        return ""
+    return f"; MindRLHF runs {entry[0]!r} (docs/UPSTREAM.md, Defaults)"
+
+
+def defaults_markdown(ours: Dict[str, Any]) -> str:
+    """docs/UPSTREAM.md's defaults table; `ours`: "section.field" -> our default."""
+    lines = ["| field | ours | MindRLHF | why they differ |", "| --- | --- | --- | --- |"]
+    for key, (theirs, why) in RUN_DEFAULTS.items():
+        lines.append(f"| `{key}` | `{ours[key]!r}` | `{theirs!r}` | {why or 'same'} |")
+    return "\n".join(lines)
+
+
 # ---- flags of grpo_one_stage.py / main.py that are not our field names --------------------------------------
 # flag -> (our field or None, note); nargs lists for the two list flags
 FLAG_ALIASES: Dict[str, Tuple[Optional[str], str]] = {

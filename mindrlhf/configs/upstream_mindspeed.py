@@ -732,7 +732,26 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
     ignored += [(f"generate_config.{k}", GENERATE[k].ours) for k in gen if GENERATE[k].status == INERT]
     ignored += [(f"generate_config.sampling_config.{k}", SAMPLING[k].ours) for k in smp if SAMPLING[k].status == INERT]
     ignored += [(sec, TOP[sec].ours) for sec in doc if TOP[sec].status == INERT]
+    for (sec, fld), (value, why) in ABSENT_DEFAULTS.items():
+        if fld not in sections.get(sec, {}):
+            put(sec, fld, value, why)
+            derived.append(f"{sec}.{fld}: {value} ({why}; the file leaves it out)")
     return sections, ignored, derived
+
+
+# Our defaults are MindRLHF's (configs/upstream.RUN_DEFAULTS); where a MindSpeed-RL file leaves a field out,
+# MindSpeed-RL's own default applies instead when it differs: (section, field) -> (value, whose default).
+ABSENT_DEFAULTS = {
+    ("optim", "beta2"): (0.999, "Megatron's adam_beta2 default"),
+    ("optim", "min_lr"): (0.0, "Megatron's min_lr default"),
+    ("optim", "warmup_steps"): (0, "Megatron's default: no lr_warmup_fraction"),
+    ("optim", "decay_steps"): (0, "Megatron's default: the decay spans the run"),
+    ("rl", "loss_agg"): ("token-mean", "MindSpeed-RL's GRPO loss: a token mean"),
+    ("rl", "ref_sync_steps"): (0, "MindSpeed-RL never re-syncs its reference"),
+    ("run", "epochs"): (0, "MindSpeed-RL's run length is train_iters"),
+    ("reward", "verifier_function"): (["base_acc"], "MindSpeed-RL's rl_config.verifier_function default"),
+    ("reward", "verifier_weight"): ([1.0], "MindSpeed-RL's rl_config.verifier_weight default"),
+}
 
 
 def _schedule(values, origin, rl, gbs, path, put, derived):

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Tuple
 from mindrlhf.configs import upstream
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.grpo_config import GRPOConfig
+from mindrlhf.configs.grpo_config import GRPOConfig, describe_fields
 from mindrlhf.configs.hf_config import is_hf_folder
 from mindrlhf.configs.lora import LoraSpec, parse_targets
 from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig, load_model_yaml
@@ -164,6 +164,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     lora = cfg.lora
     spec = LoraSpec(lora.lora_rank, float(lora.lora_alpha), parse_targets(lora.target_modules),
                     cfg.run.seed) if lora.lora_rank else None
+    log("\n".join(describe_fields(cfg)))
     cfg.freeze()
     return ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,
                        geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn, shared,
@@ -177,7 +178,8 @@ def _take_generation_fields(cfg: GRPOConfig, infer_yaml: ModelYaml, log):
     taken = []
     for name, value in infer_yaml.generation.items():
         if f"sampling.{name}" not in cfg.explicit:
-            setattr(cfg.sampling, name, coerce(value, fields[name], f"{infer_yaml.path}: {name}"))
+            cfg.set_from(f"sampling.{name}", coerce(value, fields[name], f"{infer_yaml.path}: {name}"),
+                         f"{infer_yaml.path} (model_config)")
             taken.append(f"{name}={getattr(cfg.sampling, name)}")
     cfg.sampling.validate(where=f"{infer_yaml.path}: sampling from model_config: ")
     cfg.validate()          # the checks that involve sampling fields (e.g. rl.overlong_buffer_len)
@@ -287,7 +289,7 @@ def _steps_from_epochs(cfg: GRPOConfig, rows: int, infer_dp: int, log):
     per_epoch = rows // per_step
     if per_epoch == 0:
         raise ConfigError(f"run.epochs: {run.mind_dataset_dir} has {rows} prompts, fewer than one step's {per_step}")
-    run.total_steps = run.epochs * per_epoch
+    cfg.set_from("run.total_steps", run.epochs * per_epoch, f"run.epochs {run.epochs} x {per_epoch} steps per pass")
     log(f"epochs {run.epochs} x {per_epoch} steps per pass over {run.mind_dataset_dir} = {run.total_steps} steps")
 
 
