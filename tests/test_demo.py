@@ -44,3 +44,12 @@ def test_demo_short_run_produces_every_artifact(tmp_path):
 def test_demo_grpo_raises_heldout_accuracy_by_20_points(tmp_path):
     summary, _ = _demo(tmp_path)
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.20, summary
+    # the eval command on the exported policy gives the run's last held-out accuracy, to the prompt
+    tok = tmp_path / "tokenizer"
+    proc = subprocess.run([sys.executable, "-m", "mindrlhf.eval", "--model", str(tmp_path / "grpo_ckpt" / "hf_policy"),
+                           "--vocab_path", str(tok / "vocab.json"), "--merges_file_path", str(tok / "merges.txt"),
+                           "--dataset", str(tmp_path / "test.mindrecord"), "--limit", "200", "--max_tokens", "6",
+                           "--output", str(tmp_path / "eval.jsonl")], env=dict(os.environ, PYTHONPATH=REPO),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["accuracy"] == summary["eval_accuracy_after"]
