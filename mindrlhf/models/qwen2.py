@@ -22,6 +22,7 @@ from mindspore.common.initializer import One, initializer
 
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
 from mindrlhf.models.graph_ops import expand_as, mean_last, sum_last, swap_middle, take
+from mindrlhf.models.layer_graphs import LayerGraphs, SharedPrompt
 from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.models.lora import adapter_specs, freeze_base, init_adapters
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, HeadLogProb, RowParallelLinear, linear,
@@ -272,36 +273,6 @@ def _cache_rows(kv, n_samples, cache_len):
     return ops.concat((rows, ops.zeros((n, nkv, cache_len - p, hd), rows.dtype)), 2)
 
 
-class SharedPrompt:
-    """The token-matrix layout of a batch whose rows come in groups of `group` with one prompt each (GRPO's
-    G samples of a prompt): the Q = N / group prompts' P tokens once each, then the N responses' T tokens,
-    M = Q*P + N*T rows. Every layer but attention works on that matrix row by row, so the prompt's
-    projections and MLP run once per group instead of once per sample; the values are the same as for the
-    [prompt | response] rows of the whole batch (the prompt's tokens never see the responses)."""
-
-    def __init__(self, rows: int, group: int, prompt_len: int, response_len: int, head_dim: int):
-        if rows % group:
-            raise ValueError(f"{rows} rows do not split into groups of {group}")
-        self.rows, self.group, self.prompt_len, self.response_len = rows, group, prompt_len, response_len
-        self.prompts = rows // group
-        self.prompt_tokens = self.prompts * prompt_len
-        self.head_dim = head_dim
-
-    def tokens(self, z):
-        """(N, P + T) -> (Q*P + N*T,): each group's prompt once, then every response."""
-        prompts = take(take(z, 0, 0, self.rows, self.group), 1, 0, self.prompt_len)
-        responses = take(z, 1, self.prompt_len, self.prompt_len + self.response_len)
-        return ops.concat((ops.reshape(prompts, (-1,)), ops.reshape(responses, (-1,))), 0)
-
-    def prompt_heads(self, z):
-        """(Q*P, heads, hd) -> (Q, heads, P, hd)."""
-        return swap_middle(ops.reshape(z, (self.prompts, self.prompt_len, -1, self.head_dim)))
-
-    def response_heads(self, z):
-        """(N*T, heads, hd) -> (N, heads, T, hd)."""
-        return swap_middle(ops.reshape(z, (self.rows, self.response_len, -1, self.head_dim)))
-
-
 class FeedForward(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
 
@@ -363,6 +334,7 @@ class DecoderModel(nn.Cell):
             self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
                                                          cfg.initializer_range)
         self.layers = nn.CellList([DecoderLayer(cfg, mesh, lora) for _ in self.layer_ids])
+        object.__setattr__(self, "graphs", LayerGraphs(self.layers))     # outside the cell tree: layer_graphs.py
         if self.last:
             self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type],
                                     mesh)
@@ -392,7 +364,7 @@ class DecoderModel(nn.Cell):
         if self.first:
             x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H); under SP (B, T/tp, H)
         cos, sin = self.rope(position_ids)
-        for layer in self.layers:
+        for layer in self.graphs.whole_rows:
             x = layer(x, cos, sin, bias)
         return self.norm_out(x) if self.last else x
 
@@ -413,26 +385,30 @@ class DecoderModel(nn.Cell):
         sin = ops.expand_dims(ops.gather(self.signed_sin_table, pos, 0), 1)
         bias_p = take(take(take(bias, 0, 0, rows, group), 2, 0, prompt_len), 3, 0, prompt_len)
         bias_r = take(bias, 2, prompt_len, length)
-        for layer in self.layers:
-            x = layer.shared_prompt(x, cos, sin, bias_p, bias_r, split)
+        for layer in self.graphs.shared_prompt:
+            x = layer(x, cos, sin, bias_p, bias_r)
         hidden = x.shape[-1]
         last = take(x, 0, prompt_len - 1, split.prompt_tokens, prompt_len)                   # (Q, H)
         responses = ops.reshape(take(x, 0, split.prompt_tokens, x.shape[0]), (rows, split.response_len, hidden))
         last = ops.reshape(last, (split.prompts, 1, hidden))
         return self.norm_out(ops.concat((_repeat_rows(last, group), responses), 1))
 
-    def prefill(self, input_ids, position_ids, bias, caches_k, caches_v, n_samples):
+    def prefill(self, input_ids, position_ids, bias, caches_k, caches_v):
+        """The prompts (B, P) through every layer, each layer's cache (B * n, nkv, L, hd) filled with each prompt's
+        keys/values copied to its n samples' rows."""
         x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
         cos, sin = self.rope(position_ids)
-        for i in range(len(self.layers)):
-            x = self.layers[i].prefill(x, cos, sin, bias, caches_k[i], caches_v[i], n_samples)
+        layers = self.graphs.prefill
+        for i in range(len(layers)):
+            x = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
         return self.norm_out(x)
 
     def decode(self, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
         x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
         cos, sin = self.rope(position_ids)
-        for i in range(len(self.layers)):
-            x = self.layers[i].decode(x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
+        layers = self.graphs.decode
+        for i in range(len(layers)):
+            x = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
         return self.norm_out(x)
 
 

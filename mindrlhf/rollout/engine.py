@@ -47,15 +47,16 @@ def _one_position(logits):
 
 
 class _Prefill(nn.Cell):
-    def __init__(self, lm: CausalLM, caches_k, caches_v, n_samples: int):
+    """The prompts' forward; caches of batch x n rows: each prompt's keys/values go to its n samples' rows."""
+
+    def __init__(self, lm: CausalLM, caches_k, caches_v):
         super().__init__(auto_prefix=False)
         self.lm = lm
         self.caches_k, self.caches_v = caches_k, caches_v
-        self.n_samples = n_samples
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias):
-        h = self.lm.model.prefill(input_ids, position_ids, bias, self.caches_k, self.caches_v, self.n_samples)
+        h = self.lm.model.prefill(input_ids, position_ids, bias, self.caches_k, self.caches_v)
         return _one_position(self.lm.gather_vocab(self.lm.head(last_positions(h, 1))))
 
 
@@ -124,7 +125,7 @@ class GenerationEngine:
     def _prefill(self, batch: int, p: int, length: int, n: int) -> _Prefill:
         key = (batch, p, length, n)
         if key not in self._prefills:
-            self._prefills[key] = _Prefill(self.model, *self._cache(batch * n, length), n)
+            self._prefills[key] = _Prefill(self.model, *self._cache(batch * n, length))
         return self._prefills[key]
 
     def _decode(self, rows: int, length: int) -> _Decode:

@@ -13,6 +13,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindrlhf.utils.subgraph_reuse import new_key, reused
+
 
 def no_decay(name: str) -> bool:
     """Norm weights and biases are not decayed."""
@@ -31,6 +33,23 @@ def allow_call_depth(params: int):
     if need > _CALL_DEPTH[0]:
         ms.set_recursion_limit(need)
         _CALL_DEPTH[0] = need
+
+
+class _FusedAdam(nn.Cell):
+    """One float32 parameter's update (AdamW below), compiled once per (shape, decay) of one optimizer and reused
+    by its parameters of that shape (utils/subgraph_reuse.py): a 30-layer model's 272 updates compile as 9."""
+
+    @reused
+    def __init__(self, decay: float, beta1: float, beta2: float, reuse_key: str):
+        super().__init__(auto_prefix=False)
+        self.decay, self.beta1, self.beta2, self.reuse_key = decay, beta1, beta2, reuse_key
+        self.adam = ops.Adam()
+
+    def construct(self, param, exp_avg, exp_avg_sq, grad, grad_scale, lr, fused_lr, fused_eps, done):
+        g = ops.cast(ops.depend(grad, done), ms.float32) * grad_scale
+        if self.decay:
+            g = ops.depend(g, ops.assign(param, param * (1.0 - lr * self.decay)))
+        return self.adam(param, exp_avg, exp_avg_sq, 0.0, 0.0, fused_lr, self.beta1, self.beta2, fused_eps, g)
 
 
 class AdamW(nn.Cell):
@@ -55,8 +74,15 @@ class AdamW(nn.Cell):
         # would compile into a branch per parameter)
         self.fused_ids = tuple(i for i, p in enumerate(params) if p.dtype == ms.float32)
         self.composite_ids = tuple(i for i, p in enumerate(params) if p.dtype != ms.float32)
-        self.adam = ops.Adam()
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        cells = {}      # (shape, decay) -> its update cell; fused[i]: parameter i's (None: composite path)
+        for i in self.fused_ids:
+            key = (tuple(params[i].shape), self.decay[i])
+            if key not in cells:
+                cells[key] = _FusedAdam(self.decay[i], beta1, beta2, new_key(f"adamw {key}"))
+        fused = tuple(cells.get((tuple(p.shape), d)) if p.dtype == ms.float32 else None
+                      for p, d in zip(params, self.decay))
+        object.__setattr__(self, "fused", fused)       # parameter-free cells, kept out of the cell tree
         self.step = Parameter(Tensor(np.array([0], np.int32)), name="adam_step", requires_grad=False)
 
     def construct(self, grads, lr, grad_scale=1.0):
@@ -74,11 +100,8 @@ class AdamW(nn.Cell):
         # every parameter's update at once and hold all their temporaries in the pool together
         done = step
         for i in self.fused_ids:
-            g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
-            if self.decay[i]:
-                g = ops.depend(g, ops.assign(self.params[i], self.params[i] * (1.0 - lr * self.decay[i])))
-            done = self.adam(self.params[i], self.exp_avg[i], self.exp_avg_sq[i], 0.0, 0.0, fused_lr, self.beta1,
-                             self.beta2, fused_eps, g)
+            done = self.fused[i](self.params[i], self.exp_avg[i], self.exp_avg_sq[i], grads[i], grad_scale, lr,
+                                 fused_lr, fused_eps, done)
         for i in self.composite_ids:
             g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
             done = self._composite_update(i, self.params[i], g, lr, bc1, sqrt_bc2)
