@@ -10,6 +10,10 @@ Vl = vocab/tp. The residual stream (B, T, H) is replicated across TP ranks.
 Under pipeline parallelism (mesh.pp > 1) a rank builds only its stage: a contiguous run of decoder layers
 (configs.model_config.layer_split), the embedding on the first stage, the final norm and LM head on the
 last. Parameter names keep the global layer index, so checkpoints and strategy files read the same.
+
+Beside this file: layer_graphs.py runs each layer path (whole rows, shared prompt, prefill, decode) as a cell
+compiled once per model; cpu_cells.py holds the ops written for MindSpore's CPU backend (norm, rotation,
+softmax with their backward by hand, the batched matmul primitives).
 """
 from __future__ import annotations
 
@@ -20,10 +24,11 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import One, initializer
 
-from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
-from mindrlhf.models.graph_ops import expand_as, mean_last, sum_last, swap_middle, take
-from mindrlhf.models.layer_graphs import LayerGraphs, SharedPrompt
 from mindrlhf.configs.lora import LoraSpec
+from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
+from mindrlhf.models.cpu_cells import BMM, BMM_NT, HalfRotation, LastAxisSoftmax, RMSNormFunction
+from mindrlhf.models.graph_ops import expand_as, swap_middle, take
+from mindrlhf.models.layer_graphs import LayerGraphs, SharedPrompt
 from mindrlhf.models.lora import adapter_specs, freeze_base, init_adapters
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, HeadLogProb, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
@@ -33,11 +38,6 @@ from mindrlhf.parallel.mesh import Mesh
 
 _NO_LORA = LoraSpec(1, 1.0, ())     # no layer carries an adapter
 NEG_INF = -1e30  # additive mask value; finite so fully-masked rows stay NaN-free
-_BMM_NT = ops.BatchMatMul(transpose_b=True)   # q @ k^T without materialising k^T (a cache-sized copy)
-# probs @ v as the primitive: the functional matmul's backward transposes both operands with Transpose
-# kernels, each of which keeps a size_t source-offset table of its output for the graph's lifetime
-# (graph_ops.swap_middle); BatchMatMul's backward is two BatchMatMuls with transpose flags.
-_BMM = ops.BatchMatMul()
 
 
 class RMSNorm(nn.Cell):
@@ -53,39 +53,6 @@ class RMSNorm(nn.Cell):
 
     def construct(self, x):
         return self.norm(x, self.enter_weight(self.weight))
-
-
-class RMSNormFunction(nn.Cell):
-    """weight * x / sqrt(mean(x^2) + eps), statistics in `compute_dtype`, with its backward written out.
-
-    Differentiating the forward op by op costs about twice as much on CPU (MindSpore 2.10): the mean's
-    backward tiles and divides, and every broadcast's backward is a reduction. By hand: with n = x * r,
-    r = rsqrt(mean(x^2) + eps) and g = dy * w, dx = r * (g - n * mean(g * n)) and dw = sum over tokens of
-    dy * n (tests/test_model_parity.py checks the gradients against Hugging Face's).
-    """
-
-    def __init__(self, eps, compute_dtype=ms.float32):
-        super().__init__()
-        self.eps = eps
-        self.compute_dtype = compute_dtype
-        self.sum_rows = ops.ReduceSum()
-
-    def _normed(self, x32):
-        """(x * r, r broadcast to x), in compute_dtype."""
-        rstd = expand_as(ops.rsqrt(mean_last(ops.square(x32)) + self.eps), x32)
-        return x32 * rstd, rstd
-
-    def construct(self, x, weight):
-        normed = ops.cast(self._normed(ops.cast(x, self.compute_dtype))[0], x.dtype)
-        return expand_as(ops.cast(weight, x.dtype), normed) * normed
-
-    def bprop(self, x, weight, out, dout):
-        normed, rstd = self._normed(ops.cast(x, self.compute_dtype))
-        dy = ops.cast(dout, self.compute_dtype)
-        dw = self.sum_rows(ops.reshape(dy * normed, (-1, x.shape[-1])), 0)
-        g = dy * expand_as(ops.cast(weight, self.compute_dtype), dy)
-        dx = (g - normed * expand_as(mean_last(g * normed), normed)) * rstd
-        return ops.cast(dx, x.dtype), ops.cast(dw, weight.dtype)
 
 
 def rope_tables(head_dim: int, max_positions: int, theta: float,
@@ -123,45 +90,11 @@ def rope_swap(head_dim: int) -> Tuple[np.ndarray, np.ndarray]:
     return index, sign
 
 
-class HalfRotation(nn.Cell):
-    """x (..., hd) -> x[..., index] with index = rope_swap's (the halves swapped), written as a gather with
-    a constant index, and with its backward written out: that permutation is its own inverse, so the
-    gradient is the same gather of the incoming gradient. MindSpore 2.10 differentiates a gather on the last
-    axis as Transpose, UnsortedSegmentSum, Transpose, and each CPU Transpose keeps a size_t table of its
-    output's offsets for the graph's lifetime (graph_ops.swap_middle): 8 of the 16 Transposes (17 MB of
-    tables together, heaptrack) in the small benchmark's 2-layer training step."""
-
-    def __init__(self, head_dim: int):
-        super().__init__()
-        self.index = Tensor(rope_swap(head_dim)[0])
-
-    def construct(self, x):
-        return ops.gather(x, self.index, x.ndim - 1)
-
-    def bprop(self, x, out, dout):
-        return (ops.gather(dout, self.index, dout.ndim - 1),)
-
-
-class LastAxisSoftmax(nn.Cell):
-    """softmax over the last axis, with its backward written out: dx = y * (dy - sum(dy * y)), the row sums
-    broadcast by expand_as. MindSpore 2.10's own backward subtracts the (..., 1) row sums with a broadcasting
-    Sub, whose CPU kernel keeps two size_t tables of the output's size (16 bytes per attention score) for the
-    graph's lifetime (measured: +33.6 MB for (8, 4, 256, 256) scores)."""
-
-    def construct(self, x):
-        return ops.softmax(x, -1)
-
-    def bprop(self, x, out, dout):
-        row_dot = sum_last(dout * out)
-        return ((dout - expand_as(row_dot, out)) * out,)
-
-
 def apply_rope(x, cos, signed_sin, rotate: HalfRotation):
     """x (..., hd) * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as rotate(x) * signed_sin
-    (x[..., swap] by HalfRotation; sin times rope_swap's sign, folded into the table). A gather instead of
-    two slices and a concat: on MindSpore 2.10's CPU, measured on (16, 4, 64, 32) forward + backward, it
-    compiles in half the time (213 vs 442 ms; each slice costs ~30 ms of type inference, per layer and
-    graph) and runs 8x faster (4.1 vs 32 ms)."""
+    (x[..., swap] by HalfRotation; sin times rope_swap's sign, folded into the table): one gather instead of
+    two slices and a concat, which compile and run several times slower on CPU (docs/ARCHITECTURE.md, CPU
+    facts)."""
     return x * expand_as(cos, x) + rotate(x) * expand_as(signed_sin, x)
 
 
@@ -183,7 +116,7 @@ class Attention(nn.Cell):
                                        pdt, cdt, std, on("wv"))
         self.wo = RowParallelLinear(cfg.num_heads * self.hd, cfg.hidden_size, mesh, False, pdt, cdt, std, on("wo"))
         self.scale = 1.0 / float(np.sqrt(self.hd))
-        self.rotate = HalfRotation(self.hd)
+        self.rotate = HalfRotation(rope_swap(self.hd)[0])
         self.softmax_dtype = MS_DTYPES[cfg.softmax_compute_type]
         self.softmax = LastAxisSoftmax()
 
@@ -207,12 +140,12 @@ class Attention(nn.Cell):
         s = k.shape[2]
         # GQA without materialising repeated k/v: group query heads by their kv head.
         qg = ops.reshape(q, (b, self.nkv, self.rep * t, self.hd))
-        scores = _BMM_NT(qg, k) * self.scale                                  # (B, nkv, rep*T, S)
+        scores = BMM_NT(qg, k) * self.scale                                  # (B, nkv, rep*T, S)
         scores = ops.reshape(scores, (b, self.nh, t, s))
         scores = ops.cast(scores, self.softmax_dtype)
         scores = scores + expand_as(bias, scores)
         probs = ops.cast(self.softmax(scores), v.dtype)
-        out = _BMM(ops.reshape(probs, (b, self.nkv, self.rep * t, s)), v)   # (B, nkv, rep*T, hd)
+        out = BMM(ops.reshape(probs, (b, self.nkv, self.rep * t, s)), v)   # (B, nkv, rep*T, hd)
         out = swap_middle(ops.reshape(out, (b, self.nh, t, self.hd)))
         return ops.reshape(out, (b, t, self.nh * self.hd))
 
