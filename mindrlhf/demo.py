@@ -280,7 +280,7 @@ def _check_export(hf_dir: str, model_yaml: str) -> bool:
     from mindrlhf.configs.model_config import load_model_yaml
     from mindrlhf.models.qwen2 import CausalLM
     try:
-        load_weights(CausalLM(load_model_yaml(model_yaml).model), hf_dir)
+        load_weights(CausalLM(load_model_yaml(model_yaml).model, random_init=False), hf_dir)
         return True
     except Exception as err:  # noqa: BLE001 - reported in the summary
         print(f"      export check failed: {err}")

@@ -310,7 +310,7 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
     if params.greedy and args.n > 1:
         log(f"note: --n {args.n} with greedy decoding: a prompt's completions are all equal (give --temperature > 0 "
             f"to sample)")
-    model = CausalLM(model_cfg, Mesh(dp=world, tp=1, rank=rank))
+    model = CausalLM(model_cfg, Mesh(dp=world, tp=1, rank=rank), random_init=False)
     weights = load_model_weights(model, weights, log)
     engine = make_engine("mindspore", model, pad_id, width)
     idx = evaluation.replica_prompts(count, world, rank)

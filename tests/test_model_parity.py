@@ -300,3 +300,18 @@ def test_last_axis_broadcast_and_reductions_equal_numpy():
     np.testing.assert_allclose(total.asnumpy(), x.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(mean.asnumpy(), x.mean(-1, keepdims=True), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(wide16.asnumpy(), np.broadcast_to(row.astype(np.float16), x.shape))
+
+
+def test_a_model_whose_weights_are_loaded_next_starts_from_zeros_and_loads_them_all(tmp_path):
+    """random_init=False skips drawing the weights (seconds at 135M parameters); loading then sets every one."""
+    from mindrlhf.checkpoint.model_io import load_weights
+    from mindrlhf.models.qwen2 import CausalLM
+    cfg = ModelConfig(**tiny_model_kwargs(True, False, 2))
+    blank = CausalLM(cfg, random_init=False)
+    for p in blank.get_parameters():
+        assert np.all(p.asnumpy() == (1.0 if "norm" in p.name else 0.0)), p.name
+    make_hf_model(str(tmp_path), qkv_bias=True, tie=False, n_kv_heads=2)
+    drawn = load_ours(str(tmp_path), cfg)
+    load_weights(blank, str(tmp_path))
+    for a, b in zip(blank.get_parameters(), drawn.get_parameters()):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())

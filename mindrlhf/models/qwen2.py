@@ -37,6 +37,13 @@ from mindrlhf.parallel.layouts import Layout, RoleWeights, role_layouts
 from mindrlhf.parallel.mesh import Mesh
 
 _NO_LORA = LoraSpec(1, 1.0, ())     # no layer carries an adapter
+
+
+def _std(cfg: ModelConfig, random_init: bool) -> Optional[float]:
+    """The weights' init std; None: zeros (tp_layers), for weights loaded next."""
+    return cfg.initializer_range if random_init else None
+
+
 NEG_INF = -1e30  # additive mask value; finite so fully-masked rows stay NaN-free
 
 
@@ -99,14 +106,14 @@ def apply_rope(x, cos, signed_sin, rotate: HalfRotation):
 
 
 class Attention(nn.Cell):
-    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None, random_init: bool = True):
         super().__init__()
         pdt, cdt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype]
         self.hd = cfg.head_dim
         self.nh = cfg.num_heads // mesh.tp
         self.nkv = cfg.n_kv_heads // mesh.tp
         self.rep = self.nh // self.nkv
-        std = cfg.initializer_range
+        std = _std(cfg, random_init)
         on = (lora or _NO_LORA).on
         self.wq = ColumnParallelLinear(cfg.hidden_size, cfg.num_heads * self.hd, mesh, cfg.qkv_has_bias,
                                        pdt, cdt, std, on("wq"))
@@ -209,10 +216,10 @@ def _cache_rows(kv, n_samples, cache_len):
 class FeedForward(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
 
-    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None, random_init: bool = True):
         super().__init__()
         pdt, cdt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype]
-        std = cfg.initializer_range
+        std = _std(cfg, random_init)
         on = (lora or _NO_LORA).on
         self.w1 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, mesh, False, pdt, cdt, std, on("w1"))
         self.w3 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, mesh, False, pdt, cdt, std, on("w3"))
@@ -224,13 +231,13 @@ class FeedForward(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None, random_init: bool = True):
         super().__init__()
         pdt, ndt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.layernorm_compute_type]
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt, mesh)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt, mesh)
-        self.attention = Attention(cfg, mesh, lora)
-        self.feed_forward = FeedForward(cfg, mesh, lora)
+        self.attention = Attention(cfg, mesh, lora, random_init)
+        self.feed_forward = FeedForward(cfg, mesh, lora, random_init)
         self.enter_attn = enter_tp(mesh)        # under sequence parallelism: gather the sequence
         self.enter_ffn = enter_tp(mesh)
 
@@ -256,7 +263,7 @@ class DecoderLayer(nn.Cell):
 class DecoderModel(nn.Cell):
     """Embedding, decoder layers and final norm (MindFormers' `model.*`); under PP, this stage's part."""
 
-    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None, random_init: bool = True):
         super().__init__()
         pdt = MS_DTYPES[cfg.param_init_type]
         self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
@@ -265,8 +272,8 @@ class DecoderModel(nn.Cell):
         self.layer_ids = layer_split(cfg.num_layers, mesh.pp, cfg.offset)[mesh.stage]
         if self.first:
             self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
-                                                         cfg.initializer_range)
-        self.layers = nn.CellList([DecoderLayer(cfg, mesh, lora) for _ in self.layer_ids])
+                                                         _std(cfg, random_init))
+        self.layers = nn.CellList([DecoderLayer(cfg, mesh, lora, random_init) for _ in self.layer_ids])
         object.__setattr__(self, "graphs", LayerGraphs(self.layers))     # outside the cell tree: layer_graphs.py
         if self.last:
             self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type],
@@ -383,16 +390,18 @@ def causal_bias(attention_mask) -> Tensor:
 
 class CausalLM(nn.Cell):
     """Decoder + LM head. `construct` returns this rank's vocabulary shard of the logits (B, T, Vl).
-    With `lora`, the targeted layers carry adapters (initialised, models/lora.py) and only those train."""
+    With `lora`, the targeted layers carry adapters (initialised, models/lora.py) and only those train.
+    `random_init` False: the base weights start as zeros, for a model whose weights are loaded or synced next."""
 
-    def __init__(self, cfg: ModelConfig, mesh: Optional[Mesh] = None, lora: Optional[LoraSpec] = None):
+    def __init__(self, cfg: ModelConfig, mesh: Optional[Mesh] = None, lora: Optional[LoraSpec] = None,
+                 random_init: bool = True):
         super().__init__()
         mesh = mesh or Mesh(1, 1, 0)
         ParallelConfig(data_parallel=mesh.dp, model_parallel=mesh.tp, pipeline_stage=mesh.pp).check_model(cfg)
         self.config = cfg
         self.mesh = mesh
         self.lora = lora
-        self.model = DecoderModel(cfg, mesh, lora)
+        self.model = DecoderModel(cfg, mesh, lora, random_init)
         self.tie = cfg.tie_word_embeddings
         # under sequence parallelism the final hidden states are gathered along the sequence first, whose
         # backward already sums over TP ranks: the head then needs no copy_to_tp
@@ -401,7 +410,7 @@ class CausalLM(nn.Cell):
         if not self.tie and mesh.is_last_stage:
             self.lm_head = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, mesh, False,
                                                 MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype],
-                                                cfg.initializer_range)
+                                                _std(cfg, random_init))
         self.compute_dtype = MS_DTYPES[cfg.compute_dtype]
         # one TP rank holds the whole vocabulary: the head and the log-prob in one cell with its own backward
         self.head_in_logprob = mesh.tp == 1

@@ -29,6 +29,12 @@ _MATMUL_NT = ops.MatMul(transpose_b=True)
 FEW_ROWS, WIDE_OUT, WIDE_FEW_ROWS = 64, 32000, 32
 
 
+def _init(std):
+    """A weight's initializer: N(0, std), or zeros for std None (a model whose weights are loaded next: drawing
+    them would cost seconds at 135M parameters for nothing)."""
+    return Zero() if std is None else Normal(std)
+
+
 def linear(x, weight, compute_dtype):
     """x (..., in) @ weight(out, in)^T -> (..., out), computed in compute_dtype.
 
@@ -92,7 +98,7 @@ class ColumnParallelLinear(_LoraLinear):
         local_out = out_features // mesh.tp
         self.compute_dtype = compute_dtype
         self.has_bias = has_bias
-        self.weight = Parameter(initializer(Normal(init_std), (local_out, in_features), param_dtype),
+        self.weight = Parameter(initializer(_init(init_std), (local_out, in_features), param_dtype),
                                 name="weight")
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (local_out,), param_dtype), name="bias")
@@ -118,7 +124,7 @@ class RowParallelLinear(_LoraLinear):
             raise ValueError(f"in_features={in_features} is not divisible by model_parallel={mesh.tp}")
         self.compute_dtype = compute_dtype
         self.has_bias = has_bias
-        self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features // mesh.tp),
+        self.weight = Parameter(initializer(_init(init_std), (out_features, in_features // mesh.tp),
                                             param_dtype), name="weight")
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias")
@@ -146,7 +152,7 @@ class VocabParallelEmbedding(nn.Cell):
         self.vocab_start = mesh.tp_index * local
         self.vocab_local = local
         self.tp = mesh.tp
-        self.embedding_weight = Parameter(initializer(Normal(init_std), (local, hidden_size), param_dtype),
+        self.embedding_weight = Parameter(initializer(_init(init_std), (local, hidden_size), param_dtype),
                                           name="embedding_weight")
         self.reduce = leave_tp(mesh)
 

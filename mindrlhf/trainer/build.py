@@ -36,14 +36,15 @@ class Models:
 
 def build_models(run: ResolvedRun, log: Callable) -> Models:
     paths = run.cfg.run
-    policy = CausalLM(run.model_cfg, run.train_mesh, run.lora)
+    # models whose weights are loaded or synced next start from zeros, not random draws
+    policy = CausalLM(run.model_cfg, run.train_mesh, run.lora, random_init=not paths.load_sft_checkpoint_train)
     if paths.load_sft_checkpoint_train:
         load_weights(policy, paths.load_sft_checkpoint_train)
     t, i = run.train_mesh, run.infer_mesh
     if (t.dp, t.tp, t.pp) == (i.dp, i.tp, i.pp) and run.infer_model_cfg.param_init_type == run.model_cfg.param_init_type:
         rollout = policy                   # the seam: one model serves both roles
     else:
-        rollout = CausalLM(run.infer_model_cfg, run.infer_mesh)
+        rollout = CausalLM(run.infer_model_cfg, run.infer_mesh, random_init=False)
     shared = rollout is policy
     # a policy with adapters runs them itself when it serves rollout; a separate rollout model receives the
     # merged weights W + scale B A through the same re-layout
@@ -54,7 +55,7 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
         sync.sync()                        # rollout starts from the policy's weights
     ref = None
     if run.cfg.rl.beta > 0 and not run.lora:
-        ref = CausalLM(run.model_cfg, run.train_mesh)
+        ref = CausalLM(run.model_cfg, run.train_mesh, random_init=False)
         ref_path = paths.load_ref_checkpoint or paths.load_sft_checkpoint_train
         if ref_path:
             load_weights(ref, ref_path)
