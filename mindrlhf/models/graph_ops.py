@@ -18,15 +18,15 @@ def expand_as(small, like):
 
     MindSpore 2.10's CPU kernels for broadcasting element-wise arithmetic (x * y[..., :1], x + bias, ...)
     each keep about four times their output size in memory outside the memory pool, for as long as the
-    compiled graph lives (measured: ~390 MB per node for a 100 MB output). An explicit BroadcastTo followed
+    compiled graph lives. An explicit BroadcastTo followed
     by a same-shape op stays inside the pool, whose blocks are reused. So every broadcast in the model
     goes through here. A decode step (one position per sequence: `like.shape[-2] == 1` for hidden states,
-    q/k and scores alike) keeps the implicit broadcast: its tensors are tiny, and the extra kernel cost ~8%
-    of a decode step (measured).
+    q/k and scores alike) keeps the implicit broadcast: its tensors are tiny, and the extra kernel costs a
+    noticeable share of a decode step.
 
     Along the last axis alone ((..., 1) -> (..., n): a row statistic over its row) BroadcastTo is slow on
-    CPU, 5.8 ms for (8192, 1) -> (8192, 256); float32 takes it as the product with a row of ones there
-    instead, exact (one product per element), 1.2 ms.
+    CPU; float32 takes it as the product with a row of ones there instead, exact (one product per element)
+    (docs/BENCHMARKS.md, "Measurements behind code choices").
     """
     if like.shape[-2] == 1:
         return small
@@ -47,8 +47,8 @@ def _reduce_last(reduce, x):
 
 def sum_last(x):
     """x summed over its last axis, kept as size 1. Reduced as a 2-D (rows, n) tensor: MindSpore 2.10's CPU
-    reduction over the last axis of a 3-D or 4-D tensor is ~10x slower than over the same data as 2-D
-    (measured on 2M float32: 4.6 vs 0.44 ms)."""
+    reduction over the last axis of a 3-D or 4-D tensor is about ten times slower than over the same data as
+    2-D."""
     return _reduce_last(_SUM_ROWS, x)
 
 
@@ -59,10 +59,9 @@ def mean_last(x):
 
 def take(x, axis: int, start: int, stop: int, step: int = 1):
     """x's entries start, start + step, ... < stop along `axis` (static bounds), as a gather with a constant
-    index: what every slice of a tensor in our graphs goes through. MindSpore 2.10 spends ~30 ms of type
-    inference on each tensor slice site per compiled graph (x[:, a:b]; StridedSlice primitives ~15 ms), a
-    constant-index gather ~0; in a forward + backward graph of one (64, 48, 128) slice, measured: compile
-    190-200 vs 330-360 ms, run 5.1-5.8 vs 5.6-6.6 ms."""
+    index: what every slice of a tensor in our graphs goes through. MindSpore 2.10 spends tens of
+    milliseconds of type inference on each tensor slice site per compiled graph, a constant-index gather
+    next to nothing (docs/BENCHMARKS.md, "Measurements behind code choices")."""
     return ops.gather(x, Tensor(np.arange(start, stop, step, dtype=np.int32)), axis)
 
 
@@ -73,10 +72,7 @@ def swap_middle(x):
     MindSpore 2.10's CPU Transpose kernel, given a constant permutation, precomputes the source offset of
     every output element (a size_t each) and keeps that table for as long as the compiled graph lives,
     outside the memory pool: twice the output's float32 size per Transpose node, and the backward of each
-    is another one. Measured: +33 MB of heap for a 16 MB output; the small GRPO benchmark's training graph
-    had 48 Transposes with 23 MB of tables (vector growth slack not counted). The gather keeps one int32
-    per D-vector: in a forward + backward test graph around a (64, 80, 8, 64) swap, heap +23 vs +86 MB,
-    25 vs 21 ms; the whole bench_vs_trl job peaks 1,379 vs 1,505 MB at --scale, step time within noise.
+    is another one. The gather keeps one int32 per D-vector (docs/BENCHMARKS.md, "Measurements behind code choices").
 
     When B or C is 1 (a decode step: one position per sequence) the swap leaves the memory order as it is,
     and is a reshape: no kernel to launch (4 per layer in every decode step)."""

@@ -41,14 +41,9 @@ def linear(x, weight, compute_dtype):
     The [out, in] weight is read as it is stored (an explicit transpose would copy the whole weight on every
     call). With many rows, as x @ weight^T; with few (decode steps: one row per sequence), as
     (weight @ x^T)^T, where oneDNN streams the weight as the row-major left operand instead of repacking it
-    as a transposed right one: a 16-row decode step of the benchmark model 27 -> 17 ms, its matmuls ~26 -> ~9
-    ms, the 32000-row LM head 8 -> 4.4 ms (AMD EPYC Zen 4, profiled; from 128 rows on the first form is faster).
-    A vocabulary-sized output is the exception above 32 rows: there the final transpose (a CPU Transpose that
-    also keeps a size_t offset per output element on the heap for the graph's lifetime: a 64-row decode graph
-    with a 151,936 vocabulary grew RSS by 216 MB against 104 MB) outweighs the gain. Measured alone, second
-    form / first form at 64 rows: 32000 x 128 2.06, 32000 x 512 1.24, 151936 x 2048 1.10, against 18944 x 3584
-    0.89, 1408 x 512 0.64; at 32 rows the vocabulary heads 0.84-0.92, at 16 rows 0.56-0.65 (medians of 7
-    interleaved rounds, Zen 4).
+    as a transposed right one; from 128 rows on the first form is faster. A vocabulary-sized output is the
+    exception above 32 rows: there the final transpose (a CPU Transpose that also keeps a size_t offset per
+    output element on the heap for the graph's lifetime) outweighs the gain (docs/BENCHMARKS.md, "Measurements behind code choices").
     The row count is a compile-time constant, so each graph holds one form. Measured on CPU only (the same product
     values either way; which form is faster on Ascend is unmeasured).
     """
@@ -172,7 +167,7 @@ class HeadLogProb(nn.Cell):
     with the backward written out.
 
     Autodiff would run LogSoftmaxGrad over the (tokens, vocab) logits, which MindSpore's CPU backend hands
-    to oneDNN's scalar reference code (0.58 s of a 7 s train step at vocab 32000; torch's takes 0.14 s).
+    to oneDNN's scalar reference code (several times torch's time for the same op).
     Here d logp[label] / d logits = onehot - softmax is a scatter into the softmax the forward already took
     for the entropy (one exp over the logits for both), and each token's incoming gradient scales the
     hidden-sized rows around the two head matmuls instead of the vocabulary-sized ones. The entropy is a

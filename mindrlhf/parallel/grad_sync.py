@@ -17,7 +17,7 @@ class DPGradMean(nn.Cell):
     Every DP rank must hold the same number of samples per step so the mean of per-rank means is the
     full-batch mean (the trainer guarantees it by splitting whole prompt groups evenly). The tuple is mapped
     with HyperMap: a generator over it in the graph compiled in more than linear memory in MindSpore 2.10
-    (54 gradients +130 MB of heap, 108 +332 MB; HyperMap +2 / +4 MB).
+    (docs/BENCHMARKS.md, "Measurements behind code choices").
     """
 
     def __init__(self, mesh):

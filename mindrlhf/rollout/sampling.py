@@ -1,9 +1,8 @@
 """Sampling parameters and the logits processors, on host numpy (float64 for stable log-softmax).
 
 On the host because there it is faster on CPU: the default path (temperature, EOS suppression, inverse-CDF
-draw, log-prob) written as a MindSpore 2.10 jit graph draws the same tokens but took 1.44-1.69 ms per
-(64, 318) step and 12.6-12.7 ms per (16, 32000) step, against 0.30-0.42 and 2.15-2.32 ms here (AMD EPYC
-Zen 4; benchmarks/bench_device_sampling.py). On Ascend, where the logits would not have to leave the
+draw, log-prob) written as a MindSpore 2.10 jit graph draws the same tokens several times slower
+(benchmarks/bench_device_sampling.py; docs/BENCHMARKS.md, "Measurements behind code choices"). On Ascend, where the logits would not have to leave the
 device, that is unmeasured.
 
 Order follows vLLM/HF: repetition penalty -> min_tokens (EOS suppressed) -> temperature -> top-k -> top-p ->
@@ -137,8 +136,7 @@ def inverse_cdf(weights: np.ndarray, u: np.ndarray, block: int = 256) -> np.ndar
     """For each row, the first index whose cumulative weight exceeds u * total (u in [0, 1)).
 
     Two levels: cumulative sums over blocks of `block` weights, then within the one chosen block. A full
-    cumulative sum plus a compare over the vocabulary was most of the host time of a decode step (~3.5 ms
-    of ~22 ms for 16 x 32000). Indices past the vocabulary (padding) can come back only by rounding; the
+    cumulative sum plus a compare over the vocabulary was most of the host time of a decode step. Indices past the vocabulary (padding) can come back only by rounding; the
     caller clamps them.
     """
     n, v = weights.shape

@@ -57,10 +57,9 @@ class AdamW(nn.Cell):
     kernel (ApplyAdam) with the bias correction folded into its per-step arguments: beta powers 0 (so it
     applies lr as given), lr' = lr * sqrt(bc2) / bc1 and eps' = eps * sqrt(bc2) (algebraically torch's update;
     matches it to ~1e-6 in tests); decayed parameters are first scaled by 1 - lr * decay, as torch does. That
-    avoids ~10 parameter-sized temporaries per parameter in the memory pool, which on CPU never shrinks.
-    The CPU ApplyAdam kernel is vectorized: 26 ms per 16.4M-element parameter against 320 ms for
-    MindSpore's AdamWeightDecay kernel and 87 ms for torch's AdamW (AMD EPYC, measured side by side).
-    Other dtypes take the composite path in float32.
+    avoids ~10 parameter-sized temporaries per parameter in the memory pool, which on CPU never shrinks,
+    and the CPU ApplyAdam kernel is vectorized, faster than MindSpore's AdamWeightDecay and torch's AdamW
+    (docs/BENCHMARKS.md, "Measurements behind code choices"). Other dtypes take the composite path in float32.
     """
 
     def __init__(self, params, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8):
@@ -115,7 +114,7 @@ class AdamW(nn.Cell):
         ops.assign(self.exp_avg_sq[i], ops.cast(v, self.exp_avg_sq[i].dtype))
         p32 = ops.cast(p, ms.float32) * (1.0 - lr * self.decay[i])
         # multiply by reciprocals: MindSpore 2.10's CPU Div kernel keeps ~4x its output size in memory
-        # outside the pool for the graph's lifetime (2.4 GB for a 32000 x 512 AdamW pair, measured)
+        # outside the pool for the graph's lifetime
         update = (m * (1.0 / bc1)) * ops.reciprocal(ops.sqrt(v) * (1.0 / sqrt_bc2) + self.eps)
         return ops.assign(p, ops.cast(p32 - lr * update, p.dtype))
 
@@ -183,9 +182,8 @@ def square_sum(g):
 
 def squares_total(grads, ids=None):
     """Sum of square_sum over `grads` (or over grads[i] for i in `ids`), added up in a loop: the same sum
-    over a list built in the graph (a comprehension) cost MindSpore 2.10's front end ~30 MB more heap at its
-    peak and ~1 s more compile for a 2-layer Qwen2 train step (27 parameters, measured), both kept as the
-    process's peak RSS."""
+    over a list built in the graph (a comprehension) costs MindSpore 2.10's front end more heap and compile
+    time, and the heap stays as the process's peak RSS (docs/BENCHMARKS.md, "Measurements behind code choices")."""
     total = ops.zeros((), ms.float32)
     for i in (range(len(grads)) if ids is None else ids):
         total = total + square_sum(grads[i])

@@ -4,8 +4,7 @@ inputs of the same shapes and dtypes then runs the compiled graph.
 Why: MindSpore's compiler front end (parse, type inference, autodiff) needs a transient heap several times
 the size of what it keeps, and glibc keeps the freed part as fragmented free memory, so each compile raises
 the process's RSS for good. The trainer compiles its largest graph (the training step) before anything else:
-the smaller graphs compiled later (rollout, reference) then fit into the memory it freed. Measured on the
-`bench_vs_trl` small setup (AMD EPYC Zen 4): peak RSS 742 -> 712 MB from the order alone.
+the smaller graphs compiled later (rollout, reference) then fit into the memory it freed (docs/BENCHMARKS.md, "Measurements behind code choices").
 
 MindSpore 2.10 has no public "compile only" call for a jit method (`MS_DEV_PRECOMPILE_ONLY` stops after the
 front end and the later call then fails), so this makes the calls its jit wrapper makes

@@ -4,8 +4,7 @@ whole life.
 Per phase: `reset_peak` starts a new window of the kernel's high-water mark (VmHWM) and `peak_mb` reads it.
 Over the whole life: `process_peak_mb`, which keeps the highest mark of every window that was reset. Both are
 the kernel's own page counts, exact, at no cost: sampling RSS from a thread instead can miss a short peak, and
-on two cores its 5 ms wake-ups slowed the sampled GRPO step by 8-15% (bench_vs_trl's small setup, AMD EPYC
-Zen 4: 0.100-0.106 -> 0.110-0.118 s/step in interleaved runs).
+on two cores its 5 ms wake-ups slowed the sampled GRPO step by 8-15% (docs/BENCHMARKS.md, "Measurements behind code choices").
 """
 from __future__ import annotations
 
