@@ -1,8 +1,8 @@
 """Ops the decoder uses in a form MindSpore 2.10's CPU backend runs well: the same math, a backward written out
 or a primitive chosen so that autodiff does not bring in kernels that are slow or hold memory outside the
 pool for the graph's lifetime (broadcasting arithmetic, Transpose). Each says its reason in a line; the
-measurements: docs/ARCHITECTURE.md, "CPU facts the design rests on". tests/test_model_parity.py checks
-values and gradients against Hugging Face's.
+measurements: docs/BENCHMARKS.md, "Measurements behind code choices", and docs/ARCHITECTURE.md, "CPU facts
+the design rests on". tests/test_model_parity.py checks values and gradients against Hugging Face's.
 """
 from __future__ import annotations
 

@@ -100,8 +100,8 @@ def rope_swap(head_dim: int) -> Tuple[np.ndarray, np.ndarray]:
 def apply_rope(x, cos, signed_sin, rotate: HalfRotation):
     """x (..., hd) * cos + rotate_half(x) * sin, with rotate_half(x) * sin written as rotate(x) * signed_sin
     (x[..., swap] by HalfRotation; sin times rope_swap's sign, folded into the table): one gather instead of
-    two slices and a concat, which compile and run several times slower on CPU (docs/ARCHITECTURE.md, CPU
-    facts)."""
+    two slices and a concat, which compile and run several times slower on CPU (docs/BENCHMARKS.md,
+    "Measurements behind code choices")."""
     return x * expand_as(cos, x) + rotate(x) * expand_as(signed_sin, x)
 
 
