@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from data_helpers import arithmetic_rows, make_tokenizer_files, write_jsonl
-from grpo_helpers import WORKER, cli_args, model_yaml
+from grpo_helpers import TEST_DEFAULTS, WORKER, cli_args, model_yaml
 from msrun_util import REPO, free_port, run_msrun
 from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
 from mindrlhf.checkpoint.model_io import model_state, read_checkpoint, save_checkpoint
@@ -90,7 +90,7 @@ def assets(tmp_path_factory):
 
 def _args(assets, name, out_dir, **extra):
     train, infer, batch, mini, tie = ALL_LAYOUTS[name]
-    flags = {"sft_path_train": assets["yamls"][train + (tie,)], "sft_path_infer": assets["yamls"][infer + (1, tie)],
+    flags = {**TEST_DEFAULTS, "sft_path_train": assets["yamls"][train + (tie,)], "sft_path_infer": assets["yamls"][infer + (1, tie)],
              "vocab_path": assets["vocab"], "merges_file_path": assets["merges"],
              "mind_dataset_dir": assets["data"], "load_sft_checkpoint_train": assets["inits"][tie], "save_ckpt_dir": out_dir,
              "use_parallel": not name.startswith("single"),

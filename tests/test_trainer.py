@@ -523,7 +523,7 @@ def test_a_changed_model_does_not_run_the_previous_jobs_cached_graphs(assets, tm
     save = str(tmp_path / "ckpt")
     for yaml_path in (assets["sft_path_train"], model_yaml(str(tmp_path / "kv1.yaml"), n_kv_heads=1)):
         _run_grpo_worker(assets, save, sft_path_train=yaml_path, total_steps=1, save_steps=0,
-                         enable_compile_cache=True)
+                         enable_compile_cache=True, overwrite_ckpt_dir=True)     # the compile cache stays
     assert len(os.listdir(os.path.join(save, "compile_cache"))) == 2
 
 

@@ -4,6 +4,8 @@ layer in the training graph, prefill and decode. The reuse reaches a cell's `con
 the model runs - whole rows, rows that share their group's prompt, prefill, decode - is a cell of its own
 that calls that method of the layer. Compile times: docs/BENCHMARKS.md (bench_real_model.py, first step).
 
+Under sequence parallelism DecoderModel runs its layers directly instead (see stage_forward).
+
 The cells hold their layer as a child without a name prefix (its parameter names stay MindFormers') and are
 kept outside the model's cell tree, so parameters, checkpoints and layouts see the layers only.
 """
