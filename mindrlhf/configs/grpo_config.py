@@ -544,7 +544,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="grpo_config.yaml: sections " + ", ".join(SECTIONS) + ", MindRLHF's flat "
                                     "fields or MindSpeed-RL's GRPO YAML (docs/UPSTREAM.md)")
     for sec, f in _section_fields():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = _default(f)
         p.add_argument(f"--{f.name}", metavar=str(f.type).upper().replace("LIST[", "").rstrip("]"),
                        help=f"[{sec}] {f.metadata['help']} (default: {default})")
     for flag, (ours, note) in upstream.FLAG_ALIASES.items():
@@ -568,15 +568,19 @@ def config_reference_markdown() -> str:
     """docs/CONFIG.md's config reference table, generated from the dataclasses."""
     lines = ["| section | field | default | meaning |", "| --- | --- | --- | --- |"]
     for sec, f in _section_fields():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = _default(f)
         lines.append(f"| {sec} | `{f.name}` | `{default!r}` | {f.metadata['help']} |")
     return "\n".join(lines)
 
 
 def field_defaults() -> Dict[str, Any]:
     """"section.field" -> its dataclass default."""
-    return {f"{sec}.{f.name}": (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-            for sec, f in _section_fields()}
+    return {f"{sec}.{f.name}": _default(f) for sec, f in _section_fields()}
+
+
+def _default(f: dataclasses.Field):
+    """A field's default value (a fresh one for list fields)."""
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 def describe_fields(cfg: GRPOConfig) -> List[str]:
