@@ -210,3 +210,43 @@ def test_an_update_over_many_parameters_compiles_past_the_default_call_depth(mon
         assert all(np.allclose(p.asnumpy(), 1.0 - 1e-2, atol=1e-6) for p in params)   # Adam's first step: lr x sign
     finally:
         ms.set_recursion_limit(1000)
+
+
+def test_update_driven_from_the_host_equals_the_compiled_update_and_compiles_once_for_all_layers():
+    """AdamW.update_each (one call per decoder layer's run of parameters, the parameters passed to the graph as
+    aliases of their memory) gives the in-graph update's weights and moments exactly, float16 parameters
+    included, over three updates with clipping factors; each gradient buffer is zeroed; the four layers share
+    one compiled update graph (a graph per layer would make the first step's compile grow with depth)."""
+    from mindrlhf.trainer.optim import block_runs
+    rng = np.random.default_rng(3)
+    shapes = {"attention.wq.weight": (12, 8), "attention_norm.weight": (8,), "feed_forward.w1.weight": (16, 8)}
+    init = {"model.tok_embeddings.embedding_weight": rng.standard_normal((20, 8)).astype(np.float32)}
+    for layer in range(4):
+        init.update({f"model.layers.{layer}.{k}": rng.standard_normal(s).astype(np.float32)
+                     for k, s in shapes.items()})
+    init["model.lm_head.weight"] = rng.standard_normal((20, 8)).astype(np.float16).astype(np.float32)
+    dtypes = {k: (ms.float16 if k == "model.lm_head.weight" else ms.float32) for k in init}
+    grads = [[rng.standard_normal(v.shape).astype(np.float32) for v in init.values()] for _ in range(3)]
+    result = {}
+    for how in ("graph", "host"):
+        params = [Parameter(Tensor(v, dtypes[k]), name=k) for k, v in init.items()]
+        opt = AdamW(params, weight_decay=0.1, beta2=0.95)
+        buffers = [Parameter(Tensor(np.zeros(v.shape, np.float32)), name=f"buf.{k}") for k, v in init.items()]
+        step = _Apply(opt)
+        for t, gs in enumerate(grads):
+            lr, scale = Tensor(np.float32(1e-2 * (t + 1))), Tensor(np.float32(0.5 if t == 1 else 1.0))
+            if how == "graph":
+                step(tuple(Tensor(g) for g in gs), lr, scale)
+            else:
+                for b, g in zip(buffers, gs):
+                    b.set_data(Tensor(g))
+                opt.update_each(buffers, lr, scale)
+                assert all(not b.asnumpy().any() for b in buffers)
+        result[how] = [p.astype(ms.float32).asnumpy() for p in list(opt.params) + opt.state_parameters()[:-1]]
+        assert int(opt.step.asnumpy()[0]) == 3
+    assert len(result["graph"]) == 3 * len(init)
+    for a, b in zip(result["graph"], result["host"]):
+        np.testing.assert_array_equal(a, b)
+    names = list(init)
+    assert block_runs(names, range(len(names)))[1:5] == [(1, 2, 3), (4, 5, 6), (7, 8, 9), (10, 11, 12)]
+    assert len(opt._host.update) == 3          # the embedding, one for all four layers, the float16 head

@@ -1,6 +1,7 @@
 """Data-parallel gradient averaging across a role's DP group."""
 from __future__ import annotations
 
+import mindspore as ms
 from mindspore import nn, ops
 
 _reduce_mean = ops.MultitypeFuncGraph("dp_reduce_mean")
@@ -31,3 +32,20 @@ class DPGradMean(nn.Cell):
         if self.dp == 1:
             return grads
         return self.map(ops.partial(_reduce_mean, self.all_reduce, self.dp), grads)
+
+
+class DPMeanInPlace(nn.Cell):
+    """Gradient buffers replaced by their mean over the DP group, as a graph of its own compiled once per
+    shapes of the buffers (a host-driven update's DPGradMean: the same all-reduce and division)."""
+
+    def __init__(self, mesh):
+        super().__init__()
+        self.dp = mesh.dp
+        self.all_reduce = ops.AllReduce(group=mesh.dp_group)
+
+    @ms.jit
+    def construct(self, bufs):
+        done = self.dp
+        for buf in bufs:
+            done = ops.assign(buf, self.all_reduce(ops.depend(buf, done)) / self.dp)
+        return done

@@ -8,6 +8,7 @@ beyond the step count kept in the optimizer.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import mindspore as ms
@@ -52,6 +53,26 @@ class _FusedAdam(nn.Cell):
         return self.adam(param, exp_avg, exp_avg_sq, 0.0, 0.0, fused_lr, self.beta1, self.beta2, fused_eps, g)
 
 
+class _CompositeAdam(nn.Cell):
+    """The update of a parameter that is not float32, in float32 (parameter-free: called with the parameter)."""
+
+    def __init__(self, beta1: float, beta2: float, eps: float):
+        super().__init__(auto_prefix=False)
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+
+    def construct(self, p, exp_avg, exp_avg_sq, g, lr, bc1, sqrt_bc2, decay):
+        m = exp_avg * self.beta1 + g * (1.0 - self.beta1)
+        v = exp_avg_sq * self.beta2 + ops.square(g) * (1.0 - self.beta2)
+        # the moments keep the parameter's dtype (as torch.optim.AdamW's do); the update uses them in float32
+        ops.assign(exp_avg, ops.cast(m, exp_avg.dtype))
+        ops.assign(exp_avg_sq, ops.cast(v, exp_avg_sq.dtype))
+        p32 = ops.cast(p, ms.float32) * (1.0 - lr * decay)
+        # multiply by reciprocals: MindSpore 2.10's CPU Div kernel keeps ~4x its output size in memory
+        # outside the pool for the graph's lifetime
+        update = (m * (1.0 / bc1)) * ops.reciprocal(ops.sqrt(v) * (1.0 / sqrt_bc2) + self.eps)
+        return ops.assign(p, ops.cast(p32 - lr * update, p.dtype))
+
+
 class AdamW(nn.Cell):
     """torch.optim.AdamW's update. float32 parameters go through MindSpore's fused, in-place Adam
     kernel (ApplyAdam) with the bias correction folded into its per-step arguments: beta powers 0 (so it
@@ -82,19 +103,14 @@ class AdamW(nn.Cell):
         fused = tuple(cells.get((tuple(p.shape), d)) if p.dtype == ms.float32 else None
                       for p, d in zip(params, self.decay))
         object.__setattr__(self, "fused", fused)       # parameter-free cells, kept out of the cell tree
+        object.__setattr__(self, "composite", _CompositeAdam(beta1, beta2, eps))
+        object.__setattr__(self, "_host", None)         # update_each's compiled calls, built on first use
         self.step = Parameter(Tensor(np.array([0], np.int32)), name="adam_step", requires_grad=False)
 
     def construct(self, grads, lr, grad_scale=1.0):
-        """One update; gradients are multiplied by `grad_scale` (the clipping factor) as they are read."""
-        step = self.step + 1
-        ops.assign(self.step, step)
-        # 0-d scalars: a (1,)-shaped factor would make every update below a broadcasting kernel, which on
-        # CPU holds several parameter-sized buffers outside the memory pool (see tp_layers.expand_as)
-        t = ops.cast(ops.reshape(step, ()), ms.float32)
-        bc1 = 1.0 - ops.pow(self.beta1, t)
-        sqrt_bc2 = ops.sqrt(1.0 - ops.pow(self.beta2, t))
-        fused_lr = lr * sqrt_bc2 / bc1
-        fused_eps = self.eps * sqrt_bc2
+        """One update inside the caller's graph; gradients are multiplied by `grad_scale` (the clipping factor)
+        as they are read."""
+        step, fused_lr, fused_eps, bc1, sqrt_bc2 = self.advance(lr)
         # one parameter at a time (control dependency on the previous update): otherwise the graph may run
         # every parameter's update at once and hold all their temporaries in the pool together
         done = step
@@ -103,23 +119,120 @@ class AdamW(nn.Cell):
                                  fused_lr, fused_eps, done)
         for i in self.composite_ids:
             g = ops.cast(ops.depend(grads[i], done), ms.float32) * grad_scale
-            done = self._composite_update(i, self.params[i], g, lr, bc1, sqrt_bc2)
+            done = self.composite(self.params[i], self.exp_avg[i], self.exp_avg_sq[i], g, lr, bc1, sqrt_bc2,
+                                  self.decay[i])
         return step
 
-    def _composite_update(self, i, p, g, lr, bc1, sqrt_bc2):
-        m = self.exp_avg[i] * self.beta1 + g * (1.0 - self.beta1)
-        v = self.exp_avg_sq[i] * self.beta2 + ops.square(g) * (1.0 - self.beta2)
-        # the moments keep the parameter's dtype (as torch.optim.AdamW's do); the update uses them in float32
-        ops.assign(self.exp_avg[i], ops.cast(m, self.exp_avg[i].dtype))
-        ops.assign(self.exp_avg_sq[i], ops.cast(v, self.exp_avg_sq[i].dtype))
-        p32 = ops.cast(p, ms.float32) * (1.0 - lr * self.decay[i])
-        # multiply by reciprocals: MindSpore 2.10's CPU Div kernel keeps ~4x its output size in memory
-        # outside the pool for the graph's lifetime
-        update = (m * (1.0 / bc1)) * ops.reciprocal(ops.sqrt(v) * (1.0 / sqrt_bc2) + self.eps)
-        return ops.assign(p, ops.cast(p32 - lr * update, p.dtype))
+    def advance(self, lr):
+        """The step counter moved on by one; (step, the fused kernel's lr and eps, bias corrections)."""
+        step = self.step + 1
+        ops.assign(self.step, step)
+        # 0-d scalars: a (1,)-shaped factor would make every update below a broadcasting kernel, which on
+        # CPU holds several parameter-sized buffers outside the memory pool (see tp_layers.expand_as)
+        t = ops.cast(ops.reshape(step, ()), ms.float32)
+        bc1 = 1.0 - ops.pow(self.beta1, t)
+        sqrt_bc2 = ops.sqrt(1.0 - ops.pow(self.beta2, t))
+        return step, lr * sqrt_bc2 / bc1, self.eps * sqrt_bc2, bc1, sqrt_bc2
+
+    def update_each(self, grads, lr, grad_scale):
+        """The same update driven from the host, one call per block of parameters (block_runs): each block's
+        graph takes the parameters, moments and gradients as inputs, so the 30 layers of a model share one
+        compiled graph. A graph holding all the updates compiles in time proportional to the parameter count
+        (6.4 s for a 30-layer model's 272 in MindSpore 2.10, with the norm and buffer clearing;
+        docs/BENCHMARKS.md, "Measurements behind code choices"). `grads` are gradient buffers (Parameters),
+        each zeroed once used."""
+        if self._host is None:
+            self._host = _HostCalls(self)
+        scalars = self._host.advance(lr)
+        for ids in self._host.blocks:
+            call = self._host.update[self._host.key(ids)]
+            call(aliases(self.params, ids), aliases(self.exp_avg, ids), aliases(self.exp_avg_sq, ids),
+                 aliases(grads, ids), grad_scale, lr, *scalars)
 
     def state_parameters(self):
         return list(self.exp_avg) + list(self.exp_avg_sq) + [self.step]
+
+
+def aliases(params, ids) -> tuple:
+    """Tensors on the memory of params[i] for i in ids, to pass them to a graph that updates them in place:
+    MindSpore compiles a jit graph again for every distinct Parameter among its inputs (~10-30 ms each), but
+    once per shapes for Tensors. Taken at each call, so a buffer the swap schedule has replaced is never
+    written through a stale alias. Mutable: a plain tuple of Tensors is taken as a constant (a graph per value)."""
+    return ms.mutable(tuple(params[i].view(params[i].shape) for i in ids))
+
+
+_BLOCK = re.compile(r"^(.*?\.\d+\.)")       # "model.layers.7." of "model.layers.7.attention.wq.weight"
+
+
+def block_runs(names, ids) -> list:
+    """`ids` (in order) cut into runs of successive ids whose names are in the same numbered block (a decoder
+    layer); any other name is a run of its own. The blocks of a model have the same shapes, so a
+    graph called per run compiles once for all of them."""
+    runs, block = [], None
+    for i in ids:
+        m = _BLOCK.match(names[i])
+        b = m.group(1) if m else None
+        if runs and b is not None and b == block:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+        block = b
+    return [tuple(r) for r in runs]
+
+
+class _Advance(nn.Cell):
+    def __init__(self, optimizer):
+        super().__init__(auto_prefix=False)
+        object.__setattr__(self, "optimizer", optimizer)
+
+    @ms.jit
+    def construct(self, lr):
+        _, fused_lr, fused_eps, bc1, sqrt_bc2 = self.optimizer.advance(lr)
+        return fused_lr, fused_eps, bc1, sqrt_bc2
+
+
+class _BlockUpdate(nn.Cell):
+    """The updates of one run of parameters (their moments and gradients given as inputs), each gradient buffer
+    zeroed once used: one graph per run's (shape, decay, dtype)s."""
+
+    def __init__(self, cells, decays):
+        super().__init__(auto_prefix=False)
+        object.__setattr__(self, "cells", cells)        # _FusedAdam, or None: the composite path
+        self.decays = decays
+
+    @ms.jit
+    def construct(self, params, exp_avg, exp_avg_sq, grads, grad_scale, lr, fused_lr, fused_eps, bc1, sqrt_bc2):
+        done = lr
+        for j in range(len(params)):
+            if self.cells[j] is None:
+                g = ops.cast(ops.depend(grads[j], done), ms.float32) * grad_scale
+                done = self.composite(params[j], exp_avg[j], exp_avg_sq[j], g, lr, bc1, sqrt_bc2, self.decays[j])
+            else:
+                done = self.cells[j](params[j], exp_avg[j], exp_avg_sq[j], grads[j], grad_scale, lr, fused_lr,
+                                     fused_eps, done)
+            done = ops.assign(grads[j], ops.depend(ops.zeros_like(grads[j]), done))
+        return done
+
+
+class _HostCalls:
+    """AdamW.update_each's graphs: the step advance, and one update graph per distinct run of parameters."""
+
+    def __init__(self, optimizer: AdamW):
+        self.advance = _Advance(optimizer)
+        params = optimizer.params
+        self.blocks = block_runs([p.name for p in params], range(len(params)))
+        self.optimizer = optimizer
+        self.update = {}
+        for ids in self.blocks:
+            key = self.key(ids)
+            if key not in self.update:
+                cell = _BlockUpdate(tuple(optimizer.fused[i] for i in ids), tuple(optimizer.decay[i] for i in ids))
+                object.__setattr__(cell, "composite", optimizer.composite)
+                self.update[key] = cell
+
+    def key(self, ids):
+        o = self.optimizer
+        return tuple((tuple(o.params[i].shape), o.params[i].dtype, o.decay[i]) for i in ids)
 
 
 def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
@@ -198,6 +311,22 @@ def clip_scale(grads, max_norm: float, norm_sum=None):
     ranks or pipeline stages (train_step.SplitNormSum); default: squares_total.
     """
     norm = ops.sqrt(squares_total(grads) if norm_sum is None else norm_sum(grads))
+    return clip_factor(norm, max_norm), norm
+
+
+def clip_factor(norm, max_norm: float):
     if max_norm <= 0:
-        return ops.ones((), ms.float32), norm
-    return ops.minimum(max_norm / (norm + 1e-6), 1.0), norm
+        return ops.ones((), ms.float32)
+    return ops.minimum(max_norm / (norm + 1e-6), 1.0)
+
+
+class AddSquares(nn.Cell):
+    """total + the square_sum of each of `grads`, in order, as a graph of its own (compiled once per shapes
+    of `grads`): squares_total driven from the host a run of gradients at a time, the same additions in the
+    same order."""
+
+    @ms.jit
+    def construct(self, total, grads):
+        for g in grads:
+            total = total + square_sum(g)
+        return total

@@ -23,10 +23,10 @@ from mindspore import Tensor, nn, ops
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.tp_layers import MS_DTYPES
 from mindrlhf.trainer import exchange
-from mindrlhf.parallel.grad_sync import DPGradMean
+from mindrlhf.parallel.grad_sync import DPMeanInPlace
 from mindrlhf.parallel.pipeline import StageIO, make_links, run_1f1b, run_forward_only
 from mindrlhf.parallel.swap import on_ascend
-from mindrlhf.trainer.optim import clip_scale
+from mindrlhf.trainer.optim import AddSquares, aliases, block_runs, clip_factor
 from mindrlhf.trainer.train_step import GRPOLossCell, SplitNormSum, tp_split_flags
 
 N_STATS = 8          # the loss cell's aux outputs
@@ -113,25 +113,47 @@ class LastStageStep(nn.Cell):
         return loss, aux, dx
 
 
-class ApplyAccumulated(nn.Cell):
-    """DP mean, global-norm clip (over TP ranks and pipeline stages) and AdamW on the summed gradients,
-    then the buffers are cleared."""
+class _ClipScale(nn.Cell):
+    """(clip factor, global norm) from this rank's two sums of squares (split, replicated parameters)."""
 
-    def __init__(self, optimizer, acc, mesh, split_flags, max_grad_norm: float):
+    def __init__(self, norm_sum: SplitNormSum, max_grad_norm: float):
         super().__init__(auto_prefix=False)
-        self.optimizer = optimizer
-        self.acc = acc
-        self.dp_mean = DPGradMean(mesh)
-        self.norm_sum = SplitNormSum(split_flags, mesh)
-        self.max_grad_norm = max_grad_norm
+        self.norm_sum, self.max_grad_norm = norm_sum, max_grad_norm
 
     @ms.jit
-    def construct(self, lr):
-        grads = self.dp_mean(tuple(self.acc))
-        scale, grad_norm = clip_scale(grads, self.max_grad_norm, self.norm_sum)
-        done = self.optimizer(grads, lr, scale)
-        for i in range(len(self.acc)):
-            ops.assign(self.acc[i], ops.depend(ops.zeros_like(self.acc[i]), done))
+    def construct(self, split_total, replicated_total):
+        norm = ops.sqrt(self.norm_sum.combine(split_total, replicated_total))
+        return clip_factor(norm, self.max_grad_norm), norm
+
+
+class ApplyAccumulated:
+    """DP mean, global-norm clip (over TP ranks and pipeline stages) and AdamW on the summed gradients, the
+    buffers cleared after. Driven from the host one buffer at a time through small graphs compiled once per
+    shape (AdamW.update_each says why), with the operations and their order of the one-graph train step."""
+
+    def __init__(self, optimizer, acc, mesh, split_flags, max_grad_norm: float):
+        self.optimizer, self.acc = optimizer, acc
+        self.dp_mean = DPMeanInPlace(mesh) if mesh.dp > 1 else None
+        norm_sum = SplitNormSum(split_flags, mesh)
+        names = [p.name for p in optimizer.params]
+        self.all_runs = block_runs(names, range(len(acc)))
+        self.norm_runs = tuple(block_runs(names, ids) for ids in (norm_sum.split_ids, norm_sum.replicated_ids))
+        self.add_squares = AddSquares()
+        self.clip = _ClipScale(norm_sum, max_grad_norm)
+
+    def __call__(self, lr):
+        """One update; returns the global gradient norm (before clipping)."""
+        if self.dp_mean is not None:
+            for ids in self.all_runs:
+                self.dp_mean(aliases(self.acc, ids))
+        totals = []
+        for runs in self.norm_runs:
+            total = Tensor(np.float32(0.0))
+            for ids in runs:
+                total = self.add_squares(total, aliases(self.acc, ids))
+            totals.append(total)
+        scale, grad_norm = self.clip(*totals)
+        self.optimizer.update_each(self.acc, lr, scale)
         return grad_norm
 
 

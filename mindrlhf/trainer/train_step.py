@@ -120,7 +120,11 @@ class SplitNormSum(nn.Cell):
             self.stage_sum = ops.AllReduce(group=mesh.pp_group)
 
     def construct(self, grads):
-        total = self.reduce(squares_total(grads, self.split_ids)) + squares_total(grads, self.replicated_ids)
+        return self.combine(squares_total(grads, self.split_ids), squares_total(grads, self.replicated_ids))
+
+    def combine(self, split_total, replicated_total):
+        """The global squared norm from the sums of squares of this rank's split and replicated parameters."""
+        total = self.reduce(split_total) + replicated_total
         if self.pp > 1:
             total = self.stage_sum(total)
         return total
