@@ -9,6 +9,7 @@ from msrun_util import run_msrun
 from mindrlhf.configs import ModelConfig
 from mindrlhf.models.qwen2 import param_specs
 from mindrlhf.parallel.layouts import role_layouts
+from mindrlhf.parallel.mesh import Mesh
 
 pytestmark = pytest.mark.msrun
 
@@ -33,7 +34,7 @@ def test_tp2_logits_equal_tp1(worker_results):
 
 
 def test_tp2_gradients_equal_tp1(worker_results):
-    layouts = role_layouts(param_specs(ModelConfig(**tiny_model_kwargs(True, False, 2))), 1, 2)
+    layouts = role_layouts(param_specs(ModelConfig(**tiny_model_kwargs(True, False, 2))), Mesh(dp=1, tp=2))
     for rank, res in enumerate(worker_results):
         for key in res:
             if not key.startswith("tp_grad/"):

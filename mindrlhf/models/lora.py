@@ -25,7 +25,7 @@ import numpy as np
 import mindspore as ms
 
 from mindrlhf.configs.lora import ROW_PARALLEL, LoraSpec
-from mindrlhf.parallel.layouts import RoleWeights
+from mindrlhf.parallel.layouts import REPLICATED, TP_COLS, TP_ROWS, RoleWeights
 from mindrlhf.utils.params import param_as_f32, param_to_numpy, write_param
 
 ADAPTER_A, ADAPTER_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
@@ -36,7 +36,7 @@ def is_adapter(name: str) -> bool:
 
 
 def adapter_specs(base_specs: Dict, spec: LoraSpec) -> Dict:
-    """The adapters' entries for models.qwen2.param_specs: full shape and TP-split dim, after their layer."""
+    """The adapters' entries for models.qwen2.param_specs: full shape and split, after their layer."""
     out = {}
     for name, (shape, split) in base_specs.items():
         out[name] = (shape, split)
@@ -46,8 +46,8 @@ def adapter_specs(base_specs: Dict, spec: LoraSpec) -> Dict:
         prefix = name[:-len("weight")]
         out_dim, in_dim = shape
         row = module in ROW_PARALLEL
-        out[prefix + ADAPTER_A] = ((spec.rank, in_dim), 1 if row else None)
-        out[prefix + ADAPTER_B] = ((out_dim, spec.rank), None if row else 0)
+        out[prefix + ADAPTER_A] = ((spec.rank, in_dim), TP_COLS if row else REPLICATED)
+        out[prefix + ADAPTER_B] = ((out_dim, spec.rank), REPLICATED if row else TP_ROWS)
     return out
 
 

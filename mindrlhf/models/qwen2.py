@@ -33,7 +33,7 @@ from mindrlhf.models.lora import adapter_specs, freeze_base, init_adapters
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, HeadLogProb, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import GatherSeq, Identity, copy_to_tp, enter_tp, gather_from_tp
-from mindrlhf.parallel.layouts import Layout, RoleWeights, role_layouts
+from mindrlhf.parallel.layouts import REPLICATED, TP_COLS, TP_ROWS, Layout, RoleWeights, role_layouts
 from mindrlhf.parallel.mesh import Mesh
 
 _NO_LORA = LoraSpec(1, 1.0, ())     # no layer carries an adapter
@@ -448,7 +448,7 @@ class CausalLM(nn.Cell):
 
     def layouts(self) -> Dict[str, Layout]:
         """Every parameter's layout in this model's mesh (under PP, also those other stages hold)."""
-        return layouts_for(self.config, self.mesh.dp, self.mesh.tp, self.mesh.pp, self.lora)
+        return mesh_layouts(self.config, self.mesh, self.lora)
 
     def weights(self) -> RoleWeights:
         """This rank's parameters with their layouts: what a weight transfer (sync, export) needs."""
@@ -504,34 +504,34 @@ def _global_layer_names(model: nn.Cell, first_layer: int):
             p.name = f"{prefix}{first_layer + int(local)}.{rest}"
 
 
-def param_specs(cfg: ModelConfig, lora: Optional[LoraSpec] = None) -> Dict[str, Tuple[Tuple[int, ...], Optional[int]]]:
-    """Every parameter's full shape and the dimension split across TP ranks (None = replicated); with `lora`,
-    the adapters' too (after their layer's weight).
+def param_specs(cfg: ModelConfig, lora: Optional[LoraSpec] = None) -> Dict[str, Tuple[Tuple[int, ...], Dict[int, str]]]:
+    """Every parameter's full shape and which mesh axis splits which dimension ({} = replicated; {0: "tp"}: the
+    first dimension over the TP ranks); with `lora`, the adapters' too (after their layer's weight).
 
     The one place that knows the parameter list without building the model: layouts, strategy files
     and checkpoint slicing read it; a test checks it against the built model.
     """
     h, hd, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    specs: Dict[str, Tuple[Tuple[int, ...], Optional[int]]] = {
-        "model.tok_embeddings.embedding_weight": ((cfg.vocab_size, h), 0)}
+    specs: Dict[str, Tuple[Tuple[int, ...], Dict[int, str]]] = {
+        "model.tok_embeddings.embedding_weight": ((cfg.vocab_size, h), TP_ROWS)}
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
-        specs[p + "attention_norm.weight"] = ((h,), None)
-        specs[p + "attention.wq.weight"] = ((cfg.num_heads * hd, h), 0)
-        specs[p + "attention.wk.weight"] = ((cfg.n_kv_heads * hd, h), 0)
-        specs[p + "attention.wv.weight"] = ((cfg.n_kv_heads * hd, h), 0)
+        specs[p + "attention_norm.weight"] = ((h,), REPLICATED)
+        specs[p + "attention.wq.weight"] = ((cfg.num_heads * hd, h), TP_ROWS)
+        specs[p + "attention.wk.weight"] = ((cfg.n_kv_heads * hd, h), TP_ROWS)
+        specs[p + "attention.wv.weight"] = ((cfg.n_kv_heads * hd, h), TP_ROWS)
         if cfg.qkv_has_bias:
-            specs[p + "attention.wq.bias"] = ((cfg.num_heads * hd,), 0)
-            specs[p + "attention.wk.bias"] = ((cfg.n_kv_heads * hd,), 0)
-            specs[p + "attention.wv.bias"] = ((cfg.n_kv_heads * hd,), 0)
-        specs[p + "attention.wo.weight"] = ((h, cfg.num_heads * hd), 1)
-        specs[p + "ffn_norm.weight"] = ((h,), None)
-        specs[p + "feed_forward.w1.weight"] = ((i, h), 0)
-        specs[p + "feed_forward.w3.weight"] = ((i, h), 0)
-        specs[p + "feed_forward.w2.weight"] = ((h, i), 1)
-    specs["model.norm_out.weight"] = ((h,), None)
+            specs[p + "attention.wq.bias"] = ((cfg.num_heads * hd,), TP_ROWS)
+            specs[p + "attention.wk.bias"] = ((cfg.n_kv_heads * hd,), TP_ROWS)
+            specs[p + "attention.wv.bias"] = ((cfg.n_kv_heads * hd,), TP_ROWS)
+        specs[p + "attention.wo.weight"] = ((h, cfg.num_heads * hd), TP_COLS)
+        specs[p + "ffn_norm.weight"] = ((h,), REPLICATED)
+        specs[p + "feed_forward.w1.weight"] = ((i, h), TP_ROWS)
+        specs[p + "feed_forward.w3.weight"] = ((i, h), TP_ROWS)
+        specs[p + "feed_forward.w2.weight"] = ((h, i), TP_COLS)
+    specs["model.norm_out.weight"] = ((h,), REPLICATED)
     if not cfg.tie_word_embeddings:
-        specs["lm_head.weight"] = ((cfg.vocab_size, h), 0)
+        specs["lm_head.weight"] = ((cfg.vocab_size, h), TP_ROWS)
     return adapter_specs(specs, lora) if lora else specs
 
 
@@ -549,6 +549,11 @@ def param_stages(cfg: ModelConfig, pp: int, lora: Optional[LoraSpec] = None) -> 
     return out
 
 
+def mesh_layouts(cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None) -> Dict[str, Layout]:
+    """Every parameter's layout for a role on `mesh` (strategy files, slicing, re-layout)."""
+    return role_layouts(param_specs(cfg, lora), mesh, param_stages(cfg, mesh.pp, lora) if mesh.pp > 1 else None)
+
+
 def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1, lora: Optional[LoraSpec] = None) -> Dict[str, Layout]:
-    """Every parameter's layout for a role arranged [pp, dp, tp] (strategy files, slicing, re-layout)."""
-    return role_layouts(param_specs(cfg, lora), dp, tp, param_stages(cfg, pp, lora) if pp > 1 else None)
+    """mesh_layouts for a role arranged [pp, dp, tp] (a layout read from a config or a checkpoint)."""
+    return mesh_layouts(cfg, Mesh(dp=dp, tp=tp, pp=pp), lora)

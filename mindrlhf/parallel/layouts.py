@@ -9,11 +9,18 @@ stage: its device matrix covers that stage's ranks, which start at `rank_offset`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from mindrlhf.configs.errors import CheckpointError
+
+
+# how a parameter is split, {tensor dim: mesh axis} (models/qwen2.param_specs)
+REPLICATED = MappingProxyType({})
+TP_ROWS = MappingProxyType({0: "tp"})      # output rows over the TP ranks: column-parallel weights, embeddings
+TP_COLS = MappingProxyType({1: "tp"})      # input columns over the TP ranks: row-parallel weights
 
 
 def mesh_axis(dev_matrix: Tuple[int, ...], tensor_map_entry: int) -> int:
@@ -94,16 +101,20 @@ class RoleWeights:
     rank: int
 
 
-def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Optional[int]]], dp: int, tp: int,
+def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Dict[int, str]]], mesh,
                  stages: Optional[Dict[str, int]] = None) -> Dict[str, Layout]:
-    """Layouts of every parameter for a role arranged [pp, dp, tp], from `param_specs` (shape, TP-split dim)
-    and, under pipeline parallelism, each parameter's stage."""
+    """Layouts of every parameter for a role's `mesh` (parallel/mesh.py), from `param_specs` (shape, {dim:
+    mesh axis that splits it}) and, under pipeline parallelism, each parameter's stage. The device matrix is
+    the mesh's device axes; an axis of size 1 splits nothing."""
+    names = [a for a, _ in mesh.device_axes]
+    dev_matrix = tuple(n for _, n in mesh.device_axes)
     out = {}
     for name, (shape, split) in specs.items():
-        tmap = tuple(0 if d == split and tp > 1 else -1 for d in range(len(shape)))
-        offset = (stages or {}).get(name, 0) * dp * tp
+        tmap = tuple(len(names) - 1 - names.index(split[d]) if d in split and mesh.size(split[d]) > 1 else -1
+                     for d in range(len(shape)))
+        offset = (stages or {}).get(name, 0) * mesh.stage_size
         try:
-            out[name] = Layout(tuple(shape), (dp, tp), tmap, offset)
+            out[name] = Layout(tuple(shape), dev_matrix, tmap, offset)
         except ValueError as err:
             raise CheckpointError(f"parameter {name}: {err}") from None
     return out

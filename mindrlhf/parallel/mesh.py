@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+import numpy as np
+
 from mindrlhf.configs.errors import ConfigError
 
 _CREATED_GROUPS: Dict[Tuple[int, ...], str] = {}
@@ -60,30 +62,91 @@ def group_for(ranks: Tuple[int, ...]) -> str:
 
 @dataclass(frozen=True)
 class Mesh:
-    """One role's arrangement of `pp * dp * tp` ranks and this rank's place in it."""
+    """One role's arrangement of ranks over named axes and this rank's place in it.
+
+    Axes, outermost first: pp, dp, any `extra_axes`, tp (fastest), so rank = sum(index(a) x stride(a)).
+    Every rank formula lives here: the rest of the code asks for an axis's size, index, ranks or group.
+    """
     dp: int
     tp: int
     rank: int = 0
     pp: int = 1
     seq_parallel: bool = False      # activations outside attention/MLP split along the sequence over TP ranks
+    extra_axes: Tuple[Tuple[str, int], ...] = ()    # (name, size) between dp and tp, e.g. a context axis
 
     def __post_init__(self):
+        names = [a for a, _ in self.axes]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"mesh axes {names}: a name is used twice")
         if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank {self.rank} is outside a mesh of pipeline_stage={self.pp} x data_parallel="
-                              f"{self.dp} x model_parallel={self.tp}")
+            raise ConfigError(f"rank {self.rank} is outside a mesh of " +
+                              " x ".join(f"{_AXIS_KEYS.get(a, a)}={n}" for a, n in self.axes))
+
+    # ---- named axes ------------------------------------------------------------------------------------------
+    @property
+    def axes(self) -> Tuple[Tuple[str, int], ...]:
+        return (("pp", self.pp), ("dp", self.dp)) + tuple(self.extra_axes) + (("tp", self.tp),)
 
     @property
+    def device_axes(self) -> Tuple[Tuple[str, int], ...]:
+        """The axes of a stage's device matrix in strategy files, outermost first: dp, the extra axes that
+        split anything (size > 1), tp."""
+        return tuple((a, n) for a, n in self.axes if a in ("dp", "tp") or (a != "pp" and n > 1))
+
+    def size(self, axis: str) -> int:
+        return dict(self.axes)[axis]
+
+    def stride(self, axis: str) -> int:
+        """Rank distance between neighbours along `axis`: the product of the sizes of the axes inside it."""
+        out = 1
+        for name, n in reversed(self.axes):
+            if name == axis:
+                return out
+            out *= n
+        raise KeyError(f"no mesh axis {axis!r} (axes: {[a for a, _ in self.axes]})")
+
+    def index(self, axis: str, rank: Optional[int] = None) -> int:
+        """`rank`'s (default: this rank's) position along `axis`."""
+        return (self.rank if rank is None else rank) // self.stride(axis) % self.size(axis)
+
+    def rank_with(self, **indices: int) -> int:
+        """The rank at the given axis indices, this rank's index on every axis not named."""
+        unknown = set(indices) - {a for a, _ in self.axes}
+        if unknown:
+            raise KeyError(f"no mesh axis {sorted(unknown)} (axes: {[a for a, _ in self.axes]})")
+        return sum(indices.get(a, self.index(a)) * self.stride(a) for a, _ in self.axes)
+
+    def ranks_along(self, axis: str, **fixed: int) -> Tuple[int, ...]:
+        """The ranks that differ from this one only along `axis` (other axes at `fixed` or this rank's), in
+        axis order."""
+        return tuple(self.rank_with(**{**fixed, axis: i}) for i in range(self.size(axis)))
+
+    def ranks_where(self, **indices: int) -> Tuple[int, ...]:
+        """Every rank of the mesh at the given axis indices, in rank order."""
+        return tuple(r for r in range(self.world_size)
+                     if all(self.index(a, r) == i for a, i in indices.items()))
+
+    def group(self, axis: str) -> Optional[str]:
+        """Communication group of this rank's peers along `axis`; None when the axis has size 1."""
+        return group_for(self.ranks_along(axis)) if self.size(axis) > 1 else None
+
+    def is_leader(self, *axes: str) -> bool:
+        """Whether this rank is at index 0 of every named axis: the one that speaks for its replicas."""
+        return all(self.index(a) == 0 for a in axes)
+
+    # ---- the pp / dp / tp queries the code reads ---------------------------------------------------------
+    @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return int(np.prod([n for _, n in self.axes]))
 
     @property
     def stage_size(self) -> int:
-        """Ranks per pipeline stage (dp x tp)."""
-        return self.dp * self.tp
+        """Ranks per pipeline stage."""
+        return self.stride("pp")
 
     @property
     def stage(self) -> int:
-        return self.rank // self.stage_size
+        return self.index("pp")
 
     @property
     def is_first_stage(self) -> bool:
@@ -95,39 +158,41 @@ class Mesh:
 
     @property
     def dp_index(self) -> int:
-        return self.rank % self.stage_size // self.tp
+        return self.index("dp")
 
     @property
     def tp_index(self) -> int:
-        return self.rank % self.tp
+        return self.index("tp")
 
     def rank_at(self, stage: int, dp_index: Optional[int] = None, tp_index: Optional[int] = None) -> int:
-        d = self.dp_index if dp_index is None else dp_index
-        t = self.tp_index if tp_index is None else tp_index
-        return stage * self.stage_size + d * self.tp + t
+        indices = {"pp": stage, "dp": dp_index, "tp": tp_index}
+        return self.rank_with(**{a: i for a, i in indices.items() if i is not None})
 
     def tp_ranks(self, dp_index: Optional[int] = None) -> Tuple[int, ...]:
-        return tuple(self.rank_at(self.stage, dp_index, t) for t in range(self.tp))
+        return self.ranks_along("tp", **({} if dp_index is None else {"dp": dp_index}))
 
     def dp_ranks(self, tp_index: Optional[int] = None) -> Tuple[int, ...]:
-        return tuple(self.rank_at(self.stage, d, tp_index) for d in range(self.dp))
+        return self.ranks_along("dp", **({} if tp_index is None else {"tp": tp_index}))
 
     def pp_ranks(self) -> Tuple[int, ...]:
-        """This rank's counterparts (same dp and tp index) on every stage, in stage order."""
-        return tuple(self.rank_at(s) for s in range(self.pp))
+        """This rank's counterparts (same index on the other axes) on every stage, in stage order."""
+        return self.ranks_along("pp")
 
     @property
     def tp_group(self) -> Optional[str]:
         """Communication group of this rank's TP peers; None when tp == 1."""
-        return group_for(self.tp_ranks()) if self.tp > 1 else None
+        return self.group("tp")
 
     @property
     def dp_group(self) -> Optional[str]:
-        return group_for(self.dp_ranks()) if self.dp > 1 else None
+        return self.group("dp")
 
     @property
     def pp_group(self) -> Optional[str]:
-        return group_for(self.pp_ranks()) if self.pp > 1 else None
+        return self.group("pp")
+
+
+_AXIS_KEYS = {"pp": "pipeline_stage", "dp": "data_parallel", "tp": "model_parallel"}     # parallel_config's
 
 
 def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:

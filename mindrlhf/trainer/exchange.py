@@ -23,7 +23,7 @@ def gather_samples(local: SampleBatch, infer_mesh) -> SampleBatch:
     if len(world) == 1:
         return local
     gathered = {k: comm.all_gather(v, world, infer_mesh.rank) for k, v in local.__dict__.items()}
-    keep = [d * infer_mesh.tp for d in range(infer_mesh.dp)]   # rank of (dp=d, tp=0)
+    keep = infer_mesh.ranks_where(pp=0, tp=0)                  # one rank per DP replica, in DP order
     return SampleBatch(**{k: np.concatenate([v[r] for r in keep]) for k, v in gathered.items()})
 
 
@@ -49,7 +49,7 @@ def max_over_ranks(values: Sequence[float]) -> np.ndarray:
 
 def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:
     """Sum of values counted once per DP replica of `mesh` (its TP-0 rank contributes)."""
-    arr = np.asarray(values, np.float32) if mesh.tp_index == 0 else np.zeros(len(values), np.float32)
+    arr = np.asarray(values, np.float32) if mesh.is_leader("tp") else np.zeros(len(values), np.float32)
     world = comm.world_ranks()
     return arr if len(world) == 1 else comm.all_reduce_sum(arr, world)
 
@@ -66,7 +66,7 @@ def rows_of_all_replicas(local: np.ndarray, rows: np.ndarray, total: int, mesh) 
     if len(world) == 1:
         return local
     full = np.zeros((total,) + local.shape[1:], np.float32)
-    if mesh.tp_index == 0 and mesh.is_last_stage:      # pipeline stages hold the same rows too
+    if mesh.is_leader("tp") and mesh.is_last_stage:      # pipeline stages hold the same rows too
         full[rows] = local
     return comm.all_reduce_sum(full, world)
 

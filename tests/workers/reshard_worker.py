@@ -70,7 +70,7 @@ def main():
         src_mesh, dst_mesh = Mesh(sdp, stp, rank), Mesh(ddp, dtp, rank)
         policy, rollout_model = CausalLM(CFG, src_mesh), CausalLM(CFG, dst_mesh)
         gap = RolloutGap(policy, rollout_model, dst_mesh)
-        dst_layouts = role_layouts(param_specs(CFG), ddp, dtp)
+        dst_layouts = role_layouts(param_specs(CFG), Mesh(dp=ddp, tp=dtp))
         for transport in ("shm", "collective"):
             w0 = full_weights(0)
             load_full_weights(policy, w0.items(), "w0")

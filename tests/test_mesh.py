@@ -1,0 +1,66 @@
+"""The process mesh: named axes, and the rank formulas that live only there."""
+import itertools
+
+import pytest
+
+from hf_reference import tiny_model_kwargs
+from mindrlhf.configs import ModelConfig
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.models.qwen2 import mesh_layouts
+from mindrlhf.parallel.mesh import Mesh
+
+LAYOUTS = [(1, 1, 1), (1, 4, 1), (1, 1, 4), (2, 2, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2), (4, 1, 1)]   # (pp, dp, tp)
+
+
+@pytest.mark.parametrize("pp,dp,tp", LAYOUTS)
+def test_axes_give_megatron_order_with_tp_fastest(pp, dp, tp):
+    """rank = stage x dp x tp + dp_index x tp + tp_index, written out here independently of the mesh."""
+    for rank in range(pp * dp * tp):
+        m = Mesh(dp=dp, tp=tp, rank=rank, pp=pp)
+        s, d, t = rank // (dp * tp), rank % (dp * tp) // tp, rank % tp
+        assert (m.stage, m.dp_index, m.tp_index) == (s, d, t)
+        assert m.tp_ranks() == tuple(s * dp * tp + d * tp + i for i in range(tp))
+        assert m.dp_ranks() == tuple(s * dp * tp + i * tp + t for i in range(dp))
+        assert m.pp_ranks() == tuple(i * dp * tp + d * tp + t for i in range(pp))
+        assert m.ranks_where(pp=0, tp=0) == tuple(i * tp for i in range(dp))
+        assert m.is_leader("tp") == (t == 0) and m.is_leader("dp", "tp") == (d == 0 and t == 0)
+
+
+@pytest.mark.parametrize("pp,dp,tp", LAYOUTS)
+def test_an_extra_axis_of_size_one_changes_nothing(pp, dp, tp):
+    """A new axis (say a context-parallel one) is added in the mesh alone: at size 1 every query the code makes
+    - indices, peers, groups' ranks, replica leaders, each parameter's layout in the strategy files - is what it
+    was without it."""
+    cfg = ModelConfig(**tiny_model_kwargs(True, False, 2))
+    base_layouts = extra_layouts = None
+    for rank in range(pp * dp * tp):
+        a = Mesh(dp=dp, tp=tp, rank=rank, pp=pp)
+        b = Mesh(dp=dp, tp=tp, rank=rank, pp=pp, extra_axes=(("cp", 1),))
+        assert [n for n, _ in b.axes] == ["pp", "dp", "cp", "tp"] and b.index("cp") == 0
+        for query in ("stage", "dp_index", "tp_index", "world_size", "stage_size", "is_first_stage",
+                      "is_last_stage", "device_axes"):
+            assert getattr(a, query) == getattr(b, query), query
+        assert (a.tp_ranks(), a.dp_ranks(), a.pp_ranks()) == (b.tp_ranks(), b.dp_ranks(), b.pp_ranks())
+        for s, d, t in itertools.product(range(pp), range(dp), range(tp)):
+            assert a.rank_at(s, d, t) == b.rank_at(s, d, t)
+        assert a.ranks_where(pp=0, tp=0) == b.ranks_where(pp=0, tp=0)
+        if tp <= 2 and pp <= 2 and rank == 0:          # the 2-layer model fits these
+            base_layouts, extra_layouts = mesh_layouts(cfg, a), mesh_layouts(cfg, b)
+    if base_layouts is not None:
+        assert base_layouts == extra_layouts
+
+
+def test_an_extra_axis_of_size_two_sits_between_dp_and_tp():
+    m = Mesh(dp=2, tp=2, rank=5, pp=1, extra_axes=(("cp", 2),))      # rank 5 = dp 1, cp 0, tp 1
+    assert (m.world_size, m.dp_index, m.index("cp"), m.tp_index) == (8, 1, 0, 1)
+    assert m.ranks_along("cp") == (5, 7) and m.tp_ranks() == (4, 5) and m.dp_ranks() == (1, 5)
+    assert m.device_axes == (("dp", 2), ("cp", 2), ("tp", 2))
+
+
+def test_mesh_errors_name_the_axes():
+    with pytest.raises(ConfigError, match="pipeline_stage=1 x data_parallel=2 x model_parallel=2"):
+        Mesh(dp=2, tp=2, rank=4)
+    with pytest.raises(ConfigError, match="used twice"):
+        Mesh(dp=2, tp=1, extra_axes=(("dp", 1),))
+    with pytest.raises(KeyError, match="no mesh axis"):
+        Mesh(dp=2, tp=1).rank_with(ep=0)
