@@ -144,8 +144,7 @@ class AdamW(nn.Cell):
         if self._host is None:
             self._host = _HostCalls(self)
         scalars = self._host.advance(lr)
-        for ids in self._host.blocks:
-            call = self._host.update[self._host.key(ids)]
+        for ids, call in self._host.calls:
             call(aliases(self.params, ids), aliases(self.exp_avg, ids), aliases(self.exp_avg_sq, ids),
                  aliases(grads, ids), grad_scale, lr, *scalars)
 
@@ -156,7 +155,7 @@ class AdamW(nn.Cell):
 def aliases(params, ids) -> tuple:
     """Tensors on the memory of params[i] for i in ids, to pass them to a graph that updates them in place:
     MindSpore compiles a jit graph again for every distinct Parameter among its inputs (~10-30 ms each), but
-    once per shapes for Tensors. Taken at each call, so a buffer the swap schedule has replaced is never
+    once per combination of shapes for Tensors. Taken at each call, so a buffer the swap schedule has replaced is never
     written through a stale alias. Mutable: a plain tuple of Tensors is taken as a constant (a graph per value)."""
     return ms.mutable(tuple(params[i].view(params[i].shape) for i in ids))
 
@@ -195,9 +194,10 @@ class _BlockUpdate(nn.Cell):
     """The updates of one run of parameters (their moments and gradients given as inputs), each gradient buffer
     zeroed once used: one graph per run's (shape, decay, dtype)s."""
 
-    def __init__(self, cells, decays):
+    def __init__(self, cells, decays, composite: _CompositeAdam):
         super().__init__(auto_prefix=False)
         object.__setattr__(self, "cells", cells)        # _FusedAdam, or None: the composite path
+        object.__setattr__(self, "composite", composite)
         self.decays = decays
 
     @ms.jit
@@ -217,22 +217,16 @@ class _BlockUpdate(nn.Cell):
 class _HostCalls:
     """AdamW.update_each's graphs: the step advance, and one update graph per distinct run of parameters."""
 
-    def __init__(self, optimizer: AdamW):
-        self.advance = _Advance(optimizer)
-        params = optimizer.params
-        self.blocks = block_runs([p.name for p in params], range(len(params)))
-        self.optimizer = optimizer
-        self.update = {}
-        for ids in self.blocks:
-            key = self.key(ids)
+    def __init__(self, o: AdamW):
+        self.advance = _Advance(o)
+        self.update = {}            # (shape, dtype, decay) of each parameter of a run -> its graph
+        self.calls = []             # (ids of a run, its graph), in parameter order
+        for ids in block_runs([p.name for p in o.params], range(len(o.params))):
+            key = tuple((tuple(o.params[i].shape), o.params[i].dtype, o.decay[i]) for i in ids)
             if key not in self.update:
-                cell = _BlockUpdate(tuple(optimizer.fused[i] for i in ids), tuple(optimizer.decay[i] for i in ids))
-                object.__setattr__(cell, "composite", optimizer.composite)
-                self.update[key] = cell
-
-    def key(self, ids):
-        o = self.optimizer
-        return tuple((tuple(o.params[i].shape), o.params[i].dtype, o.decay[i]) for i in ids)
+                self.update[key] = _BlockUpdate(tuple(o.fused[i] for i in ids), tuple(o.decay[i] for i in ids),
+                                                o.composite)
+            self.calls.append((ids, self.update[key]))
 
 
 def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
