@@ -37,7 +37,9 @@ def worker(work: str, case: str):
     from mindrlhf.checkpoint.model_io import load_full_weights
     from mindrlhf.configs import ModelConfig
     from mindrlhf.configs.grpo_config import GRPOConfig
-    from mindrlhf.models.qwen2 import CausalLM, causal_bias, param_specs, position_ids
+    from mindrlhf.models.padding import causal_bias, position_ids
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.models.specs import param_specs
     from mindrlhf.parallel import comm
     from mindrlhf.parallel.mesh import Mesh, init_distributed
     from mindrlhf.trainer.optim import AdamW

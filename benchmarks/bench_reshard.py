@@ -25,7 +25,8 @@ def worker(work: str):
     from mindrlhf.checkpoint.model_io import load_full_weights, load_weights, model_state, save_checkpoint
     from mindrlhf.checkpoint.slicing import transform
     from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.qwen2 import CausalLM, layouts_for, param_specs
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.models.specs import layouts_for, param_specs
     from mindrlhf.parallel import comm
     from mindrlhf.parallel.mesh import Mesh, init_distributed
     from mindrlhf.parallel.reshard import WeightSync

@@ -27,7 +27,8 @@ MODEL = dict(hidden_size=1024, num_layers=8, num_heads=16, n_kv_heads=4, interme
 def child(swap: bool) -> dict:
     from mindspore import Tensor
     from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.qwen2 import CausalLM, causal_bias
+    from mindrlhf.models.padding import causal_bias
+    from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.parallel.swap import SwapGroup
     from mindrlhf.rollout.engine import GenerationEngine
     from mindrlhf.rollout.sampling import SamplingParams

@@ -26,7 +26,8 @@ def ours(hf_dir):
     from mindspore import Tensor
     from mindrlhf.checkpoint.model_io import load_weights
     from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.qwen2 import CausalLM, causal_bias
+    from mindrlhf.models.padding import causal_bias
+    from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.trainer.optim import AdamW
     from mindrlhf.trainer.sft import _SFTStep
     ours_kernel_threads()

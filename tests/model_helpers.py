@@ -6,7 +6,8 @@ from mindspore import Tensor
 
 from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
 from mindrlhf.configs import ModelConfig
-from mindrlhf.models.qwen2 import CausalLM, causal_bias
+from mindrlhf.models.padding import causal_bias
+from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.parallel.mesh import Mesh
 
 

@@ -206,7 +206,8 @@ def test_a_step_saved_in_a_tensor_parallel_layout_loads_whole(trained, tmp_path)
     shards into the eval's whole-model layout, every weight equal to the model it was cut from."""
     from mindrlhf.checkpoint.model_io import load_weights, model_state, save_checkpoint
     from mindrlhf.configs.model_config import load_model_yaml
-    from mindrlhf.models.qwen2 import CausalLM, layouts_for
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.models.specs import layouts_for
     from mindrlhf.utils.atomic import write_json
     cfg = load_model_yaml(trained["sft_path_train"]).model
     source = CausalLM(cfg)

@@ -30,7 +30,8 @@ from mindrlhf.data.convert import build_parser, convert
 from mindrlhf.data.mindrecord_io import read_columns
 from mindrlhf.configs.lora import LoraSpec, parse_targets
 from mindrlhf.models.lora import is_adapter
-from mindrlhf.models.qwen2 import CausalLM, layouts_for
+from mindrlhf.models.qwen2 import CausalLM
+from mindrlhf.models.specs import layouts_for
 from mindrlhf.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.msrun

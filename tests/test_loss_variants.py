@@ -304,7 +304,8 @@ def test_a_config_built_in_code_is_checked_against_the_choices_too():
 def tiny():
     """A 1-layer CausalLM and one mini-batch of [left-padded prompt | right-padded response] rows."""
     from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.qwen2 import CausalLM, causal_bias, position_ids
+    from mindrlhf.models.padding import causal_bias, position_ids
+    from mindrlhf.models.qwen2 import CausalLM
     model = CausalLM(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=48, vocab_size=64,
                                  seq_length=16))
     rng = np.random.RandomState(4)

@@ -6,7 +6,7 @@ import pytest
 from hf_reference import tiny_model_kwargs
 from mindrlhf.configs import ModelConfig
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.models.qwen2 import mesh_layouts
+from mindrlhf.models.specs import mesh_layouts
 from mindrlhf.parallel.mesh import Mesh
 
 LAYOUTS = [(1, 1, 1), (1, 4, 1), (1, 1, 4), (2, 2, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2), (4, 1, 1)]   # (pp, dp, tp)

@@ -30,7 +30,7 @@ def test_logits_match_hf(tmp_path, rng, bias, tie, kv):
 def test_causal_bias_is_causal_and_masks_padded_keys():
     """Checked cell by cell against the definition; the Tensor and numpy inputs give the same bias."""
     from mindspore import Tensor
-    from mindrlhf.models.qwen2 import NEG_INF, causal_bias
+    from mindrlhf.models.padding import NEG_INF, causal_bias
     mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 1]], np.int32)
     got = causal_bias(mask).asnumpy()
     assert got.shape == (3, 1, 5, 5) and got.dtype == np.float32
@@ -87,7 +87,7 @@ def test_shared_prompt_logprobs_and_gradients_match_hf(tmp_path, rng, bias, tie,
     import mindspore as ms
     import torch
     from mindspore import Tensor
-    from mindrlhf.models.qwen2 import causal_bias, left_pad, position_ids
+    from mindrlhf.models.padding import causal_bias, left_pad, position_ids
     hf = make_hf_model(str(tmp_path), qkv_bias=bias, tie=tie, n_kv_heads=kv)
     ours = load_ours(str(tmp_path), ModelConfig(**tiny_model_kwargs(bias, tie, kv)))
     g, width, resp, temp = 3, 7, 5, 0.7
@@ -262,7 +262,8 @@ def test_attention_backward_keeps_no_transpose_tables_on_the_heap():
     import mindspore as ms
     from mindspore import Tensor
     from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.qwen2 import Attention, causal_bias, rope_tables, rope_swap
+    from mindrlhf.models.padding import causal_bias
+    from mindrlhf.models.qwen2 import Attention, rope_swap, rope_tables
     from mindrlhf.parallel.mesh import Mesh
     cfg = ModelConfig(hidden_size=128, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
                       vocab_size=64, seq_length=256)

@@ -106,7 +106,8 @@ def test_clip_norm_compiles_in_heap_proportional_to_the_parameters():
 def test_compiled_step_updates_every_parameter_and_moment():
     """The fused kernel updates in place and its outputs are unused: none of it may be pruned from the graph."""
     from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.qwen2 import CausalLM, causal_bias
+    from mindrlhf.models.padding import causal_bias
+    from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.trainer.sft import _SFTStep
     model = CausalLM(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, vocab_size=64,
                                  seq_length=16))

@@ -10,7 +10,7 @@ from mindrlhf.checkpoint.hf_interop import export_hf, hf_weight_files
 from mindrlhf.checkpoint.model_io import read_checkpoint, save_checkpoint
 from mindrlhf.checkpoint.slicing import transform
 from mindrlhf.configs import ConfigError, ModelConfig
-from mindrlhf.models.qwen2 import param_specs
+from mindrlhf.models.specs import param_specs
 from mindrlhf.parallel.layouts import Layout
 from mindrlhf.parallel.strategy import save_role_strategy, write_strategy
 

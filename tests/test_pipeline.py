@@ -11,7 +11,8 @@ from msrun_util import run_msrun
 from mindrlhf.configs import ModelConfig
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.model_config import ParallelConfig, layer_split
-from mindrlhf.models.qwen2 import CausalLM, layouts_for, param_specs
+from mindrlhf.models.qwen2 import CausalLM
+from mindrlhf.models.specs import layouts_for, param_specs
 from mindrlhf.parallel.mesh import Mesh
 from mindrlhf.parallel.pipeline import StageIO, bubble_fraction, run_1f1b
 from mindrlhf.parallel.plan import plan_tensor

@@ -8,7 +8,7 @@ from mindrlhf.configs import ConfigError, ModelConfig
 from mindrlhf.rollout.engine import GenerationEngine
 from mindrlhf.rollout.sampling import SamplingParams, apply_repetition_penalty, process_logits
 from mindrlhf.trainer.samples import SampleBatch
-from mindrlhf.models.qwen2 import left_pad
+from mindrlhf.models.padding import left_pad
 from mindrlhf.trainer.train_step import ResponseLogProb
 
 

@@ -7,7 +7,7 @@ import pytest
 from hf_reference import make_hf_model, tiny_model_kwargs
 from msrun_util import run_msrun
 from mindrlhf.configs import ModelConfig
-from mindrlhf.models.qwen2 import param_specs
+from mindrlhf.models.specs import param_specs
 from mindrlhf.parallel.layouts import role_layouts
 from mindrlhf.parallel.mesh import Mesh
 

@@ -15,7 +15,8 @@ from mindrlhf.checkpoint.model_io import (load_full_weights, load_weights, model
 from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, SafeTensorsStreamWriter, write_safetensors
 from mindrlhf.configs import CheckpointError, ConfigError, ModelConfig, load_model_yaml
 from mindrlhf.utils.bf16 import bf16_to_f32, f32_to_bf16
-from mindrlhf.models.qwen2 import CausalLM, param_specs
+from mindrlhf.models.qwen2 import CausalLM
+from mindrlhf.models.specs import param_specs
 
 
 def _file_tensors(path):

@@ -75,7 +75,7 @@ MINDFORMERS_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32
 def _check_fits_yaml(tensors, config_path: str):
     """Every parameter of the YAML's model is among `tensors` (name, array) with the YAML's shape."""
     from mindrlhf.configs.model_config import load_model_yaml
-    from mindrlhf.models.qwen2 import param_specs
+    from mindrlhf.models.specs import param_specs
     specs = param_specs(load_model_yaml(config_path).model)
     seen = set()
     for name, arr in tensors:

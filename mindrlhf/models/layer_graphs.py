@@ -1,8 +1,8 @@
-"""A decoder layer's execution paths as cells compiled once per model and reused by every layer
-(utils/subgraph_reuse.py): most of a deep model's first step is otherwise spent compiling 30 copies of one
-layer in the training graph, prefill and decode. The reuse reaches a cell's `construct` only, so each path
-the model runs - whole rows, rows that share their group's prompt, prefill, decode - is a cell of its own
-that calls that method of the layer. Compile times: docs/BENCHMARKS.md (bench_real_model.py, first step).
+"""The decoder's execution paths besides whole rows (qwen2.py): rows that share their group's prompt, prefill
+and decode - attention's variant of each, the layer's path as a cell compiled once per model and reused by
+every layer (utils/subgraph_reuse.py), and the model's pass through its layers. Most of a deep model's first
+step is otherwise spent compiling 30 copies of one layer in the training graph, prefill and decode; the reuse
+reaches a cell's `construct` only, hence a cell per path. Compile times: docs/BENCHMARKS.md (bench_real_model.py, first step).
 
 Under sequence parallelism DecoderModel runs its layers directly instead (see stage_forward).
 
@@ -49,6 +49,63 @@ class SharedPrompt:
         return swap_middle(ops.reshape(z, (self.rows, self.response_len, -1, self.head_dim)))
 
 
+# ---- attention's variants (the whole-rows one is Attention.construct) ------------------------------------
+def shared_prompt_attention(attn, x, cos, sin, bias_p, bias_r, split):
+    """Attention over a token matrix laid out as `split` says (SharedPrompt): each group's prompt tokens
+    attend among themselves, each sample's response tokens to its group's prompt keys and its own.
+    x (M, H), cos/sin (M, 1, hd), bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T) -> (M, H)."""
+    m = x.shape[0]
+    q = attn.rotary(ops.reshape(attn.wq(x), (m, attn.nh, attn.hd)), cos, sin)
+    k = attn.rotary(ops.reshape(attn.wk(x), (m, attn.nkv, attn.hd)), cos, sin)
+    v = ops.reshape(attn.wv(x), (m, attn.nkv, attn.hd))
+    cut = split.prompt_tokens
+    k_p, v_p = split.prompt_heads(take(k, 0, 0, cut)), split.prompt_heads(take(v, 0, 0, cut))
+    out_p = attn.attend_heads(split.prompt_heads(take(q, 0, 0, cut)), k_p, v_p, bias_p)
+    # (N, nkv, P + T, hd): the group's prompt keys, then the row's own
+    keys = ops.concat((_repeat_rows(k_p, split.group), split.response_heads(take(k, 0, cut, m))), 2)
+    values = ops.concat((_repeat_rows(v_p, split.group), split.response_heads(take(v, 0, cut, m))), 2)
+    out_r = attn.attend_heads(split.response_heads(take(q, 0, cut, m)), keys, values, bias_r)
+    width = attn.nh * attn.hd
+    return attn.wo(ops.concat((ops.reshape(out_p, (cut, width)), ops.reshape(out_r, (m - cut, width))), 0))
+
+
+def prefill_attention(attn, x, cos, sin, bias, cache_k, cache_v, n_samples):
+    """Full-prompt attention that also fills the KV cache, each prompt's entries copied n_samples times.
+
+    cache_k/v: Parameters (B*n, nkv, L, hd), the layout attention reads, so decode never transposes them.
+    """
+    q, k, v = attn.project_qkv(x, cos, sin)
+    ops.assign(cache_k, _cache_rows(k, n_samples, cache_k.shape[2]))
+    ops.assign(cache_v, _cache_rows(v, n_samples, cache_v.shape[2]))
+    return attn.attend(q, k, v, bias)
+
+
+def decode_attention(attn, x, cos, sin, bias, cache_k, cache_v, kv_index):
+    """One new token per sequence: write its k/v in place at [n, head, slot] (kv_index (N*nkv, 3)),
+    then attend to the whole cache."""
+    q, k, v = attn.project_qkv(x, cos, sin)                       # k/v (N, nkv, 1, hd)
+    n = k.shape[0]
+    keys = ops.scatter_nd_update(cache_k, kv_index, ops.reshape(k, (n * attn.nkv, attn.hd)))
+    values = ops.scatter_nd_update(cache_v, kv_index, ops.reshape(v, (n * attn.nkv, attn.hd)))
+    return attn.attend(q, keys, values, bias)
+
+
+def _repeat_rows(x, n: int):
+    """x (B, ...) -> (B*n, ...): each row repeated n times in place (row i*n + j is row i); the backward sums
+    the n copies' gradients."""
+    shape = x.shape
+    rows = ops.broadcast_to(ops.expand_dims(x, 1), (shape[0], n) + shape[1:])
+    return ops.reshape(rows, (shape[0] * n,) + shape[1:])
+
+
+def _cache_rows(kv, n_samples, cache_len):
+    """kv (B, nkv, P, hd) -> (B*n, nkv, L, hd): each prompt's rows repeated n times, zero-padded to L."""
+    rows = _repeat_rows(kv, n_samples)
+    n, nkv, p, hd = rows.shape
+    return ops.concat((rows, ops.zeros((n, nkv, cache_len - p, hd), rows.dtype)), 2)
+
+
+# ---- each path of a layer as a cell compiled once per model ----------------------------------------------
 class _LayerPath(nn.Cell):
     @reused
     def __init__(self, layer: nn.Cell, reuse_key: str):
@@ -65,27 +122,36 @@ class WholeRows(_LayerPath):
 
 
 class SharedPromptRows(_LayerPath):
-    """DecoderLayer.shared_prompt; the token matrix's layout (SharedPrompt) follows from the biases:
+    """The layer on a shared-prompt token matrix, x (M, H); its layout (SharedPrompt) follows from the biases:
     bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T)."""
 
     def construct(self, x, cos, sin, bias_p, bias_r):
         rows = bias_r.shape[0]
         split = SharedPrompt(rows, rows // bias_p.shape[0], bias_p.shape[2], bias_r.shape[2], cos.shape[-1])
-        return self.layer.shared_prompt(x, cos, sin, bias_p, bias_r, split)
+        layer = self.layer
+        h = x + shared_prompt_attention(layer.attention, layer.attention_input(x), cos, sin, bias_p, bias_r, split)
+        return layer.mlp_residual(h)
 
 
 class Prefill(_LayerPath):
-    """DecoderLayer.prefill; each prompt's cache rows are copied to cache rows / prompts samples."""
+    """The layer on the prompts, filling its KV cache; each prompt's cache rows are copied to cache rows /
+    prompts samples."""
 
     def construct(self, x, cos, sin, bias, cache_k, cache_v):
-        return self.layer.prefill(x, cos, sin, bias, cache_k, cache_v, cache_k.shape[0] // x.shape[0])
+        layer = self.layer
+        h = x + prefill_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v,
+                                  cache_k.shape[0] // x.shape[0])
+        return layer.mlp_residual(h)
 
 
 class Decode(_LayerPath):
-    """DecoderLayer.decode."""
+    """The layer on one new token per sequence, reading and extending its KV cache."""
 
     def construct(self, x, cos, sin, bias, cache_k, cache_v, kv_index):
-        return self.layer.decode(x, cos, sin, bias, cache_k, cache_v, kv_index)
+        layer = self.layer
+        h = x + decode_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v,
+                                 kv_index)
+        return layer.mlp_residual(h)
 
 
 class LayerGraphs:
@@ -98,3 +164,50 @@ class LayerGraphs:
         self.shared_prompt = tuple(SharedPromptRows(layer, key) for layer in layers)
         self.prefill = tuple(Prefill(layer, key) for layer in layers)
         self.decode = tuple(Decode(layer, key) for layer in layers)
+
+
+# ---- the model's paths through its layers -----------------------------------------------------------------
+def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, prompt_len: int):
+    """The final hidden states that predict the response tokens, (N, T + 1, H), of [prompt | response] rows
+    (input_ids (N, P + T), bias (N, 1, P + T, P + T) as for `construct`) whose groups of `group` rows share
+    their prompt: the prompt runs once per group (SharedPrompt). Position P - 1 (the prompt's last
+    token, which predicts the first response token) is the group's, copied to its rows. Whole model
+    only: no pipeline stages, no sequence parallelism."""
+    if decoder.sp_pad != 1 or not (decoder.first and decoder.last):
+        raise ValueError("a shared-prompt forward needs the whole model on one rank's sequence: no pipeline "
+                         "stages, no sequence parallelism")
+    rows, length = input_ids.shape
+    split = SharedPrompt(rows, group, prompt_len, length - prompt_len, decoder.cos_table.shape[-1])
+    x = ops.cast(decoder.tok_embeddings(split.tokens(input_ids)), decoder.compute_dtype)       # (M, H)
+    pos = split.tokens(position_ids)
+    cos = ops.expand_dims(ops.gather(decoder.cos_table, pos, 0), 1)                    # (M, 1, hd)
+    sin = ops.expand_dims(ops.gather(decoder.signed_sin_table, pos, 0), 1)
+    bias_p = take(take(take(bias, 0, 0, rows, group), 2, 0, prompt_len), 3, 0, prompt_len)
+    bias_r = take(bias, 2, prompt_len, length)
+    for layer in decoder.graphs.shared_prompt:
+        x = layer(x, cos, sin, bias_p, bias_r)
+    hidden = x.shape[-1]
+    last = take(x, 0, prompt_len - 1, split.prompt_tokens, prompt_len)                   # (Q, H)
+    responses = ops.reshape(take(x, 0, split.prompt_tokens, x.shape[0]), (rows, split.response_len, hidden))
+    last = ops.reshape(last, (split.prompts, 1, hidden))
+    return decoder.norm_out(ops.concat((_repeat_rows(last, group), responses), 1))
+
+
+def prefill(decoder, input_ids, position_ids, bias, caches_k, caches_v):
+    """The prompts (B, P) through every layer, each layer's cache (B * n, nkv, L, hd) filled with each prompt's
+    keys/values copied to its n samples' rows."""
+    x = ops.cast(decoder.tok_embeddings(input_ids), decoder.compute_dtype)
+    cos, sin = decoder.rope(position_ids)
+    layers = decoder.graphs.prefill
+    for i in range(len(layers)):
+        x = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
+    return decoder.norm_out(x)
+
+
+def decode(decoder, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
+    x = ops.cast(decoder.tok_embeddings(input_ids), decoder.compute_dtype)
+    cos, sin = decoder.rope(position_ids)
+    layers = decoder.graphs.decode
+    for i in range(len(layers)):
+        x = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
+    return decoder.norm_out(x)

@@ -36,7 +36,7 @@ def is_adapter(name: str) -> bool:
 
 
 def adapter_specs(base_specs: Dict, spec: LoraSpec) -> Dict:
-    """The adapters' entries for models.qwen2.param_specs: full shape and split, after their layer."""
+    """The adapters' entries for models.specs.param_specs: full shape and split, after their layer."""
     out = {}
     for name, (shape, split) in base_specs.items():
         out[name] = (shape, split)

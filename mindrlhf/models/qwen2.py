@@ -11,9 +11,11 @@ Under pipeline parallelism (mesh.pp > 1) a rank builds only its stage: a contigu
 (configs.model_config.layer_split), the embedding on the first stage, the final norm and LM head on the
 last. Parameter names keep the global layer index, so checkpoints and strategy files read the same.
 
-Beside this file: layer_graphs.py runs each layer path (whole rows, shared prompt, prefill, decode) as a cell
-compiled once per model; cpu_cells.py holds the ops written for MindSpore's CPU backend (norm, rotation,
-softmax with their backward by hand, the batched matmul primitives).
+Beside this file: layer_graphs.py holds the other execution paths (shared prompt, prefill, decode: attention's
+variant of each, each path as a cell compiled once per model, the passes through the layers); cpu_cells.py holds the ops written for MindSpore's CPU backend (norm, rotation,
+softmax with their backward by hand, the batched matmul primitives); specs.py lists every parameter (shape,
+split, stage, layout) without building the model; padding.py lays out inputs (left padding, positions, the
+causal bias).
 """
 from __future__ import annotations
 
@@ -28,12 +30,14 @@ from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
 from mindrlhf.models.cpu_cells import BMM, BMM_NT, HalfRotation, LastAxisSoftmax, RMSNormFunction
 from mindrlhf.models.graph_ops import expand_as, swap_middle, take
-from mindrlhf.models.layer_graphs import LayerGraphs, SharedPrompt
-from mindrlhf.models.lora import adapter_specs, freeze_base, init_adapters
+from mindrlhf.models.layer_graphs import LayerGraphs, shared_prompt_forward
+from mindrlhf.models.padding import NEG_INF
+from mindrlhf.models.specs import mesh_layouts
+from mindrlhf.models.lora import freeze_base, init_adapters
 from mindrlhf.models.tp_layers import (MS_DTYPES, ColumnParallelLinear, HeadLogProb, RowParallelLinear, linear,
                                        VocabParallelEmbedding, VocabParallelLogProb)
 from mindrlhf.models.tp_regions import GatherSeq, Identity, copy_to_tp, enter_tp, gather_from_tp
-from mindrlhf.parallel.layouts import REPLICATED, TP_COLS, TP_ROWS, Layout, RoleWeights, role_layouts
+from mindrlhf.parallel.layouts import Layout, RoleWeights
 from mindrlhf.parallel.mesh import Mesh
 
 _NO_LORA = LoraSpec(1, 1.0, ())     # no layer carries an adapter
@@ -44,7 +48,6 @@ def _std(cfg: ModelConfig, random_init: bool) -> Optional[float]:
     return cfg.initializer_range if random_init else None
 
 
-NEG_INF = -1e30  # additive mask value; finite so fully-masked rows stay NaN-free
 
 
 class RMSNorm(nn.Cell):
@@ -135,7 +138,7 @@ class Attention(nn.Cell):
         v = swap_middle(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)))
         cos = ops.cast(cos, q.dtype)
         sin = ops.cast(sin, q.dtype)
-        return apply_rope(q, cos, sin, self.rotate), apply_rope(k, cos, sin, self.rotate), v
+        return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
 
     def attend(self, q, k, v, bias):
         """q (B, nh, T, hd), k/v (B, nkv, S, hd), bias (B, 1, T, S) additive -> (B, T, H) after wo."""
@@ -156,62 +159,12 @@ class Attention(nn.Cell):
         out = swap_middle(ops.reshape(out, (b, self.nh, t, self.hd)))
         return ops.reshape(out, (b, t, self.nh * self.hd))
 
+    def rotary(self, x, cos, sin):
+        return apply_rope(x, cos, sin, self.rotate)
+
     def construct(self, x, cos, sin, bias):
-        q, k, v = self.project_qkv(x, cos, sin)
-        return self.attend(q, k, v, bias)
-
-    def shared_prompt(self, x, cos, sin, bias_p, bias_r, split):
-        """Attention over a token matrix laid out as `split` says (SharedPrompt): each group's prompt tokens
-        attend among themselves, each sample's response tokens to its group's prompt keys and its own.
-        x (M, H), cos/sin (M, 1, hd), bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T) -> (M, H)."""
-        m = x.shape[0]
-        q = apply_rope(ops.reshape(self.wq(x), (m, self.nh, self.hd)), cos, sin, self.rotate)
-        k = apply_rope(ops.reshape(self.wk(x), (m, self.nkv, self.hd)), cos, sin, self.rotate)
-        v = ops.reshape(self.wv(x), (m, self.nkv, self.hd))
-        cut = split.prompt_tokens
-        k_p, v_p = split.prompt_heads(take(k, 0, 0, cut)), split.prompt_heads(take(v, 0, 0, cut))
-        out_p = self.attend_heads(split.prompt_heads(take(q, 0, 0, cut)), k_p, v_p, bias_p)
-        # (N, nkv, P + T, hd): the group's prompt keys, then the row's own
-        keys = ops.concat((_repeat_rows(k_p, split.group), split.response_heads(take(k, 0, cut, m))), 2)
-        values = ops.concat((_repeat_rows(v_p, split.group), split.response_heads(take(v, 0, cut, m))), 2)
-        out_r = self.attend_heads(split.response_heads(take(q, 0, cut, m)), keys, values, bias_r)
-        width = self.nh * self.hd
-        return self.wo(ops.concat((ops.reshape(out_p, (cut, width)), ops.reshape(out_r, (m - cut, width))), 0))
-
-    def prefill(self, x, cos, sin, bias, cache_k, cache_v, n_samples):
-        """Full-prompt attention that also fills the KV cache, each prompt's entries copied n_samples times.
-
-        cache_k/v: Parameters (B*n, nkv, L, hd), the layout attention reads, so decode never transposes them.
-        """
-        q, k, v = self.project_qkv(x, cos, sin)
-        ops.assign(cache_k, _cache_rows(k, n_samples, cache_k.shape[2]))
-        ops.assign(cache_v, _cache_rows(v, n_samples, cache_v.shape[2]))
-        return self.attend(q, k, v, bias)
-
-    def decode(self, x, cos, sin, bias, cache_k, cache_v, kv_index):
-        """One new token per sequence: write its k/v in place at [n, head, slot] (kv_index (N*nkv, 3)),
-        then attend to the whole cache."""
-        q, k, v = self.project_qkv(x, cos, sin)                       # k/v (N, nkv, 1, hd)
-        n = k.shape[0]
-        keys = ops.scatter_nd_update(cache_k, kv_index, ops.reshape(k, (n * self.nkv, self.hd)))
-        values = ops.scatter_nd_update(cache_v, kv_index, ops.reshape(v, (n * self.nkv, self.hd)))
-        return self.attend(q, keys, values, bias)
-
-
-def _repeat_rows(x, n: int):
-    """x (B, ...) -> (B*n, ...): each row repeated n times in place (row i*n + j is row i); the backward sums
-    the n copies' gradients."""
-    shape = x.shape
-    rows = ops.broadcast_to(ops.expand_dims(x, 1), (shape[0], n) + shape[1:])
-    return ops.reshape(rows, (shape[0] * n,) + shape[1:])
-
-
-def _cache_rows(kv, n_samples, cache_len):
-    """kv (B, nkv, P, hd) -> (B*n, nkv, L, hd): each prompt's rows repeated n times, zero-padded to L."""
-    rows = _repeat_rows(kv, n_samples)
-    n, nkv, p, hd = rows.shape
-    return ops.concat((rows, ops.zeros((n, nkv, cache_len - p, hd), rows.dtype)), 2)
-
+        q, k, v = self.project_qkv(x, cos, sin)           # x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd)
+        return self.attend(q, k, v, bias)                  # softmax(q k^T / sqrt(hd) + bias) v, then wo: (B, T, H)
 
 class FeedForward(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
@@ -226,8 +179,8 @@ class FeedForward(nn.Cell):
         self.w2 = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, mesh, False, pdt, cdt, std, on("w2"))
 
     def construct(self, x):
-        gate = self.w1(x)
-        return self.w2(gate * ops.sigmoid(gate) * self.w3(x))
+        gate = self.w1(x)                                      # (B, T, H) -> (B, T, I/tp)
+        return self.w2(gate * ops.sigmoid(gate) * self.w3(x))  # silu(gate) * up -> (B, T, H), summed over TP
 
 
 class DecoderLayer(nn.Cell):
@@ -242,21 +195,15 @@ class DecoderLayer(nn.Cell):
         self.enter_ffn = enter_tp(mesh)
 
     def construct(self, x, cos, sin, bias):
-        h = x + self.attention(self.enter_attn(self.attention_norm(x)), cos, sin, bias)
-        return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
+        # pre-norm residual block on the stream x (B, T, H); the other paths (layer_graphs.py) differ only
+        # in how attention reads its keys
+        h = x + self.attention(self.attention_input(x), cos, sin, bias)
+        return self.mlp_residual(h)
 
-    def shared_prompt(self, x, cos, sin, bias_p, bias_r, split):
-        h = x + self.attention.shared_prompt(self.enter_attn(self.attention_norm(x)), cos, sin, bias_p, bias_r, split)
-        return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
+    def attention_input(self, x):
+        return self.enter_attn(self.attention_norm(x))
 
-    def prefill(self, x, cos, sin, bias, cache_k, cache_v, n_samples):
-        h = x + self.attention.prefill(self.enter_attn(self.attention_norm(x)), cos, sin, bias, cache_k, cache_v,
-                                       n_samples)
-        return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
-
-    def decode(self, x, cos, sin, bias, cache_k, cache_v, kv_index):
-        h = x + self.attention.decode(self.enter_attn(self.attention_norm(x)), cos, sin, bias, cache_k, cache_v,
-                                      kv_index)
+    def mlp_residual(self, h):
         return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
 
 
@@ -310,50 +257,6 @@ class DecoderModel(nn.Cell):
             x = layer(x, cos, sin, bias)
         return self.norm_out(x) if self.last else x
 
-    def shared_prompt_forward(self, input_ids, position_ids, bias, group: int, prompt_len: int):
-        """The final hidden states that predict the response tokens, (N, T + 1, H), of [prompt | response] rows
-        (input_ids (N, P + T), bias (N, 1, P + T, P + T) as for `construct`) whose groups of `group` rows share
-        their prompt: the prompt runs once per group (SharedPrompt). Position P - 1 (the prompt's last
-        token, which predicts the first response token) is the group's, copied to its rows. Whole model
-        only: no pipeline stages, no sequence parallelism."""
-        if self.sp_pad != 1 or not (self.first and self.last):
-            raise ValueError("a shared-prompt forward needs the whole model on one rank's sequence: no pipeline "
-                             "stages, no sequence parallelism")
-        rows, length = input_ids.shape
-        split = SharedPrompt(rows, group, prompt_len, length - prompt_len, self.cos_table.shape[-1])
-        x = ops.cast(self.tok_embeddings(split.tokens(input_ids)), self.compute_dtype)       # (M, H)
-        pos = split.tokens(position_ids)
-        cos = ops.expand_dims(ops.gather(self.cos_table, pos, 0), 1)                    # (M, 1, hd)
-        sin = ops.expand_dims(ops.gather(self.signed_sin_table, pos, 0), 1)
-        bias_p = take(take(take(bias, 0, 0, rows, group), 2, 0, prompt_len), 3, 0, prompt_len)
-        bias_r = take(bias, 2, prompt_len, length)
-        for layer in self.graphs.shared_prompt:
-            x = layer(x, cos, sin, bias_p, bias_r)
-        hidden = x.shape[-1]
-        last = take(x, 0, prompt_len - 1, split.prompt_tokens, prompt_len)                   # (Q, H)
-        responses = ops.reshape(take(x, 0, split.prompt_tokens, x.shape[0]), (rows, split.response_len, hidden))
-        last = ops.reshape(last, (split.prompts, 1, hidden))
-        return self.norm_out(ops.concat((_repeat_rows(last, group), responses), 1))
-
-    def prefill(self, input_ids, position_ids, bias, caches_k, caches_v):
-        """The prompts (B, P) through every layer, each layer's cache (B * n, nkv, L, hd) filled with each prompt's
-        keys/values copied to its n samples' rows."""
-        x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
-        cos, sin = self.rope(position_ids)
-        layers = self.graphs.prefill
-        for i in range(len(layers)):
-            x = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
-        return self.norm_out(x)
-
-    def decode(self, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
-        x = ops.cast(self.tok_embeddings(input_ids), self.compute_dtype)
-        cos, sin = self.rope(position_ids)
-        layers = self.graphs.decode
-        for i in range(len(layers)):
-            x = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
-        return self.norm_out(x)
-
-
 def _pad_sequence(position_ids, bias, pad: int):
     """Sequence parallelism splits the sequence evenly over TP ranks: `pad` positions appended at the end.
     Real queries never see them (they are later than every real key), the pad queries see nothing."""
@@ -362,31 +265,6 @@ def _pad_sequence(position_ids, bias, pad: int):
     bias = ops.concat((bias, ops.full((b, 1, t, pad), NEG_INF, dtype=bias.dtype)), 3)
     bias = ops.concat((bias, ops.full((b, 1, pad, t + pad), NEG_INF, dtype=bias.dtype)), 2)
     return position_ids, bias
-
-
-def left_pad(prompts, width: int, pad: int):
-    """Token lists -> (ids, mask), each (N, width) int64, right-aligned: the layout prefill and training share."""
-    ids = np.full((len(prompts), width), pad, np.int64)
-    mask = np.zeros((len(prompts), width), np.int64)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
-    return ids, mask
-
-
-def position_ids(mask: np.ndarray) -> np.ndarray:
-    """RoPE positions of a left-padded batch: 0 at each row's first real token (pads get 0 too), int32."""
-    return np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-
-
-def causal_bias(attention_mask) -> Tensor:
-    """attention_mask (B, S) of 1/0 (numpy or Tensor) -> additive bias Tensor (B, 1, S, S): 0 where query i may
-    see key j (j <= i and key j is a real token), NEG_INF elsewhere. Built in numpy on the host: as eager
-    MindSpore ops (each a launch and a sync) it cost as much as a small model's forward on CPU."""
-    keys = np.asarray(attention_mask.asnumpy() if isinstance(attention_mask, Tensor) else attention_mask) > 0
-    s = keys.shape[1]
-    allowed = np.tril(np.ones((s, s), bool))[None, None] & keys[:, None, None, :]
-    return Tensor(np.where(allowed, np.float32(0.0), np.float32(NEG_INF)))
 
 
 class CausalLM(nn.Cell):
@@ -466,12 +344,12 @@ class CausalLM(nn.Cell):
         model's FLOPs and its largest activations). The head is linear without bias, so the temperature
         scales its input (hidden size) instead of the vocabulary-sized logits. With `group` > 0 the rows
         come in groups of that many sharing their first `prompt_len` tokens, and last_n = the rest + 1:
-        the shared prompt runs once per group (DecoderModel.shared_prompt_forward)."""
+        the shared prompt runs once per group (layer_graphs.shared_prompt_forward)."""
         if group:
             if last_n != input_ids.shape[1] - prompt_len + 1:
                 raise ValueError(f"a shared prompt of {prompt_len} tokens reads the last "
                                  f"{input_ids.shape[1] - prompt_len + 1} positions, not {last_n}")
-            hidden = self.model.shared_prompt_forward(input_ids, position_ids, bias, group, prompt_len)
+            hidden = shared_prompt_forward(self.model, input_ids, position_ids, bias, group, prompt_len)
         else:
             hidden = self.model(input_ids, position_ids, bias)
         return self.logprobs_of_hidden(hidden, labels, last_n, temperature)
@@ -502,58 +380,3 @@ def _global_layer_names(model: nn.Cell, first_layer: int):
         if p.name.startswith(prefix):
             local, rest = p.name[len(prefix):].split(".", 1)
             p.name = f"{prefix}{first_layer + int(local)}.{rest}"
-
-
-def param_specs(cfg: ModelConfig, lora: Optional[LoraSpec] = None) -> Dict[str, Tuple[Tuple[int, ...], Dict[int, str]]]:
-    """Every parameter's full shape and which mesh axis splits which dimension ({} = replicated; {0: "tp"}: the
-    first dimension over the TP ranks); with `lora`, the adapters' too (after their layer's weight).
-
-    The one place that knows the parameter list without building the model: layouts, strategy files
-    and checkpoint slicing read it; a test checks it against the built model.
-    """
-    h, hd, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    specs: Dict[str, Tuple[Tuple[int, ...], Dict[int, str]]] = {
-        "model.tok_embeddings.embedding_weight": ((cfg.vocab_size, h), TP_ROWS)}
-    for n in range(cfg.num_layers):
-        p = f"model.layers.{n}."
-        specs[p + "attention_norm.weight"] = ((h,), REPLICATED)
-        specs[p + "attention.wq.weight"] = ((cfg.num_heads * hd, h), TP_ROWS)
-        specs[p + "attention.wk.weight"] = ((cfg.n_kv_heads * hd, h), TP_ROWS)
-        specs[p + "attention.wv.weight"] = ((cfg.n_kv_heads * hd, h), TP_ROWS)
-        if cfg.qkv_has_bias:
-            specs[p + "attention.wq.bias"] = ((cfg.num_heads * hd,), TP_ROWS)
-            specs[p + "attention.wk.bias"] = ((cfg.n_kv_heads * hd,), TP_ROWS)
-            specs[p + "attention.wv.bias"] = ((cfg.n_kv_heads * hd,), TP_ROWS)
-        specs[p + "attention.wo.weight"] = ((h, cfg.num_heads * hd), TP_COLS)
-        specs[p + "ffn_norm.weight"] = ((h,), REPLICATED)
-        specs[p + "feed_forward.w1.weight"] = ((i, h), TP_ROWS)
-        specs[p + "feed_forward.w3.weight"] = ((i, h), TP_ROWS)
-        specs[p + "feed_forward.w2.weight"] = ((h, i), TP_COLS)
-    specs["model.norm_out.weight"] = ((h,), REPLICATED)
-    if not cfg.tie_word_embeddings:
-        specs["lm_head.weight"] = ((cfg.vocab_size, h), TP_ROWS)
-    return adapter_specs(specs, lora) if lora else specs
-
-
-def param_stages(cfg: ModelConfig, pp: int, lora: Optional[LoraSpec] = None) -> Dict[str, int]:
-    """The pipeline stage that holds each parameter: the embedding on the first, the final norm and LM head on
-    the last, each decoder layer where layer_split puts it."""
-    split = layer_split(cfg.num_layers, pp, cfg.offset)
-    stage_of_layer = {layer: s for s, layers in enumerate(split) for layer in layers}
-    out = {}
-    for name in param_specs(cfg, lora):
-        if name.startswith("model.layers."):
-            out[name] = stage_of_layer[int(name.split(".")[2])]
-        else:
-            out[name] = 0 if name.startswith("model.tok_embeddings") else pp - 1
-    return out
-
-
-def mesh_layouts(cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None) -> Dict[str, Layout]:
-    """Every parameter's layout for a role on `mesh` (strategy files, slicing, re-layout)."""
-    return role_layouts(param_specs(cfg, lora), mesh, param_stages(cfg, mesh.pp, lora) if mesh.pp > 1 else None)
-
-
-def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1, lora: Optional[LoraSpec] = None) -> Dict[str, Layout]:
-    """mesh_layouts for a role arranged [pp, dp, tp] (a layout read from a config or a checkpoint)."""
-    return mesh_layouts(cfg, Mesh(dp=dp, tp=tp, pp=pp), lora)

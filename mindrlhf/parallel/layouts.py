@@ -17,7 +17,7 @@ import numpy as np
 from mindrlhf.configs.errors import CheckpointError
 
 
-# how a parameter is split, {tensor dim: mesh axis} (models/qwen2.param_specs)
+# how a parameter is split, {tensor dim: mesh axis} (models/specs.param_specs)
 REPLICATED = MappingProxyType({})
 TP_ROWS = MappingProxyType({0: "tp"})      # output rows over the TP ranks: column-parallel weights, embeddings
 TP_COLS = MappingProxyType({1: "tp"})      # input columns over the TP ranks: row-parallel weights

@@ -20,7 +20,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.models.qwen2 import NEG_INF, CausalLM, causal_bias, last_positions, left_pad, position_ids
+from mindrlhf.models.layer_graphs import decode, prefill
+from mindrlhf.models.padding import NEG_INF, causal_bias, left_pad, position_ids
+from mindrlhf.models.qwen2 import CausalLM, last_positions
 from mindrlhf.rollout.sampling import SamplingParams, process_logits, row_uniforms, sample, token_logprobs
 
 
@@ -56,7 +58,7 @@ class _Prefill(nn.Cell):
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias):
-        h = self.lm.model.prefill(input_ids, position_ids, bias, self.caches_k, self.caches_v)
+        h = prefill(self.lm.model, input_ids, position_ids, bias, self.caches_k, self.caches_v)
         return _one_position(self.lm.gather_vocab(self.lm.head(last_positions(h, 1))))
 
 
@@ -68,7 +70,7 @@ class _Decode(nn.Cell):
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias, kv_index):
-        h = self.lm.model.decode(input_ids, position_ids, bias, self.caches_k, self.caches_v, kv_index)
+        h = decode(self.lm.model, input_ids, position_ids, bias, self.caches_k, self.caches_v, kv_index)
         return _one_position(self.lm.gather_vocab(self.lm.head(h)))
 
 

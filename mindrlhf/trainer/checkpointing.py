@@ -29,7 +29,7 @@ from mindrlhf.checkpoint.safetensors_io import require_float
 from mindrlhf.checkpoint.slicing import ShardedSource
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.models.lora import saved_names
-from mindrlhf.models.qwen2 import layouts_for
+from mindrlhf.models.specs import layouts_for
 from mindrlhf.parallel.mesh import distributed_env
 from mindrlhf.parallel.strategy import StrategyEntry
 from mindrlhf.trainer import exchange

@@ -23,7 +23,7 @@ import mindspore as ms
 from mindrlhf.checkpoint.hf_interop import export_hf, export_peft_adapter
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.models.lora import adapter_weights, merged_weights
-from mindrlhf.models.qwen2 import left_pad
+from mindrlhf.models.padding import left_pad
 from mindrlhf.parallel import watchdog
 from mindrlhf.trainer import checkpointing, evaluation, exchange, run_dir, startup
 from mindrlhf.trainer.build import build_models, build_training, compile_train_step

@@ -17,7 +17,7 @@ from typing import Dict, List
 import numpy as np
 from mindspore import Tensor
 
-from mindrlhf.models.qwen2 import NEG_INF
+from mindrlhf.models.padding import NEG_INF
 from mindrlhf.trainer.samples import SampleBatch, step_inputs
 
 

@@ -7,7 +7,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 from mindspore import Tensor
 
-from mindrlhf.models.qwen2 import causal_bias, position_ids
+from mindrlhf.models.padding import causal_bias, position_ids
 from mindrlhf.reward.verifiers import Scores, merge_scores
 
 

@@ -8,7 +8,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindrlhf.models.qwen2 import CausalLM, causal_bias
+from mindrlhf.models.padding import causal_bias
+
+from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.trainer.optim import AdamW, clip_scale, lr_at
 
 

@@ -12,7 +12,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from hf_reference import tiny_model_kwargs  # noqa: E402
 from mindrlhf.checkpoint.model_io import load_full_weights, model_state  # noqa: E402
 from mindrlhf.configs import ModelConfig  # noqa: E402
-from mindrlhf.models.qwen2 import CausalLM, param_specs  # noqa: E402
+from mindrlhf.models.qwen2 import CausalLM  # noqa: E402
+from mindrlhf.models.specs import param_specs  # noqa: E402
 from mindrlhf.parallel.layouts import role_layouts  # noqa: E402
 from mindrlhf.parallel.mesh import Mesh, init_distributed  # noqa: E402
 from mindrlhf.parallel.reshard import WeightSync  # noqa: E402
@@ -20,7 +21,7 @@ from mindrlhf.rollout.engine import GenerationEngine  # noqa: E402
 from mindrlhf.rollout.sampling import SamplingParams  # noqa: E402
 from mindrlhf.trainer.exchange import gather_samples  # noqa: E402
 from mindrlhf.trainer.samples import SampleBatch, training_tensors  # noqa: E402
-from mindrlhf.models.qwen2 import left_pad  # noqa: E402
+from mindrlhf.models.padding import left_pad  # noqa: E402
 from mindrlhf.trainer.train_step import ResponseLogProb  # noqa: E402
 
 CFG = ModelConfig(**tiny_model_kwargs(True, False, 4))   # 4 kv heads: TP up to 4
