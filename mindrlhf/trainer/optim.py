@@ -137,10 +137,9 @@ class AdamW(nn.Cell):
     def update_each(self, grads, lr, grad_scale):
         """The same update driven from the host, one call per block of parameters (block_runs): each block's
         graph takes the parameters, moments and gradients as inputs, so the 30 layers of a model share one
-        compiled graph. A graph holding all the updates compiles in time proportional to the parameter count
-        (6.4 s for a 30-layer model's 272 in MindSpore 2.10, with the norm and buffer clearing;
-        docs/BENCHMARKS.md, "Measurements behind code choices"). `grads` are gradient buffers (Parameters),
-        each zeroed once used."""
+        compiled graph, where one graph holding all the updates compiles in time proportional to the parameter
+        count (docs/BENCHMARKS.md, "Measurements behind code choices"). `grads` are gradient buffers
+        (Parameters), each zeroed once used."""
         if self._host is None:
             self._host = _HostCalls(self)
         scalars = self._host.advance(lr)
@@ -154,8 +153,8 @@ class AdamW(nn.Cell):
 
 def aliases(params, ids) -> tuple:
     """Tensors on the memory of params[i] for i in ids, to pass them to a graph that updates them in place:
-    MindSpore compiles a jit graph again for every distinct Parameter among its inputs (~10-30 ms each), but
-    once per combination of shapes for Tensors. Taken at each call, so a buffer the swap schedule has replaced is never
+    MindSpore compiles a jit graph again for every distinct Parameter among its inputs, but once per
+    combination of shapes for Tensors (docs/BENCHMARKS.md, "Measurements behind code choices"). Taken at each call, so a buffer the swap schedule has replaced is never
     written through a stale alias. Mutable: a plain tuple of Tensors is taken as a constant (a graph per value)."""
     return ms.mutable(tuple(params[i].view(params[i].shape) for i in ids))
 

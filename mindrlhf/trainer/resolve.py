@@ -52,7 +52,7 @@ class ResolvedRun:
     eval_dataset: Optional[PromptDataset]
     prompt_width: int                   # the dataset's prompt_ids column
     reward_fn: RewardFn
-    shared_prompt: Tuple[int, int]      # (group, prompt width), or (0, 0): see models/qwen2.SharedPrompt
+    shared_prompt: Tuple[int, int]      # (group, prompt width), or (0, 0): see models/layer_graphs.SharedPrompt
     lora: Optional[LoraSpec] = None     # the policy's adapters; None: full fine-tuning
     packing: Optional[PackingLayout] = None     # rl.sequence_packing; None: one padded row per sequence
 
@@ -328,7 +328,7 @@ def with_solutions(dataset: PromptDataset, tokenizer, log) -> PromptDataset:
 def _shared_prompt(cfg: GRPOConfig, mesh: Mesh, geometry: StepGeometry, micro_batches: int, prompt_width: int,
                    log) -> Tuple[int, int]:
     """(group, prompt width) when the log-prob and training forwards run each prompt once for its group
-    (run.share_prompt, models/qwen2.SharedPrompt), else (0, 0) - with a note when asked for but not possible."""
+    (run.share_prompt, models/layer_graphs.SharedPrompt), else (0, 0) - with a note when asked for but not possible."""
     g = cfg.rl.num_generations
     if not cfg.run.share_prompt or g == 1:
         return 0, 0
