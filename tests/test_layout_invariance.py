@@ -18,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+import mindspore as ms
 import pytest
 
 from data_helpers import arithmetic_rows, make_tokenizer_files, write_jsonl
@@ -83,6 +84,7 @@ def assets(tmp_path_factory):
             yamls[(dp, tp, pp, tie)] = model_yaml(os.path.join(root, f"m_{dp}x{tp}x{pp}_{tie}.yaml"), dp=dp, tp=tp,
                                                   pp=pp, micro_batch_num=MICRO_BATCHES, eos_token_id=EOS,
                                                   tie_word_embeddings=tie, seq_parallel=pp > 1 and tp > 1)
+    ms.set_seed(5)                            # the same initial policies on every invocation: reproducible runs
     for tie in (True, False):                 # one initial policy for every layout of a model
         inits[tie] = os.path.join(root, f"init_{tie}.safetensors")
         save_checkpoint(model_state(CausalLM(load_model_yaml(yamls[(1, 1, 1, tie)]).model)), inits[tie])
