@@ -87,7 +87,7 @@ def _logs(log_dir):
         for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
             if name.startswith("worker_"):
                 with open(os.path.join(d, name), errors="replace") as fh:
-                    out.append(f"--- node{node}/{name} ---\n" + fh.read()[-3000:])
+                    out.append(f"--- node{node}/{name} ---\n" + fh.read())   # the start-up lines included
     return "\n".join(out)
 
 

@@ -164,3 +164,12 @@ def test_strategy_folders_hold_only_this_layouts_ranks(tmp_path):
     save_role_strategy(str(tmp_path), "train", layouts, 2)
     assert sorted(n for n in os.listdir(tmp_path / "train_strategy") if not n.startswith(".")) == [
         "ckpt_strategy_rank_0.ckpt", "ckpt_strategy_rank_1.ckpt"]
+
+
+def test_a_fresh_run_creates_its_checkpoint_directory(tmp_path):
+    """Node-local checkpoint storage: a node's save_ckpt_dir may not exist when the run claims it (the slow
+    two-node test failed there with FileNotFoundError)."""
+    from mindrlhf.trainer import run_dir
+    d = str(tmp_path / "node0_disk" / "ckpt")
+    run_id = run_dir.new_run(d)
+    assert run_dir.run_id_of(d) == run_id

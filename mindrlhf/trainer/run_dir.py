@@ -43,8 +43,10 @@ def remove(paths: List[str]):
 
 
 def new_run(save_ckpt_dir: str) -> str:
-    """Write RUN with a fresh id; returns it."""
+    """Write RUN with a fresh id, the directory created first (node-local storage: a node's directory may not
+    exist yet); returns it."""
     run_id = uuid.uuid4().hex
+    os.makedirs(save_ckpt_dir, exist_ok=True)
     write_json(os.path.join(save_ckpt_dir, RUN_FILE), {"run_id": run_id})
     return run_id
 
