@@ -60,3 +60,21 @@ def test_the_trainer_file_is_the_loop():
     with open(path, encoding="utf-8") as fh:
         lines = len(fh.readlines())
     assert lines <= 330, f"{path}: {lines} lines; move set-up into trainer/resolve.py or trainer/build.py"
+
+
+def test_in_graph_collectives_live_in_named_regions():
+    """MindSpore's collective primitives are built only in models/tp_regions.py (TP regions) and parallel/
+    (DP mean, stage sum, pipeline links, host collectives): the model and trainer code ask those by name."""
+    prims = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AlltoAll", "Send", "Receive")
+    direct = []
+    for dirpath, _, files in os.walk(PACKAGE):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, PACKAGE)
+            if not f.endswith(".py") or rel.split(os.sep)[0] == "parallel" or rel == os.path.join("models",
+                                                                                                    "tp_regions.py"):
+                continue
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                if isinstance(node, ast.Attribute) and node.attr in prims:
+                    direct.append(f"{rel}:{node.lineno} {node.attr}")
+    assert not direct, "collective primitives outside the named regions: " + ", ".join(direct)

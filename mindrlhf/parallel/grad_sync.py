@@ -1,4 +1,5 @@
-"""Data-parallel gradient averaging across a role's DP group."""
+"""In-graph collectives of the update: data-parallel gradient averaging across a role's DP group, and sums
+over pipeline stages."""
 from __future__ import annotations
 
 import mindspore as ms
@@ -49,3 +50,17 @@ class DPMeanInPlace(nn.Cell):
         for buf in bufs:
             done = ops.assign(buf, self.all_reduce(ops.depend(buf, done)) / self.dp)
         return done
+
+
+class StageSum(nn.Cell):
+    """A value summed over this rank's counterparts on every pipeline stage (all-reduce over the mesh's pp
+    group); identity with one stage."""
+
+    def __init__(self, mesh):
+        super().__init__()
+        self.pp = mesh.pp
+        if self.pp > 1:
+            self.all_reduce = ops.AllReduce(group=mesh.pp_group)
+
+    def construct(self, x):
+        return self.all_reduce(x) if self.pp > 1 else x

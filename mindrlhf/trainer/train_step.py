@@ -11,7 +11,7 @@ from mindspore import nn, ops
 
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.models.tp_regions import reduce_from_tp
-from mindrlhf.parallel.grad_sync import DPGradMean
+from mindrlhf.parallel.grad_sync import DPGradMean, StageSum
 from mindrlhf.trainer.grpo_math import CovOptions, agg_token_mean, grpo_loss, tis_weights
 from mindrlhf.trainer.optim import AdamW, clip_scale, squares_total
 
@@ -115,19 +115,14 @@ class SplitNormSum(nn.Cell):
         self.split_ids = tuple(i for i, split in enumerate(split_flags) if split)
         self.replicated_ids = tuple(i for i, split in enumerate(split_flags) if not split)
         self.reduce = reduce_from_tp(mesh)
-        self.pp = mesh.pp
-        if mesh.pp > 1:
-            self.stage_sum = ops.AllReduce(group=mesh.pp_group)
+        self.stage_sum = StageSum(mesh)
 
     def construct(self, grads):
         return self.combine(squares_total(grads, self.split_ids), squares_total(grads, self.replicated_ids))
 
     def combine(self, split_total, replicated_total):
         """The global squared norm from the sums of squares of this rank's split and replicated parameters."""
-        total = self.reduce(split_total) + replicated_total
-        if self.pp > 1:
-            total = self.stage_sum(total)
-        return total
+        return self.stage_sum(self.reduce(split_total) + replicated_total)
 
 
 class PolicyTrainStep(nn.Cell):
