@@ -128,8 +128,9 @@ class _ClipScale(nn.Cell):
 
 class ApplyAccumulated:
     """DP mean, global-norm clip (over TP ranks and pipeline stages) and AdamW on the summed gradients, the
-    buffers cleared after. Driven from the host one buffer at a time through small graphs compiled once per
-    shape (AdamW.update_each says why), with the operations and their order of the one-graph train step."""
+    buffers cleared after. Driven from the host one decoder layer's buffers at a time, through small graphs
+    that all layers share (AdamW.update_each says why), with the operations and their order of the one-graph
+    train step."""
 
     def __init__(self, optimizer, acc, mesh, split_flags, max_grad_norm: float):
         self.optimizer, self.acc = optimizer, acc
