@@ -2,7 +2,8 @@
 and decode - attention's variant of each, the layer's path as a cell compiled once per model and reused by
 every layer (utils/subgraph_reuse.py), and the model's pass through its layers. Most of a deep model's first
 step is otherwise spent compiling 30 copies of one layer in the training graph, prefill and decode; the reuse
-reaches a cell's `construct` only, hence a cell per path. Compile times: docs/BENCHMARKS.md (bench_real_model.py, first step).
+reaches a cell's `construct` only, hence a cell per path. Compile times: docs/BENCHMARKS.md
+(bench_real_model.py, first step).
 
 Under sequence parallelism DecoderModel runs its layers directly instead (see stage_forward).
 

@@ -12,10 +12,10 @@ Under pipeline parallelism (mesh.pp > 1) a rank builds only its stage: a contigu
 last. Parameter names keep the global layer index, so checkpoints and strategy files read the same.
 
 Beside this file: layer_graphs.py holds the other execution paths (shared prompt, prefill, decode: attention's
-variant of each, each path as a cell compiled once per model, the passes through the layers); cpu_cells.py holds the ops written for MindSpore's CPU backend (norm, rotation,
-softmax with their backward by hand, the batched matmul primitives); specs.py lists every parameter (shape,
-split, stage, layout) without building the model; padding.py lays out inputs (left padding, positions, the
-causal bias).
+variant of each, each path as a cell compiled once per model, the passes through the layers); cpu_cells.py
+holds the ops written for MindSpore's CPU backend (norm, rotation, softmax with their backward by hand, the
+batched matmul primitives); specs.py lists every parameter (shape, split, stage, layout) without building the
+model; padding.py lays out inputs (left padding, positions, the causal bias).
 """
 from __future__ import annotations
 

@@ -154,8 +154,9 @@ class AdamW(nn.Cell):
 def aliases(params, ids) -> tuple:
     """Tensors on the memory of params[i] for i in ids, to pass them to a graph that updates them in place:
     MindSpore compiles a jit graph again for every distinct Parameter among its inputs, but once per
-    combination of shapes for Tensors (docs/BENCHMARKS.md, "Measurements behind code choices"). Taken at each call, so a buffer the swap schedule has replaced is never
-    written through a stale alias. Mutable: a plain tuple of Tensors is taken as a constant (a graph per value)."""
+    combination of shapes for Tensors (docs/BENCHMARKS.md, "Measurements behind code choices"). Taken at each
+    call, so a buffer the swap schedule has replaced is never written through a stale alias. Mutable: a plain
+    tuple of Tensors is taken as a constant (a graph per value)."""
     return ms.mutable(tuple(params[i].view(params[i].shape) for i in ids))
 
 
