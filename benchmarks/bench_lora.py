@@ -1,7 +1,7 @@
 """LoRA against full fine-tuning on the real model (SmolLM2-135M-Instruct, 30 layers), same GRPO run otherwise:
 examples/grpo/smollm2_arithmetic's config and data, as bench_real_model.py prepares them.
 
-    python benchmarks/bench_lora.py [--steps 10] [--eval_every 0] [--beta 0.04] [--rank 16]
+    python benchmarks/bench_lora.py [--steps 10] [--eval_every 0] [--beta 0.04] [--rank 16] [--layerwise]
 
 Full fine-tuning trains every weight (AdamW moments for all, and with --beta > 0 a reference copy); LoRA
 (lora.lora_rank --rank, alpha 2 x rank, all linear layers) trains the adapters only, and its reference is the
@@ -24,10 +24,11 @@ from bench_real_model import child_ours, prepare  # noqa: E402
 from common import run_child  # noqa: E402
 
 
-def child(which: str, work: str, steps: int, eval_every: int, beta: float, rank: int, lora_lr: float) -> dict:
+def child(which: str, work: str, steps: int, eval_every: int, beta: float, rank: int, lora_lr: float,
+          layerwise: bool) -> dict:
     with open(os.path.join(work, "inputs.json")) as fh:
         inputs = json.load(fh)
-    extra = {"beta": beta}
+    extra = {"beta": beta, "layerwise_update": layerwise}
     if which == "lora":
         extra.update(lora_rank=rank, lora_alpha=2.0 * rank, lr=lora_lr)
     r = child_ours(work, inputs, steps, eval_every, extra, out_name=which)
@@ -41,21 +42,23 @@ def main():
     p.add_argument("--beta", type=float, default=0.04, help="KL coefficient: > 0 keeps a reference model")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--lora_lr", type=float, default=1e-4)
+    p.add_argument("--layerwise", action="store_true",
+                   help="both runs with run.layerwise_update (the update compiled per decoder layer)")
     p.add_argument("--model_dir", default=os.path.join(os.path.expanduser("~"), ".cache", "mindrlhf", "smollm2"))
     p.add_argument("--work", default="")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         which, work = args.child
-        print(json.dumps(child(which, work, args.steps, args.eval_every, args.beta, args.rank, args.lora_lr)),
-              flush=True)
+        print(json.dumps(child(which, work, args.steps, args.eval_every, args.beta, args.rank, args.lora_lr,
+                               args.layerwise)), flush=True)
         return
     work = args.work or tempfile.mkdtemp(prefix="bench_lora_")
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "inputs.json"), "w") as fh:
         json.dump(prepare(work, args.model_dir), fh)
     flags = ["--steps", args.steps, "--eval_every", args.eval_every, "--beta", args.beta, "--rank", args.rank,
-             "--lora_lr", args.lora_lr]
+             "--lora_lr", args.lora_lr] + (["--layerwise"] if args.layerwise else [])
     results = {}
     for which in ("full", "lora"):
         r = results[which] = run_child(os.path.abspath(__file__), which, work, *flags)
@@ -69,7 +72,8 @@ def main():
     full, lora = results["full"], results["lora"]
     line = {"bench": "lora_vs_full", "peak_rss_ratio": round(lora["peak_rss_mb"] / full["peak_rss_mb"], 3),
             "train_step_ratio": round(full["phases"]["policy fwd+bwd+AdamW"] / lora["phases"]["policy fwd+bwd+AdamW"], 3),
-            "step_ratio": round(full["step_s"] / lora["step_s"], 3), "beta": args.beta, "rank": args.rank}
+            "step_ratio": round(full["step_s"] / lora["step_s"], 3), "beta": args.beta, "rank": args.rank,
+            "layerwise": args.layerwise}
     if full["curve"] and lora["curve"]:
         line["heldout_gain_full"] = round(full["curve"][-1][1] - full["curve"][0][1], 4)
         line["heldout_gain_lora"] = round(lora["curve"][-1][1] - lora["curve"][0][1], 4)

@@ -20,7 +20,8 @@ Each system runs in a fresh process, one after the other (2 cores: never at once
 "heldout_gain": ours after - before, "heldout_gap_vs_trl": ours after - trl after, "matmul_gflops": ...,
 "floor": {phase: estimated FLOPs / the machine's matmul rate, seconds}}. step_s is the median over steps
 2..N (step 1 compiles). --quick: 10 steps and no evaluation (timing only). --plot writes both learning
-curves on one figure.
+curves on one figure. --systems mindrlhf,mindrlhf_layerwise,trl adds a run with run.layerwise_update (the
+update compiled per decoder layer) and its ratios as "layerwise" in the last line.
 
 The TRL side runs in --trl_python (a venv with trl; see bench_vs_trl.py).
 """
@@ -91,6 +92,9 @@ def phase_flops(model_dir: str) -> dict:
 
 
 # ---- mindrlhf (this Python) ---------------------------------------------------------------------------------
+LAYERWISE = {"layerwise_update": True}      # the mindrlhf_layerwise system: one graph per decoder layer
+
+
 def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict = None,
                out_name: str = "mindrlhf") -> dict:
     """One mindrlhf run of the example's config; `extra`: overrides on top (bench_lora.py's LoRA run)."""
@@ -240,7 +244,8 @@ def main():
     p.add_argument("--eval_every", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="10 steps, no evaluation: timing only")
     p.add_argument("--trl_python", default=sys.executable, help="Python with trl installed")
-    p.add_argument("--systems", default="mindrlhf,trl", help="which to run, in order")
+    p.add_argument("--systems", default="mindrlhf,trl",
+                   help="which to run, in order: mindrlhf, mindrlhf_layerwise (run.layerwise_update), trl")
     p.add_argument("--model_dir", default=os.path.join(os.path.expanduser("~"), ".cache", "mindrlhf", "smollm2"),
                    help="where the HF folder is written once (scripts/get_smollm2.py)")
     p.add_argument("--work", default="", help="working directory (default: a new temporary one, kept)")
@@ -252,8 +257,12 @@ def main():
         which, work = args.child
         with open(os.path.join(work, "inputs.json")) as fh:
             inputs = json.load(fh)
-        child = child_ours if which == "mindrlhf" else child_trl
-        print(json.dumps(child(work, inputs, steps, eval_every)), flush=True)
+        if which == "trl":
+            result = child_trl(work, inputs, steps, eval_every)
+        else:
+            result = child_ours(work, inputs, steps, eval_every, LAYERWISE if which == "mindrlhf_layerwise" else None,
+                                out_name=which)
+        print(json.dumps(result), flush=True)
         return
     import tempfile
     work = args.work or tempfile.mkdtemp(prefix="bench_real_model_")
@@ -265,7 +274,7 @@ def main():
     quick = ["--quick"] if args.quick else ["--steps", str(steps), "--eval_every", str(eval_every)]
     results = {}
     for system in args.systems.split(","):
-        python = sys.executable if system == "mindrlhf" else args.trl_python
+        python = args.trl_python if system == "trl" else sys.executable
         results[system] = run_child(os.path.abspath(__file__), system, work, *quick, python=python)
         print(json.dumps(summary(system, results[system], steps)), flush=True)
     if args.plot:
@@ -286,6 +295,11 @@ def main():
                         peak_rss_ratio=round(ours["peak_rss_mb"] / ref["peak_rss_mb"], 3))
             if ours["curve"] and ref["curve"]:
                 line["heldout_gap_vs_trl"] = round(ours["curve"][-1][1] - ref["curve"][-1][1], 4)
+            if "mindrlhf_layerwise" in results:
+                lw = results["mindrlhf_layerwise"]
+                line["layerwise"] = {"ratio": round(ref["step_s"] / lw["step_s"], 3),
+                                     "peak_rss_ratio": round(lw["peak_rss_mb"] / ref["peak_rss_mb"], 3),
+                                     "first_step_s": round(lw["first_step_s"], 2)}
         print(json.dumps(line), flush=True)
 
 

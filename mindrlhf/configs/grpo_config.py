@@ -103,6 +103,11 @@ class RunConfig(_Section):
     share_prompt: bool = _f(True, "log-prob and training forwards run each prompt once for its num_generations "
                             "responses (same values; layouts with pipeline stages or sequence parallelism, or "
                             "mini-/micro-batches that split a group, run every row whole, and say so)")
+    layerwise_update: bool = _f(False, "compile the policy update as one graph per decoder layer, driven layer "
+                                "by layer (trainer/layerwise_step.py): first-step compile time and update memory "
+                                "stop growing with depth, and each layer's forward runs again in its backward "
+                                "(docs/BENCHMARKS.md); whole model per rank: no pipeline stages or sequence "
+                                "parallelism")
     export_hf: bool = _f(True, "export the final policy as HF safetensors to save_ckpt_dir/hf_policy")
     progress: bool = _f(True, "show a progress bar over steps (rank 0)")
     rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device) or vllm_mindspore "

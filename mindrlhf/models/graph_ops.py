@@ -38,10 +38,9 @@ def expand_as(small, like):
 
 
 def _reduce_last(reduce, x):
-    """`reduce` (a keep-dims ReduceSum/ReduceMean) over x's last axis, as 2-D rows where x has more than one
-    row per leading index; a tensor that is already rows, or a decode step's single position, as it is."""
-    if x.ndim <= 2 or x.shape[-2] == 1:
-        return reduce(x, -1)
+    """`reduce` (a keep-dims ReduceSum/ReduceMean) over x's last axis, as 2-D rows. Without a branch on the
+    shape: MindSpore 2.10 cannot compile one here inside the backward of a single layer's graph ("func graph
+    is empty"; layerwise_step.py), and a reshape of what already is rows costs nothing."""
     return ops.reshape(reduce(ops.reshape(x, (-1, x.shape[-1])), 1), x.shape[:-1] + (1,))
 
 

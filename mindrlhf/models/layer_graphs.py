@@ -127,11 +127,15 @@ class SharedPromptRows(_LayerPath):
     bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T)."""
 
     def construct(self, x, cos, sin, bias_p, bias_r):
-        rows = bias_r.shape[0]
-        split = SharedPrompt(rows, rows // bias_p.shape[0], bias_p.shape[2], bias_r.shape[2], cos.shape[-1])
-        layer = self.layer
-        h = x + shared_prompt_attention(layer.attention, layer.attention_input(x), cos, sin, bias_p, bias_r, split)
-        return layer.mlp_residual(h)
+        return shared_prompt_layer(self.layer, x, cos, sin, bias_p, bias_r)
+
+
+def shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r):
+    """SharedPromptRows' pass of `layer`, as a function (layerwise_step.py runs it outside the reused cell)."""
+    rows = bias_r.shape[0]
+    split = SharedPrompt(rows, rows // bias_p.shape[0], bias_p.shape[2], bias_r.shape[2], cos.shape[-1])
+    h = x + shared_prompt_attention(layer.attention, layer.attention_input(x), cos, sin, bias_p, bias_r, split)
+    return layer.mlp_residual(h)
 
 
 class Prefill(_LayerPath):
@@ -177,20 +181,47 @@ def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, pr
     if decoder.sp_pad != 1 or not (decoder.first and decoder.last):
         raise ValueError("a shared-prompt forward needs the whole model on one rank's sequence: no pipeline "
                          "stages, no sequence parallelism")
+    tokens, cos, sin, bias_p, bias_r = layer_inputs(decoder, input_ids, position_ids, bias, group, prompt_len)
+    x = embed(decoder, tokens)
+    for layer in decoder.graphs.shared_prompt:
+        x = layer(x, cos, sin, bias_p, bias_r)
+    return final_hidden(decoder, x, input_ids.shape[0], group, prompt_len)
+
+
+def layer_inputs(decoder, input_ids, position_ids, bias, group: int = 0, prompt_len: int = 0):
+    """What a pass reads besides the residual stream: (token ids, cos, sin, bias, bias_r). Whole rows (group 0):
+    the ids as they are, cos/sin (B, 1, T, hd), the bias, and the bias again (unused). Rows sharing their
+    group's prompt: the token matrix's ids (SharedPrompt.tokens), cos/sin (M, 1, hd), bias_p (Q, 1, P, P) and
+    bias_r (N, 1, T, P + T), as SharedPromptRows reads them."""
+    if not group:
+        cos, sin = decoder.rope(position_ids)
+        return input_ids, cos, sin, bias, bias
     rows, length = input_ids.shape
     split = SharedPrompt(rows, group, prompt_len, length - prompt_len, decoder.cos_table.shape[-1])
-    x = ops.cast(decoder.tok_embeddings(split.tokens(input_ids)), decoder.compute_dtype)       # (M, H)
     pos = split.tokens(position_ids)
     cos = ops.expand_dims(ops.gather(decoder.cos_table, pos, 0), 1)                    # (M, 1, hd)
     sin = ops.expand_dims(ops.gather(decoder.signed_sin_table, pos, 0), 1)
     bias_p = take(take(take(bias, 0, 0, rows, group), 2, 0, prompt_len), 3, 0, prompt_len)
     bias_r = take(bias, 2, prompt_len, length)
-    for layer in decoder.graphs.shared_prompt:
-        x = layer(x, cos, sin, bias_p, bias_r)
+    return split.tokens(input_ids), cos, sin, bias_p, bias_r
+
+
+def embed(decoder, tokens):
+    """Token ids -> the residual stream's first state, in the compute dtype."""
+    return ops.cast(decoder.tok_embeddings(tokens), decoder.compute_dtype)
+
+
+def final_hidden(decoder, x, rows: int, group: int = 0, prompt_len: int = 0):
+    """The last layer's stream -> the normed hidden states the head reads: whole rows as they are; a
+    shared-prompt token matrix (M, H) -> (N, T + 1, H), the group prompt's last position copied to its rows."""
+    if not group:
+        return decoder.norm_out(x)
     hidden = x.shape[-1]
-    last = take(x, 0, prompt_len - 1, split.prompt_tokens, prompt_len)                   # (Q, H)
-    responses = ops.reshape(take(x, 0, split.prompt_tokens, x.shape[0]), (rows, split.response_len, hidden))
-    last = ops.reshape(last, (split.prompts, 1, hidden))
+    prompt_tokens = rows // group * prompt_len
+    response_len = (x.shape[0] - prompt_tokens) // rows
+    last = take(x, 0, prompt_len - 1, prompt_tokens, prompt_len)                          # (Q, H)
+    responses = ops.reshape(take(x, 0, prompt_tokens, x.shape[0]), (rows, response_len, hidden))
+    last = ops.reshape(last, (rows // group, 1, hidden))
     return decoder.norm_out(ops.concat((_repeat_rows(last, group), responses), 1))
 
 

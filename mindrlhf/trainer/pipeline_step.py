@@ -192,10 +192,7 @@ class PipelineTrainStep:
                  token_norm, lr):
         stats = self.accumulate(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
                                 advantages, token_norm)
-        grad_norm = float(self.apply(lr).asnumpy())
-        loss, pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped = stats.tolist()
-        return tuple(Tensor(np.float32(v)) for v in (loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap, tis_mean,
-                                                     tis_max, tis_clipped))
+        return update_outputs(stats, float(self.apply(lr).asnumpy()))
 
     def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                    token_norm) -> np.ndarray:
@@ -228,14 +225,26 @@ class PipelineTrainStep:
         t0 = time.perf_counter()
         run_1f1b(self.mesh.stage, self.mesh.pp, m, io, forward, backward)
         self.schedule_seconds += time.perf_counter() - t0
-        # summed over micro-batches (each is normalised by the mini-batch), tis_ratio_max by max; they live on
-        # the last stage, and every stage reports them (the others contribute zeros)
-        stats = np.zeros(1 + N_STATS, np.float32)
-        if per_micro:
-            arr = np.array(per_micro, np.float64)
-            stats[:] = arr.sum(0)
-            stats[1 + TIS_MAX] = arr[:, 1 + TIS_MAX].max()
-        return exchange.sum_over(stats, self.mesh.pp_ranks())
+        return micro_batch_stats(per_micro, self.mesh)
+
+
+def micro_batch_stats(per_micro, mesh) -> np.ndarray:
+    """(loss, the loss cell's 8 statistics) of an update from its micro-batches' (this stage's list; empty
+    on the others): summed (each is normalised by the mini-batch), tis_ratio_max by max. They live on the
+    last stage, and every stage reports them (the others contribute zeros)."""
+    stats = np.zeros(1 + N_STATS, np.float32)
+    if per_micro:
+        arr = np.array(per_micro, np.float64)
+        stats[:] = arr.sum(0)
+        stats[1 + TIS_MAX] = arr[:, 1 + TIS_MAX].max()
+    return exchange.sum_over(stats, mesh.pp_ranks())
+
+
+def update_outputs(stats: np.ndarray, grad_norm: float) -> tuple:
+    """PolicyTrainStep's outputs (train_step.UPDATE_STATS without lr) from micro_batch_stats and the norm."""
+    loss, pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped = stats.tolist()
+    return tuple(Tensor(np.float32(v)) for v in (loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap, tis_mean,
+                                                 tis_max, tis_clipped))
 
 
 class LastStageLogProb(nn.Cell):

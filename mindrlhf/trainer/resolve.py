@@ -206,6 +206,11 @@ def _report_ignored(cfg: GRPOConfig, yamls: List[ModelYaml], log):
 
 def _check_layouts(cfg: GRPOConfig, train_yaml: ModelYaml, infer_yaml: ModelYaml):
     run = cfg.run
+    par = train_yaml.parallel
+    if run.layerwise_update and (par.pipeline_stage > 1 or par.use_seq_parallel):
+        setting = f"pipeline_stage {par.pipeline_stage}" if par.pipeline_stage > 1 else "use_seq_parallel True"
+        raise ConfigError(f"run.layerwise_update: runs the whole model on each train rank's whole sequence, and "
+                          f"{train_yaml.path} sets parallel_config.{setting} (turn one of them off)")
     if not run.use_parallel and (train_yaml.parallel.world_size > 1 or infer_yaml.parallel.world_size > 1):
         raise ConfigError(f"use_parallel is False but {run.sft_path_train} asks for "
                           f"{train_yaml.parallel.world_size} ranks: launch with msrun and --use_parallel True")

@@ -73,6 +73,11 @@ class GRPOLossCell(nn.Cell):
                   token_norm):
         logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
                                       self.temperature, self.shared_prompt)
+        return self.terms(logp, ent, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm)
+
+    def terms(self, logp, ent, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm):
+        """(loss, statistics) from the policy's log-probs and entropies (N, R): construct's part after the
+        model (layerwise_step.py runs the model one layer per graph and calls this from the final stream)."""
         fmask = ops.cast(mask, ms.float32)
         gap = ops.zeros((), ms.float32)
         if self.on_policy:

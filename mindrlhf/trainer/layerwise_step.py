@@ -1,0 +1,270 @@
+"""The micro-batched policy update with one compiled graph per decoder layer instead of one for the model.
+
+A graph holding the whole model's loss and backward compiles in time proportional to its depth (~0.3 s per
+layer on CPU: MindSpore inlines the reused layer before differentiating it, so every layer's backward is
+optimised and emitted again) and keeps a transient compile heap of the same order. Here the host drives the
+layers: a template DecoderLayer, outside the model, receives layer k's weights (copied in place, 14 MB per
+layer of a 135M model) and runs the forward of every micro-batch, then, from the last layer down, the
+backward - the layer's forward recomputed under GradOperation with the incoming gradient as sensitivity,
+its parameter gradients added into the update's buffers. The loss, the final norm and the LM head run as one
+graph per micro-batch. Each graph compiles once, whatever the depth; a micro-batch keeps only the stream
+between layers. Same operations per layer as the one-graph step, the gradients of a parameter summed over
+micro-batches in the same order; the update itself is pipeline_step.ApplyAccumulated.
+
+Whole model on one rank only (no pipeline stages, no sequence parallelism: resolve.py checks); TP runs inside
+the layer graphs as in the model's own.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindrlhf.models.layer_graphs import embed, final_hidden, layer_inputs, shared_prompt_layer
+from mindrlhf.models.lora import freeze_base
+from mindrlhf.models.qwen2 import DecoderLayer
+from mindrlhf.trainer.optim import aliases
+from mindrlhf.trainer.pipeline_step import ApplyAccumulated, micro_batch_stats, update_outputs
+from mindrlhf.trainer.train_step import GRPOLossCell, tp_split_flags
+
+
+class _Inputs(nn.Cell):
+    """(token ids, cos, sin, bias, bias_r) of a micro-batch (layer_graphs.layer_inputs), no gradient."""
+
+    def __init__(self, decoder, group: int, prompt_len: int):
+        super().__init__(auto_prefix=False)
+        object.__setattr__(self, "decoder", decoder)
+        self.group, self.prompt_len = group, prompt_len
+
+    @ms.jit
+    def construct(self, input_ids, position_ids, bias):
+        return ops.stop_gradient(layer_inputs(self.decoder, input_ids, position_ids, bias, self.group,
+                                              self.prompt_len))
+
+
+class _Embed(nn.Cell):
+    def __init__(self, decoder):
+        super().__init__(auto_prefix=False)
+        self.embedding = decoder.tok_embeddings
+        object.__setattr__(self, "decoder", decoder)
+
+    def construct(self, tokens):
+        return embed(self.decoder, tokens)
+
+
+class _EmbedForward(nn.Cell):
+    def __init__(self, fn):
+        super().__init__(auto_prefix=False)
+        self.fn = fn
+
+    @ms.jit
+    def construct(self, tokens):
+        return ops.stop_gradient(self.fn(tokens))
+
+
+class _EmbedBackward(nn.Cell):
+    """The embedding weight's gradient from the first layer's input gradient, added into its buffer."""
+
+    def __init__(self, fn, weight, acc):
+        super().__init__(auto_prefix=False)
+        self.fn, self.weights, self.acc = fn, ms.ParameterTuple([weight]), acc
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    @ms.jit
+    def construct(self, tokens, dx):
+        grads = self.grad(self.fn, self.weights)(tokens, dx)
+        ops.assign_add(self.acc, grads[0])
+        return dx
+
+
+class _LayerFn(nn.Cell):
+    """The template layer on whole rows or on a shared-prompt token matrix (layer_graphs' paths)."""
+
+    def __init__(self, layer, shared: bool):
+        super().__init__(auto_prefix=False)
+        self.layer, self.shared = layer, shared
+
+    def construct(self, x, cos, sin, bias, bias_r):
+        if self.shared:
+            return shared_prompt_layer(self.layer, x, cos, sin, bias, bias_r)
+        return self.layer(x, cos, sin, bias)
+
+
+class _LayerForward(nn.Cell):
+    def __init__(self, fn):
+        super().__init__(auto_prefix=False)
+        self.fn = fn
+
+    @ms.jit
+    def construct(self, x, cos, sin, bias, bias_r):
+        return ops.stop_gradient(self.fn(x, cos, sin, bias, bias_r))
+
+
+class _Contracted(nn.Cell):
+    """<fn(x, ...), dy>: its gradient is the vector-Jacobian product with dy, taken here by position (the
+    input gradients of the other inputs are neither wanted nor, for the shared-prompt path's biases,
+    compilable: MindSpore 2.10 fails with "func graph is empty" in the softmax backward)."""
+
+    def __init__(self, fn):
+        super().__init__(auto_prefix=False)
+        self.fn = fn
+
+    def construct(self, x, cos, sin, bias, bias_r, dy):
+        return ops.reduce_sum(self.fn(x, cos, sin, bias, bias_r) * ops.stop_gradient(dy))
+
+
+class _LayerBackward(nn.Cell):
+    """Recompute the template layer's forward, back-propagate `dy`, add its trainable parameters' gradients
+    into `acc` (Tensors on the layer's gradient buffers); returns the input gradient."""
+
+    def __init__(self, fn, trainable):
+        super().__init__(auto_prefix=False)
+        self.grad_fn = ms.value_and_grad(_Contracted(fn), 0, ms.ParameterTuple(trainable))
+
+    @ms.jit
+    def construct(self, x, cos, sin, bias, bias_r, dy, acc):
+        _, (dx, grads) = self.grad_fn(x, cos, sin, bias, bias_r, dy)
+        done = dy
+        for i in range(len(acc)):
+            done = ops.assign_add(acc[i], ops.depend(grads[i], done))
+        return ops.depend(dx, done)
+
+
+class _Load(nn.Cell):
+    """Copy a layer's weights (Tensors on its parameters) into the template's, in place."""
+
+    def __init__(self, template_params):
+        super().__init__(auto_prefix=False)
+        self.dst = ms.ParameterTuple(template_params)
+
+    @ms.jit
+    def construct(self, src):
+        done = ops.zeros((), ms.float32)
+        for i in range(len(self.dst)):
+            done = ops.depend(done, ops.assign(self.dst[i], src[i]))
+        return done
+
+
+class _HeadLoss(nn.Cell):
+    """The last layer's stream -> final norm, LM head, log-probs and the GRPO loss (GRPOLossCell.terms)."""
+
+    def __init__(self, loss_cell: GRPOLossCell):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+        self.group, self.prompt_len = loss_cell.shared_prompt
+
+    def construct(self, x, labels, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm):
+        cell = self.loss_cell
+        model = cell.model
+        hidden = final_hidden(model.model, x, labels.shape[0], self.group, self.prompt_len)
+        logp, ent = model.logprobs_of_hidden(hidden, labels, cell.response_len, cell.temperature)
+        return cell.terms(logp, ent, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm)
+
+
+class _HeadStep(nn.Cell):
+    """Loss of one micro-batch and its backward to the last layer's stream; the head's trainable parameters'
+    gradients added into `acc`. Returns (loss, statistics, stream gradient)."""
+
+    def __init__(self, loss_cell: GRPOLossCell, trainable, acc):
+        super().__init__(auto_prefix=False)
+        self.head = _HeadLoss(loss_cell)
+        self.acc = acc
+        self.with_params = bool(trainable)
+        self.grad_fn = ms.value_and_grad(self.head, 0, ms.ParameterTuple(trainable) if trainable else None,
+                                         has_aux=True)
+
+    @ms.jit
+    def construct(self, x, labels, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm):
+        if self.with_params:
+            (loss, aux), (dx, grads) = self.grad_fn(x, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                                                    token_norm)
+            for i in range(len(self.acc)):
+                ops.assign_add(self.acc[i], grads[i])
+        else:
+            (loss, aux), dx = self.grad_fn(x, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                                           token_norm)
+        return loss, aux, dx
+
+
+class LayerwiseTrainStep:
+    """PolicyTrainStep with a graph per decoder layer (the module docstring says how and why). One optimizer
+    update per call; the mini-batch cut into `micro_batches` micro-batches, or of `micro_rows` rows each."""
+
+    def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, max_grad_norm: float, micro_batches: int,
+                 micro_rows: int = 0):
+        self.mesh, self.micro_batches, self.micro_rows = mesh, micro_batches, micro_rows
+        model = loss_cell.model
+        decoder = model.model
+        params = list(optimizer.params)
+        self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
+        index = {p.name: i for i, p in enumerate(params)}
+        template = DecoderLayer(model.config, mesh, model.lora, random_init=False)
+        if model.lora is not None:
+            freeze_base(template)
+        self._template = template
+        names = [p.name for p in template.get_parameters()]
+        trainable = [p for p in template.get_parameters() if p.requires_grad]
+        self.sources, self.acc_ids = [], []
+        layer_names = set()
+        for layer in decoder.layers:
+            by_suffix = {p.name.split(".", 3)[3]: p for p in layer.get_parameters()}   # model.layers.K.<name>
+            self.sources.append([by_suffix[n] for n in names])
+            self.acc_ids.append(tuple(index[by_suffix[p.name].name] for p in trainable))
+            layer_names.update(p.name for p in layer.get_parameters())
+        group, prompt_len = loss_cell.shared_prompt
+        self.inputs = _Inputs(decoder, group, prompt_len)
+        fn = _LayerFn(template, bool(group))
+        self.load = _Load(list(template.get_parameters()))
+        self.forward = _LayerForward(fn)
+        self.backward = _LayerBackward(fn, trainable)
+        embed_fn = _Embed(decoder)
+        self.embed = _EmbedForward(embed_fn)
+        weight = decoder.tok_embeddings.embedding_weight
+        self.embed_backward = _EmbedBackward(embed_fn, weight, self.acc[index[weight.name]]) \
+            if weight.name in index else None
+        # the head's trainable parameters: the final norm, the LM head or (tied) the embedding
+        head_ids = [i for i, p in enumerate(params) if p.name not in layer_names and
+                    (p.name != weight.name or model.tie)]
+        self.head = _HeadStep(loss_cell, [params[i] for i in head_ids],
+                              ms.ParameterTuple([self.acc[i] for i in head_ids]))
+        self.apply = ApplyAccumulated(optimizer, self.acc, mesh, tp_split_flags(model, params), max_grad_norm)
+
+    def __call__(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                 token_norm, lr):
+        stats = self.accumulate(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
+                                advantages, token_norm)
+        return update_outputs(stats, float(self.apply(lr).asnumpy()))
+
+    def _load(self, k: int):
+        self.load(aliases(self.sources[k], range(len(self.sources[k]))))
+
+    def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                   token_norm) -> np.ndarray:
+        """The mini-batch's gradients summed into `self.acc`, layer by layer over all micro-batches (each layer's
+        weights copied into the template once per pass); returns (loss, the loss cell's 8 statistics)."""
+        n = self.micro_rows or input_ids.shape[0] // self.micro_batches
+        cuts = [slice(i, i + n) for i in range(0, input_ids.shape[0], n)]
+        ins = [self.inputs(input_ids[c], position_ids[c], bias[c]) for c in cuts]
+        streams: List[list] = [[self.embed(tokens)] for tokens, *_ in ins]
+        layers = len(self.sources)
+        for k in range(layers):
+            self._load(k)
+            for x, args in zip(streams, ins):
+                x.append(self.forward(x[-1], *args[1:]))
+        per_micro, grads = [], []
+        for c, x in zip(cuts, streams):
+            loss, aux, dx = self.head(x.pop(), labels[c], mask[c], old_logp[c], rollout_logp[c], ref_logp[c],
+                                      advantages[c], token_norm)
+            per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
+            grads.append(dx)
+        for k in reversed(range(layers)):
+            self._load(k)
+            acc = aliases(self.acc, self.acc_ids[k])
+            for j, (x, args) in enumerate(zip(streams, ins)):
+                grads[j] = self.backward(x.pop(), *args[1:], grads[j], acc)
+        if self.embed_backward is not None:
+            for (tokens, *_), dx in zip(ins, grads):
+                self.embed_backward(tokens, dx)
+        return micro_batch_stats(per_micro, self.mesh)
