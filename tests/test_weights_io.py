@@ -321,3 +321,29 @@ def test_mindformers_convert_weight_flags(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--config_path" in err and "the YAML's model expects" in err and "--model: 'glm' is not supported" in err
     assert "--dtype: expected fp32 or bf16" in err
+
+
+def test_training_checkpoint_holds_one_tensor_copy_at_a_time(tmp_path):
+    """A training checkpoint's shard is written one parameter at a time (checkpoint.model_io.save_params): while
+    8 parameters of 4 MB and Adam's int32 step are saved, numpy's peak allocation (tracemalloc) stays under two
+    of them, where copying them all first took the process to the model's size again at every save (+600 MB
+    RSS for SmolLM2's policy and moments); the file reads back equal, dtypes kept."""
+    import tracemalloc
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+    from mindrlhf.trainer.checkpointing import save_params
+    params = [Parameter(Tensor(np.full((1024, 1024), i + 0.5, np.float32)), name=f"w{i}") for i in range(8)]
+    params.append(Parameter(Tensor(np.array([7], np.int32)), name="adam_step", requires_grad=False))
+    path = str(tmp_path / "policy.safetensors")
+    tracemalloc.start()
+    try:
+        save_params(params, path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 4 * 2 ** 20, f"{peak / 2 ** 20:.1f} MB held while saving 8 x 4 MB"
+    back = read_checkpoint(path)
+    assert list(back) == [p.name for p in params]
+    for p in params:
+        assert back[p.name].dtype == p.asnumpy().dtype and np.array_equal(back[p.name], p.asnumpy())
+    assert ms.float32 == params[0].dtype

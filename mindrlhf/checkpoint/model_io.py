@@ -13,7 +13,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, require_float, write_safetensors
+from mindrlhf.checkpoint.safetensors_io import (SafeTensorsFile, SafeTensorsStreamWriter, dtype_code_of,
+                                                require_float, write_safetensors)
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.models.lora import is_adapter
 from mindrlhf.utils.atomic import atomic_path
@@ -76,6 +77,23 @@ def load_sharded_weights(model, tensors: Dict[str, np.ndarray], source: str, nam
 def model_state(model, names=None) -> Dict[str, np.ndarray]:
     """This rank's parameter shards as numpy (bf16 as BF16 bit views); `names`: only those."""
     return {p.name: param_to_numpy(p) for p in model.get_parameters() if names is None or p.name in names}
+
+
+def save_params(params, path: str):
+    """Write parameters (this rank's shards) to a .safetensors file one at a time, atomically: the process
+    holds at most one tensor's copy at a time, not the model's (a training checkpoint of a 135M model is 1.6 GB of
+    policy and AdamW moments; copying them all first raised the run's peak RSS at every save)."""
+    params = list(params)
+    if not path.endswith(".safetensors"):
+        raise CheckpointError(f"{path}: parameters are saved as .safetensors")
+    writer = SafeTensorsStreamWriter(path, [(p.name, dtype_code_of(p.dtype), tuple(p.shape)) for p in params])
+    try:
+        for p in params:          # written before any graph runs again: the view need not be a copy
+            writer.write(p.name, param_to_numpy(p) if p.dtype == ms.bfloat16 else p.asnumpy())
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
 
 
 def save_checkpoint(tensors: Dict[str, np.ndarray], path: str):

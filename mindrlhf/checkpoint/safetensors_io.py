@@ -178,7 +178,22 @@ def write_safetensors(path: str, tensors: Iterable[Tuple[str, np.ndarray]], meta
         with open(tmp, "wb") as fh:
             fh.write(head)
             for _, arr in items:
-                fh.write(np.ascontiguousarray(np.asarray(arr)).tobytes())
+                _write_array(fh, arr)
+
+
+def _write_array(fh, arr: np.ndarray):
+    """The array's bytes from its own buffer (tobytes() would copy the tensor once more)."""
+    fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+
+def dtype_code_of(dtype) -> str:
+    """The safetensors dtype code of a MindSpore dtype (a parameter's, before it is read)."""
+    import mindspore as ms
+    codes = {ms.float32: "F32", ms.float16: "F16", ms.bfloat16: "BF16", ms.float64: "F64", ms.int32: "I32",
+             ms.int64: "I64"}
+    if dtype not in codes:
+        raise CheckpointError(f"cannot store MindSpore dtype {dtype} in safetensors")
+    return codes[dtype]
 
 
 def iter_safetensors(paths: Iterable[str]) -> Iterator[Tuple[str, np.ndarray, str]]:
@@ -208,7 +223,7 @@ class SafeTensorsStreamWriter:
         if name != exp_name or tuple(arr.shape) != shape or dtype_code(arr) != code:
             raise CheckpointError(f"stream writer: expected {exp_name} {code}{list(shape)}, got {name} "
                                   f"{dtype_code(arr)}{list(arr.shape)}")
-        self._fh.write(np.ascontiguousarray(arr).tobytes())
+        _write_array(self._fh, arr)
         self._next += 1
 
     def close(self):

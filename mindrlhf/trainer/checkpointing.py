@@ -23,8 +23,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import (load_sharded_weights, model_state, rank_dir, read_checkpoint, save_checkpoint,
-                                         write_param)
+from mindrlhf.checkpoint.model_io import load_sharded_weights, rank_dir, read_checkpoint, save_params, write_param
 from mindrlhf.checkpoint.safetensors_io import require_float
 from mindrlhf.checkpoint.slicing import ShardedSource
 from mindrlhf.configs.errors import CheckpointError
@@ -66,11 +65,12 @@ def save_training_checkpoint(root: str, step: int, rank: int, policy, optimizer,
                               f"another run writing to save_ckpt_dir?)")
     os.makedirs(target, exist_ok=True)
     with atomic_dir(rank_dir(target, rank)) as tmp:
-        save_checkpoint(model_state(policy, saved_names(policy)), os.path.join(tmp, POLICY_FILE))
-        opt_state = {p.name: p.asnumpy() for p in optimizer.state_parameters()}
-        save_checkpoint(opt_state, os.path.join(tmp, "optimizer.safetensors"))
+        names = saved_names(policy)
+        save_params([p for p in policy.get_parameters() if names is None or p.name in names],
+                    os.path.join(tmp, POLICY_FILE))
+        save_params(optimizer.state_parameters(), os.path.join(tmp, "optimizer.safetensors"))
         for name, model in (extra_models or {}).items():
-            save_checkpoint(model_state(model), os.path.join(tmp, f"{name}.safetensors"))
+            save_params(model.get_parameters(), os.path.join(tmp, f"{name}.safetensors"))
         write_json(os.path.join(tmp, "rank_state.json"), rank_state)
     exchange.barrier()
     if marks:

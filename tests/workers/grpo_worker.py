@@ -74,15 +74,15 @@ def _inject_pause():
     step, marker = spec.split(":", 1)
     import time
     from mindrlhf.trainer import checkpointing
-    original = checkpointing.save_checkpoint
+    original = checkpointing.save_params
 
-    def save_checkpoint(tensors, path):
-        original(tensors, path)
+    def save_params(params, path):
+        original(params, path)
         if f"step_{int(step):06d}" in path and "rank_0" in path and path.endswith("policy.safetensors"):
             open(marker, "w").close()
             time.sleep(600)
 
-    checkpointing.save_checkpoint = save_checkpoint
+    checkpointing.save_params = save_params
 
 
 def _inject_fault():
@@ -98,7 +98,7 @@ def _inject_fault():
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     state = {"step": 0}
     original_step, original_enter, original_save = GRPOTrainer.train_one_step, watchdog.enter, \
-        checkpointing.save_checkpoint
+        checkpointing.save_params
 
     def train_one_step(self):
         state["step"] = self.step + 1
@@ -114,9 +114,9 @@ def _inject_fault():
         elif action == "hang":
             time.sleep(3600)
         elif action == "enospc":
-            def full(tensors, path):
+            def full(params, path):
                 raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
-            checkpointing.save_checkpoint = full
+            checkpointing.save_params = full
 
     GRPOTrainer.train_one_step = train_one_step
     watchdog.enter = enter
