@@ -116,16 +116,21 @@ def test_a_crash_mid_export_keeps_the_previous_export(tmp_path, monkeypatch):
     cfg, out = _cfg(), str(tmp_path / "hf")
     export_hf(_weights(cfg, 0), out, cfg, max_shard_bytes=20_000)
     before = {f: open(f, "rb").read() for f in hf_weight_files(out)}
-    calls = {"n": 0}
-    real = hf_interop.write_safetensors
+    real = hf_interop.SafeTensorsStreamWriter
 
-    def dies_on_the_second_shard(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("killed")
-        return real(*a, **k)
+    class DiesInTheSecondShard(real):
+        opened = 0
 
-    monkeypatch.setattr(hf_interop, "write_safetensors", dies_on_the_second_shard)
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            DiesInTheSecondShard.opened += 1
+
+        def write(self, name, arr):
+            super().write(name, arr)
+            if DiesInTheSecondShard.opened == 2:
+                raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(hf_interop, "SafeTensorsStreamWriter", DiesInTheSecondShard)
     with pytest.raises(KeyboardInterrupt):
         export_hf(_weights(cfg, 1), out, cfg, max_shard_bytes=20_000)
     assert {f: open(f, "rb").read() for f in hf_weight_files(out)} == before

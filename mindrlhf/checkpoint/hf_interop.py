@@ -6,6 +6,7 @@ parameter position, so it is exact in both directions (no substring guessing).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -13,7 +14,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, require_float, write_safetensors
+from mindrlhf.checkpoint.safetensors_io import (ITEMSIZE, SafeTensorsFile, SafeTensorsStreamWriter, require_float,
+                                                tensor_stream, write_safetensors)
 from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.configs.hf_config import hf_config_dict
 from mindrlhf.configs.model_config import ModelConfig
@@ -108,37 +110,54 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.json", "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
-def export_hf(tensors: Dict[str, np.ndarray], out_dir: str, cfg: ModelConfig,
-              max_shard_bytes: int = 4 << 30, torch_dtype: str = "float32", tokenizer_dir: str = "",
-              overwrite: bool = False, flag: str = "HF export folder"):
-    """Write our full (unsharded) tensors as an HF Qwen2/Llama checkpoint directory with config.json, and the
-    tokenizer files (TOKENIZER_FILES) of `tokenizer_dir` when it is a folder. Written to a temp folder and
-    swapped in whole: a crash mid-export, or files of an earlier export (a stale shard index), never make a
-    mixed model; a folder holding files we did not write is refused (utils/output_dir) unless `overwrite`."""
+def export_hf(tensors, out_dir: str, cfg: ModelConfig, max_shard_bytes: int = 4 << 30, torch_dtype: str = "float32",
+              tokenizer_dir: str = "", overwrite: bool = False, flag: str = "HF export folder"):
+    """Write our full (unsharded) tensors - a {name: array} dict, or a safetensors_io.TensorStream, written as
+    it is produced, one tensor held at a time - as an HF Qwen2/Llama checkpoint directory with config.json,
+    and the tokenizer files (TOKENIZER_FILES) of `tokenizer_dir` when it is a folder. Written to a temp folder
+    and swapped in whole: a crash mid-export, or files of an earlier export (a stale shard index), never make
+    a mixed model; a folder holding files we did not write is refused (utils/output_dir) unless `overwrite`."""
+    stream = tensor_stream(tensors)
+    dropped = "lm_head.weight" if cfg.tie_word_embeddings else None
+    shards, size = [[]], 0
+    for name, code, shape in stream.specs:
+        if name == dropped:
+            continue
+        nbytes = math.prod(shape) * ITEMSIZE[code]
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((ms_to_hf_name(name), code, shape))
+        size += nbytes
+    files = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     with owned_output_dir(out_dir, EXPORT_TOOL, flag, overwrite) as tmp:
         if tokenizer_dir and os.path.isdir(tokenizer_dir):
             for name in TOKENIZER_FILES:
                 if os.path.isfile(os.path.join(tokenizer_dir, name)):
                     shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(tmp, name))
-        items = [(ms_to_hf_name(n), a) for n, a in tensors.items()
-                 if not (cfg.tie_word_embeddings and n == "lm_head.weight")]
-        shards, current, size = [], [], 0
-        for name, arr in items:
-            if current and size + arr.nbytes > max_shard_bytes:
-                shards.append(current)
-                current, size = [], 0
-            current.append((name, arr))
-            size += arr.nbytes
-        shards.append(current)
-        if len(shards) == 1:
-            write_safetensors(os.path.join(tmp, "model.safetensors"), shards[0], {"format": "pt"})
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards):
-                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                write_safetensors(os.path.join(tmp, fname), shard, {"format": "pt"})
-                weight_map.update({n: fname for n, _ in shard})
-            total = sum(a.nbytes for _, a in items)
+        shard, writer, written = 0, None, 0
+        try:
+            for name, arr in stream:
+                if name == dropped:
+                    continue
+                if writer is None:
+                    writer = SafeTensorsStreamWriter(os.path.join(tmp, files[shard]), shards[shard],
+                                                     {"format": "pt"})
+                writer.write(ms_to_hf_name(name), arr)
+                written += 1
+                if written == len(shards[shard]):
+                    writer.close()
+                    shard, writer, written = shard + 1, None, 0
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        if shard != len(shards):
+            raise CheckpointError(f"{out_dir}: the tensors ended before {files[shard]} was complete")
+        if len(shards) > 1:
+            weight_map = {n: files[i] for i, specs in enumerate(shards) for n, _, _ in specs}
+            total = sum(math.prod(s) * ITEMSIZE[c] for specs in shards for _, c, s in specs)
             write_json(os.path.join(tmp, "model.safetensors.index.json"),
                        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
         write_json(os.path.join(tmp, "config.json"), hf_config_dict(cfg, torch_dtype), indent=2)
@@ -160,13 +179,13 @@ def peft_adapter_name(name: str) -> str:
 
 def export_peft_adapter(tensors: Dict[str, np.ndarray], out_dir: str, lora, base_model: str = "",
                         overwrite: bool = False, flag: str = "PEFT adapter folder"):
-    """Write full adapter tensors (our names) as PEFT's LoRA folder: adapter_config.json and
+    """Write full adapter tensors (our names; a dict or a TensorStream) as PEFT's LoRA folder: adapter_config.json and
     adapter_model.safetensors with PEFT's key names, for peft.PeftModel.from_pretrained(base, out_dir).
     `lora`: the run's configs.lora.LoraSpec."""
     from mindrlhf.configs.lora import MODULES
     with owned_output_dir(out_dir, EXPORT_TOOL, flag, overwrite) as tmp:
         write_safetensors(os.path.join(tmp, "adapter_model.safetensors"),
-                          [(peft_adapter_name(n), a) for n, a in tensors.items()], {"format": "pt"})
+                          [(peft_adapter_name(n), a) for n, a in tensor_stream(tensors)], {"format": "pt"})
         write_json(os.path.join(tmp, "adapter_config.json"), {
             "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
             "lora_dropout": 0.0, "target_modules": [MODULES[m] for m in lora.targets], "bias": "none",

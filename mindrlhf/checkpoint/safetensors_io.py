@@ -183,7 +183,7 @@ def write_safetensors(path: str, tensors: Iterable[Tuple[str, np.ndarray]], meta
 
 def _write_array(fh, arr: np.ndarray):
     """The array's bytes from its own buffer (tobytes() would copy the tensor once more)."""
-    fh.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    fh.write(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
 
 
 def dtype_code_of(dtype) -> str:
@@ -204,19 +204,37 @@ def iter_safetensors(paths: Iterable[str]) -> Iterator[Tuple[str, np.ndarray, st
             yield name, f.get(name), path
 
 
+class TensorStream:
+    """(name, array) pairs produced one at a time, in the order of `specs` - (name, dtype code, shape) each,
+    known before any tensor is: a writer lays out its files first and holds one tensor at a time."""
+
+    def __init__(self, specs: List[Tuple[str, str, Tuple[int, ...]]], items: Iterable[Tuple[str, np.ndarray]]):
+        self.specs, self._items = [(n, c, tuple(s)) for n, c, s in specs], items
+
+    def __iter__(self):
+        return iter(self._items)
+
+
+def tensor_stream(tensors) -> TensorStream:
+    """A TensorStream as it is; a {name: array} dict as a stream over its items."""
+    if isinstance(tensors, TensorStream):
+        return tensors
+    return TensorStream([(n, dtype_code(a), a.shape) for n, a in tensors.items()], tensors.items())
+
+
 class SafeTensorsStreamWriter:
     """Write tensors one at a time in a declared order (header first), so a slicer holds one at a time.
 
     Atomic like write_safetensors: data goes to a temp file that `close()` renames into place.
     """
 
-    def __init__(self, path: str, specs: List[Tuple[str, str, Tuple[int, ...]]]):
+    def __init__(self, path: str, specs: List[Tuple[str, str, Tuple[int, ...]]], metadata: Dict[str, str] = None):
         self._ctx = atomic_path(path)
         self._tmp = self._ctx.__enter__()
         self._order = [(n, c, tuple(s)) for n, c, s in specs]
         self._next = 0
         self._fh = open(self._tmp, "wb")
-        self._fh.write(_header_bytes(self._order))
+        self._fh.write(_header_bytes(self._order, metadata))
 
     def write(self, name: str, arr: np.ndarray):
         exp_name, code, shape = self._order[self._next]

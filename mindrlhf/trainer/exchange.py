@@ -11,6 +11,7 @@ from typing import Callable, Dict, Sequence
 
 import numpy as np
 
+from mindrlhf.checkpoint.safetensors_io import TensorStream
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import distributed_env
 from mindrlhf.parallel.reshard import gather_full
@@ -112,10 +113,17 @@ def full_policy(model, weights=None) -> Dict[str, np.ndarray]:
     return {name: full for name, full in gather_full(weights or model.weights()) if model.mesh.rank == 0}
 
 
-def write_full_policy(model, write: Callable[[Dict[str, np.ndarray]], None], weights=None):
-    """Rank 0 writes the model's full tensors (or those of `weights`, see full_policy) with `write`; every
-    rank returns once it has (so anything after this, on any rank, sees the whole export)."""
-    full = full_policy(model, weights)
-    if model.mesh.rank == 0:
-        write(full)
+def write_full_policy(model, write: Callable[[TensorStream], None], weights=None):
+    """Rank 0 writes the model's full tensors (or those of `weights`, see full_policy) with `write`, given
+    them as a TensorStream: each tensor is gathered (a collective every rank joins) as the writer reads it,
+    so rank 0 holds one full tensor at a time. Every rank returns once the export is written (so anything
+    after this, on any rank, sees the whole export)."""
+    weights = weights or model.weights()
+    full = gather_full(weights)
+    try:
+        if model.mesh.rank == 0:
+            write(TensorStream([(n, "F32", lay.full_shape) for n, lay in weights.layouts.items()], full))
+    finally:
+        for _ in full:          # the gathers the writer did not take (all of them on the other ranks)
+            pass
     barrier()
