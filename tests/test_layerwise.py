@@ -1,7 +1,9 @@
-"""run.layerwise_update (trainer/layerwise_step.py): the update as one graph per decoder layer gives the updates
-of the one-graph step - losses, gradient norms and weights after two GRPO steps - with the prompt shared by
-its group or not, with one micro-batch or several, for full fine-tuning (tied embeddings: the head's and the
-embedding's gradients meet in one buffer) and for LoRA; and layouts it cannot run are refused by name."""
+"""run.layerwise_update (trainer/layerwise_step.py): the update and the log-prob passes run one decoder layer per
+graph give what the model-deep graphs give - losses, KL to the reference (its log-probs), gradient norms and
+weights after two GRPO steps - with the prompt shared by its group or not, with one micro-batch or several,
+on-policy or with old log-probs of their own pass, for full fine-tuning (tied embeddings: the head's and the
+embedding's gradients meet in one buffer) and for LoRA (the reference: the policy with its adapters off);
+and layouts it cannot run are refused by name."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +13,7 @@ from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import load_grpo_config
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer
-from mindrlhf.trainer.layerwise_step import LayerwiseTrainStep
+from mindrlhf.trainer.layerwise_step import LayerwiseLogProb, LayerwiseTrainStep
 from mindrlhf.utils.params import param_as_f32
 
 
@@ -33,14 +35,17 @@ def _run(assets, out, **extra):
     dict(share_prompt=True, micro_batch_size=4),                                  # two micro-batches, one group each
     dict(share_prompt=False),                                                     # one micro-batch of whole rows
     dict(share_prompt=True, micro_batch_size=4, lora_rank=4, lora_alpha=8, lr=1e-2),
-], ids=["shared_prompt_micro_batches", "whole_rows", "lora"])
+    dict(share_prompt=True, mini_batch_size=4),         # two updates per step: old log-probs of their own pass
+], ids=["shared_prompt_micro_batches", "whole_rows", "lora", "off_policy"])
 def test_layerwise_update_equals_the_one_graph_update(assets, tmp_path, case):
     _, h1, w1 = _run(assets, str(tmp_path / "graph"), **case)
     trainer, h2, w2 = _run(assets, str(tmp_path / "layers"), layerwise_update=True, **case)
     assert isinstance(trainer.train_step, LayerwiseTrainStep)
+    reference = trainer.ref_logprob.cell if "lora_rank" in case else trainer.ref_logprob    # adapters off
+    assert isinstance(trainer.policy_logprob, LayerwiseLogProb) and isinstance(reference, LayerwiseLogProb)
     assert all(h["grad_norm"] > 1e-3 for h in h1)          # a real gradient in every step
     for a, b in zip(h1, h2):
-        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean"):
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean", "clip_frac"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     moved = sum(np.linalg.norm(w1[n] - w2[n]) ** 2 for n in w1) ** 0.5
     assert moved <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5

@@ -16,7 +16,7 @@ from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.rollout.backends import make_engine
 from mindrlhf.trainer.optim import AdamW
-from mindrlhf.trainer.layerwise_step import LayerwiseTrainStep
+from mindrlhf.trainer.layerwise_step import LayerTemplate, LayerwiseLogProb, LayerwiseTrainStep
 from mindrlhf.trainer.pipeline_step import PipelineLogProb, PipelineTrainStep
 from mindrlhf.trainer.resolve import ResolvedRun
 from mindrlhf.trainer.packing import PackedRowLayout
@@ -71,7 +71,7 @@ class Training:
     optimizer: AdamW
     train_step: object                  # PolicyTrainStep, PipelineTrainStep (micro-batches, stages) or
                                         # LayerwiseTrainStep (run.layerwise_update)
-    policy_logprob: object              # ResponseLogProb / PipelineLogProb of the policy
+    policy_logprob: object              # ResponseLogProb / PipelineLogProb / LayerwiseLogProb of the policy
     ref_logprob: Optional[object]       # ... of the reference model
     swap: SwapSchedule
     rows: object                        # samples.PaddedRows or packing.PackedRowLayout: how samples become rows
@@ -87,14 +87,18 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
     # of packed micro-batches varies by update, so the update always accumulates over them
     read_len, micro_rows = (run.packing.width, run.packing.micro_rows) if run.packing else (smp.max_tokens, 0)
     loss_cell = GRPOLossCell(models.policy, rl, read_len, temperature, run.on_policy, m, shared)
-    if run.cfg.run.layerwise_update:
-        train_step = LayerwiseTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m, micro_rows)
+    template = LayerTemplate(models.policy, bool(shared[0])) if run.cfg.run.layerwise_update else None
+    if template is not None:
+        train_step = LayerwiseTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m, template,
+                                        micro_rows)
     elif m > 1 or pp > 1 or run.packing:
         train_step = PipelineTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m, micro_rows)
     else:
         train_step = PolicyTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm)
 
     def logprob_cell(model):
+        if template is not None:
+            return LayerwiseLogProb(model, template, read_len, temperature, shared)
         if pp == 1:
             return ResponseLogProb(model, read_len, temperature, shared)
         return PipelineLogProb(model, read_len, temperature, m, micro_rows)

@@ -188,37 +188,57 @@ class _HeadStep(nn.Cell):
         return loss, aux, dx
 
 
+class LayerTemplate:
+    """A decoder layer outside every model, and the graphs that run it: `load` copies a model's layer k
+    into it (in place; the graphs keep its buffers), `forward` runs it without gradient. One per run: the
+    policy's update and log-probs and the reference's log-probs share its compiled graphs."""
+
+    def __init__(self, model, shared_prompt: bool):
+        layer = DecoderLayer(model.config, model.mesh, model.lora, random_init=False)
+        if model.lora is not None:
+            freeze_base(layer)
+        self.layer = layer
+        self.names = [p.name for p in layer.get_parameters()]
+        self.trainable = [p for p in layer.get_parameters() if p.requires_grad]
+        self.fn = _LayerFn(layer, shared_prompt)
+        self.forward = _LayerForward(self.fn)
+        self._load = _Load(list(layer.get_parameters()))
+
+    def sources(self, model) -> List[list]:
+        """Per decoder layer of `model`, its parameters in the template's order."""
+        out = []
+        for layer in model.model.layers:
+            by_suffix = {p.name.split(".", 3)[3]: p for p in layer.get_parameters()}   # model.layers.K.<name>
+            if sorted(by_suffix) != sorted(self.names):
+                raise ValueError(f"run.layerwise_update: a layer of this model has parameters "
+                                 f"{sorted(by_suffix)}, the template {sorted(self.names)}")
+            out.append([by_suffix[n] for n in self.names])
+        return out
+
+    def load(self, params):
+        self._load(aliases(params, range(len(params))))
+
+
 class LayerwiseTrainStep:
     """PolicyTrainStep with a graph per decoder layer (the module docstring says how and why). One optimizer
     update per call; the mini-batch cut into `micro_batches` micro-batches, or of `micro_rows` rows each."""
 
     def __init__(self, loss_cell: GRPOLossCell, optimizer, mesh, max_grad_norm: float, micro_batches: int,
-                 micro_rows: int = 0):
+                 template: LayerTemplate, micro_rows: int = 0):
         self.mesh, self.micro_batches, self.micro_rows = mesh, micro_batches, micro_rows
         model = loss_cell.model
         decoder = model.model
         params = list(optimizer.params)
         self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
         index = {p.name: i for i, p in enumerate(params)}
-        template = DecoderLayer(model.config, mesh, model.lora, random_init=False)
-        if model.lora is not None:
-            freeze_base(template)
-        self._template = template
-        names = [p.name for p in template.get_parameters()]
-        trainable = [p for p in template.get_parameters() if p.requires_grad]
-        self.sources, self.acc_ids = [], []
-        layer_names = set()
-        for layer in decoder.layers:
-            by_suffix = {p.name.split(".", 3)[3]: p for p in layer.get_parameters()}   # model.layers.K.<name>
-            self.sources.append([by_suffix[n] for n in names])
-            self.acc_ids.append(tuple(index[by_suffix[p.name].name] for p in trainable))
-            layer_names.update(p.name for p in layer.get_parameters())
+        self.template = template
+        self.sources = template.sources(model)
+        trained = [template.names.index(p.name) for p in template.trainable]
+        self.acc_ids = [tuple(index[layer[j].name] for j in trained) for layer in self.sources]
+        layer_names = {p.name for layer in self.sources for p in layer}
         group, prompt_len = loss_cell.shared_prompt
         self.inputs = _Inputs(decoder, group, prompt_len)
-        fn = _LayerFn(template, bool(group))
-        self.load = _Load(list(template.get_parameters()))
-        self.forward = _LayerForward(fn)
-        self.backward = _LayerBackward(fn, trainable)
+        self.backward = _LayerBackward(template.fn, template.trainable)
         embed_fn = _Embed(decoder)
         self.embed = _EmbedForward(embed_fn)
         weight = decoder.tok_embeddings.embedding_weight
@@ -237,9 +257,6 @@ class LayerwiseTrainStep:
                                 advantages, token_norm)
         return update_outputs(stats, float(self.apply(lr).asnumpy()))
 
-    def _load(self, k: int):
-        self.load(aliases(self.sources[k], range(len(self.sources[k]))))
-
     def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                    token_norm) -> np.ndarray:
         """The mini-batch's gradients summed into `self.acc`, layer by layer over all micro-batches (each layer's
@@ -250,9 +267,9 @@ class LayerwiseTrainStep:
         streams: List[list] = [[self.embed(tokens)] for tokens, *_ in ins]
         layers = len(self.sources)
         for k in range(layers):
-            self._load(k)
+            self.template.load(self.sources[k])
             for x, args in zip(streams, ins):
-                x.append(self.forward(x[-1], *args[1:]))
+                x.append(self.template.forward(x[-1], *args[1:]))
         per_micro, grads = [], []
         for c, x in zip(cuts, streams):
             loss, aux, dx = self.head(x.pop(), labels[c], mask[c], old_logp[c], rollout_logp[c], ref_logp[c],
@@ -260,7 +277,7 @@ class LayerwiseTrainStep:
             per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
             grads.append(dx)
         for k in reversed(range(layers)):
-            self._load(k)
+            self.template.load(self.sources[k])
             acc = aliases(self.acc, self.acc_ids[k])
             for j, (x, args) in enumerate(zip(streams, ins)):
                 grads[j] = self.backward(x.pop(), *args[1:], grads[j], acc)
@@ -268,3 +285,40 @@ class LayerwiseTrainStep:
             for (tokens, *_), dx in zip(ins, grads):
                 self.embed_backward(tokens, dx)
         return micro_batch_stats(per_micro, self.mesh)
+
+
+class _HeadLogProb(nn.Cell):
+    """The last layer's stream -> log-probs of the labels' last `response_len` positions, no gradient."""
+
+    def __init__(self, model, response_len: int, temperature: float, group: int, prompt_len: int):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.response_len, self.temperature = response_len, temperature
+        self.group, self.prompt_len = group, prompt_len
+
+    @ms.jit
+    def construct(self, x, labels):
+        hidden = final_hidden(self.model.model, x, labels.shape[0], self.group, self.prompt_len)
+        logp, _ = self.model.logprobs_of_hidden(hidden, labels, self.response_len, self.temperature)
+        return ops.stop_gradient(logp)
+
+
+class LayerwiseLogProb:
+    """ResponseLogProb run through the template one layer at a time (its compiled forward, shared with the
+    update): the log-prob passes compile no model-deep graph either, and hold one layer's activations."""
+
+    def __init__(self, model, template: LayerTemplate, response_len: int, temperature: float = 1.0,
+                 shared_prompt=(0, 0)):
+        group, prompt_len = shared_prompt
+        self.template, self.sources = template, template.sources(model)
+        self.inputs = _Inputs(model.model, group, prompt_len)
+        self.embed = _EmbedForward(_Embed(model.model))
+        self.head = _HeadLogProb(model, response_len, temperature, group, prompt_len)
+
+    def __call__(self, input_ids, position_ids, bias, labels):
+        tokens, *args = self.inputs(input_ids, position_ids, bias)
+        x = self.embed(tokens)
+        for params in self.sources:
+            self.template.load(params)
+            x = self.template.forward(x, *args)
+        return self.head(x, labels)
