@@ -305,20 +305,25 @@ class _HeadLogProb(nn.Cell):
 
 class LayerwiseLogProb:
     """ResponseLogProb run through the template one layer at a time (its compiled forward, shared with the
-    update): the log-prob passes compile no model-deep graph either, and hold one layer's activations."""
+    update), in micro-batches of `micro_rows` rows (the update's: groups stay whole), layer by layer over all
+    of them: the log-prob passes compile no model-deep graph either, and the vocabulary-sized logits exist
+    for one micro-batch at a time."""
 
     def __init__(self, model, template: LayerTemplate, response_len: int, temperature: float = 1.0,
-                 shared_prompt=(0, 0)):
+                 shared_prompt=(0, 0), micro_rows: int = 0):
         group, prompt_len = shared_prompt
-        self.template, self.sources = template, template.sources(model)
+        self.template, self.sources, self.micro_rows = template, template.sources(model), micro_rows
         self.inputs = _Inputs(model.model, group, prompt_len)
         self.embed = _EmbedForward(_Embed(model.model))
         self.head = _HeadLogProb(model, response_len, temperature, group, prompt_len)
 
     def __call__(self, input_ids, position_ids, bias, labels):
-        tokens, *args = self.inputs(input_ids, position_ids, bias)
-        x = self.embed(tokens)
+        rows = input_ids.shape[0]
+        n = self.micro_rows if self.micro_rows and rows % self.micro_rows == 0 else rows
+        cuts = [slice(i, i + n) for i in range(0, rows, n)]
+        ins = [self.inputs(input_ids[c], position_ids[c], bias[c]) for c in cuts]
+        xs = [self.embed(tokens) for tokens, *_ in ins]
         for params in self.sources:
             self.template.load(params)
-            x = self.template.forward(x, *args)
-        return self.head(x, labels)
+            xs = [self.template.forward(x, *args[1:]) for x, args in zip(xs, ins)]
+        return Tensor(np.concatenate([self.head(x, labels[c]).asnumpy() for x, c in zip(xs, cuts)], 0))
