@@ -5,11 +5,13 @@ layer on CPU: MindSpore inlines the reused layer before differentiating it, so e
 optimised and emitted again) and keeps a transient compile heap of the same order. Here the host drives the
 layers: a template DecoderLayer, outside the model, receives layer k's weights (copied in place, 14 MB per
 layer of a 135M model) and runs the forward of every micro-batch, then, from the last layer down, the
-backward - the layer's forward recomputed under GradOperation with the incoming gradient as sensitivity,
-its parameter gradients added into the update's buffers. The loss, the final norm and the LM head run as one
-graph per micro-batch. Each graph compiles once, whatever the depth; a micro-batch keeps only the stream
-between layers. Same operations per layer as the one-graph step, the gradients of a parameter summed over
-micro-batches in the same order; the update itself is pipeline_step.ApplyAccumulated.
+backward: the layer's forward recomputed and differentiated (the gradient of <layer(x), dy>), its parameter
+gradients added into the update's buffers. The loss, the final norm and the LM head run as one graph per
+micro-batch; the log-prob passes (LayerwiseLogProb) run the same template and forward graph. Each graph
+compiles once, whatever the depth; a micro-batch keeps only the stream between layers. Same operations per
+layer as the one-graph step, the gradients of a parameter summed over micro-batches in the same order; the
+update itself is pipeline_step.ApplyAccumulated. The price: every layer's forward runs twice per update
+(docs/BENCHMARKS.md, bench_real_model.py).
 
 Whole model on one rank only (no pipeline stages, no sequence parallelism: resolve.py checks); TP runs inside
 the layer graphs as in the model's own.
@@ -26,7 +28,7 @@ from mindrlhf.models.layer_graphs import embed, final_hidden, layer_inputs, shar
 from mindrlhf.models.lora import freeze_base
 from mindrlhf.models.qwen2 import DecoderLayer
 from mindrlhf.trainer.optim import aliases
-from mindrlhf.trainer.pipeline_step import ApplyAccumulated, micro_batch_stats, update_outputs
+from mindrlhf.trainer.pipeline_step import AccumulatedUpdate, ApplyAccumulated, micro_batch_stats
 from mindrlhf.trainer.train_step import GRPOLossCell, tp_split_flags
 
 
@@ -219,7 +221,7 @@ class LayerTemplate:
         self._load(aliases(params, range(len(params))))
 
 
-class LayerwiseTrainStep:
+class LayerwiseTrainStep(AccumulatedUpdate):
     """PolicyTrainStep with a graph per decoder layer (the module docstring says how and why). One optimizer
     update per call; the mini-batch cut into `micro_batches` micro-batches, or of `micro_rows` rows each."""
 
@@ -250,12 +252,6 @@ class LayerwiseTrainStep:
         self.head = _HeadStep(loss_cell, [params[i] for i in head_ids],
                               ms.ParameterTuple([self.acc[i] for i in head_ids]))
         self.apply = ApplyAccumulated(optimizer, self.acc, mesh, tp_split_flags(model, params), max_grad_norm)
-
-    def __call__(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                 token_norm, lr):
-        stats = self.accumulate(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
-                                advantages, token_norm)
-        return update_outputs(stats, float(self.apply(lr).asnumpy()))
 
     def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                    token_norm) -> np.ndarray:

@@ -158,7 +158,18 @@ class ApplyAccumulated:
         return grad_norm
 
 
-class PipelineTrainStep:
+class AccumulatedUpdate:
+    """An update whose gradients a subclass's `accumulate` sums into buffers, then `self.apply`
+    (ApplyAccumulated) uses and clears: PolicyTrainStep's call and outputs."""
+
+    def __call__(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
+                 token_norm, lr):
+        stats = self.accumulate(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
+                                advantages, token_norm)
+        return update_outputs(stats, float(self.apply(lr).asnumpy()))
+
+
+class PipelineTrainStep(AccumulatedUpdate):
     """PolicyTrainStep for a pipelined train layout, or for micro-batches without stages
     (micro_batch_interleave_num): one optimizer update per call (one mini-batch). `micro_rows` > 0: micro-batches
     of that many rows each, as many as the call brings (packed rows: their count varies by update and rank)."""
@@ -187,12 +198,6 @@ class PipelineTrainStep:
         ms.runtime.synchronize()
         self.busy_seconds += time.perf_counter() - t0
         return out
-
-    def __call__(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                 token_norm, lr):
-        stats = self.accumulate(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
-                                advantages, token_norm)
-        return update_outputs(stats, float(self.apply(lr).asnumpy()))
 
     def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                    token_norm) -> np.ndarray:
