@@ -49,6 +49,11 @@ COMPARED = ("reward_mean", "reward/solution_length_test", "loss", "pg_loss", "kl
 # -0.0135, 2.2e-5 relative), so they get 1e-6 absolute beside the 1e-5 relative. A real layout bug moves
 # them by 1e-4 or more.
 ABS_TOL = {"kl": 1e-7, "loss": 1e-6, "pg_loss": 1e-6}
+# Adam's eps 1e-6 (not 1e-8): a gradient that is zero in exact arithmetic is float noise of ~1e-10 that differs
+# between layouts, and with eps 1e-8 Adam turns it into an lr-sized step whose sign is the noise's; after the
+# reference sync (step 2) the KL of step 3 is ~6e-6 and such steps moved it by 5% between layouts, one way or
+# the other by which way the noise fell (observed with unrelated code changes). eps 1e-6 leaves real gradients'
+# steps as they are and noise's at ~1e-4 of lr.
 STEPS = 3
 # name: (train dp, tp, pp), (infer dp, tp), prompts per infer-DP rank, sequences per train-DP rank per mini-batch,
 # tied embeddings
@@ -103,7 +108,7 @@ def _args(assets, name, out_dir, **extra):
              "verifier_function": "half_constant_length_test,solution_length_test,scoring_rank_test",
              "verifier_weight": "1.0,1.0,0.0",
              "dynamic_sampling": True, "max_num_gen_batches": 3, "mask_truncated_completions": True, "tis": True,
-             "tis_cap": 1.5,
+             "tis_cap": 1.5, "eps": 1e-6,
              "rollout_log_file": os.path.join(out_dir, "rollouts.mindrecord"), "progress": False, "export_hf": True}
     flags.update(extra)
     return cli_args(flags)
@@ -345,3 +350,16 @@ PACKING_FLAGS = dict(sequence_packing=True, max_packing_token_size=46)
 def test_packed_trajectory_equals_the_padded_single_process(assets, runs, name):
     ref, ref_weights = _check_reference(assets, runs, REFERENCE[ALL_LAYOUTS[name][4]])
     _check_layout(assets, _run(assets, name, "_packed", **PACKING_FLAGS), name, ref, ref_weights)
+
+
+@pytest.mark.slow       # ~3 min: a single process and two 2-worker msrun jobs
+@pytest.mark.parametrize("name, extra", [
+    ("single", {}), ("train_tp2_infer_dp2", {}), ("train_dp2_infer_tp2", {}), ("single", PACKING_FLAGS)],
+    ids=["single", "train_tp2_infer_dp2", "train_dp2_infer_tp2", "single_packed"])
+def test_layerwise_update_follows_the_one_graph_trajectory(assets, runs, name, extra):
+    """run.layerwise_update (one graph per decoder layer for the update and the old-policy and reference
+    log-probs; TP collectives inside the layer graphs) on each layout follows the one-graph single process:
+    the same metrics, weights and checkpoints over 3 steps of off-policy updates with a moving reference."""
+    ref, ref_weights = _check_reference(assets, runs, REFERENCE[ALL_LAYOUTS[name][4]])
+    suffix = "_layerwise" + ("_packed" if extra else "")
+    _check_layout(assets, _run(assets, name, suffix, layerwise_update=True, **extra), name, ref, ref_weights)
