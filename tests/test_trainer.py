@@ -205,7 +205,7 @@ def test_reference_sync_every_n_steps(assets, tmp_path):
 
 def test_export_of_bf16_policy_matches_its_weights(tmp_path):
     """Exported HF weights are the policy's values (bf16 parameters are widened, not reinterpreted): the
-    trainer's export path (exchange.full_policy, export_hf) on a bf16 model."""
+    trainer's export path (exchange.write_full_policy into export_hf) on a bf16 model."""
     from mindrlhf.checkpoint.hf_interop import export_hf, iter_hf_as_ms
     from mindrlhf.configs import load_model_yaml
     from mindrlhf.models.qwen2 import CausalLM

@@ -7,7 +7,7 @@ Solutions need none: every rank reads the prompt table and the step's global bat
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -106,18 +106,12 @@ def barrier(ranks=None):
     comm.barrier(ranks)
 
 
-def full_policy(model, weights=None) -> Dict[str, np.ndarray]:
-    """The model's full (unsharded) float32 tensors on rank 0, {} elsewhere: the re-layout plan to the
-    full layout, so each slice comes from one replica. `weights`: a view of the model's weights other than
-    model.weights() (LoRA: merged, or the adapters alone)."""
-    return {name: full for name, full in gather_full(weights or model.weights()) if model.mesh.rank == 0}
-
-
 def write_full_policy(model, write: Callable[[TensorStream], None], weights=None):
-    """Rank 0 writes the model's full tensors (or those of `weights`, see full_policy) with `write`, given
-    them as a TensorStream: each tensor is gathered (a collective every rank joins) as the writer reads it,
-    so rank 0 holds one full tensor at a time. Every rank returns once the export is written (so anything
-    after this, on any rank, sees the whole export)."""
+    """Rank 0 writes the model's full (unsharded) float32 tensors with `write`, given them as a TensorStream:
+    each tensor is gathered (a collective every rank joins; the re-layout plan to the full layout, so each
+    slice comes from one replica) as the writer reads it, so rank 0 holds one full tensor at a time.
+    `weights`: a view of the model's weights other than model.weights() (LoRA: merged, or the adapters
+    alone). Every rank returns once the export is written (so anything after this, on any rank, sees it)."""
     weights = weights or model.weights()
     full = gather_full(weights)
     try:
