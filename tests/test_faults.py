@@ -51,6 +51,27 @@ def test_watchdog_names_the_stuck_rank_its_phase_and_whether_it_waits():
     other.stop()
 
 
+def test_the_stuck_rank_speaks_before_the_ranks_waiting_for_it():
+    """The stuck rank (no collective) exits first even when a waiting rank's timer ran out at the same moment:
+    the first exit ends an msrun job, and a waiter's message names no culprit (the msrun hang test below
+    failed once this way: rank 1's log had no watchdog line)."""
+    exits, out = [], io.StringIO()
+    stuck = Watchdog(0.5, rank=1, node=0, exit_fn=lambda c: exits.append(("stuck", time.monotonic())), out=out,
+                     poll=0.25)
+    waiter = Watchdog(0.5, rank=0, node=0, exit_fn=lambda c: exits.append(("waiter", time.monotonic())), out=out,
+                      poll=0.25)
+    start = time.monotonic()
+    stuck.enter("reward")
+    waiter.enter("reward")
+    waiter.beat(in_collective=True)
+    time.sleep(0.85)          # stuck: exits by 0.5 + one poll; the waiter not before 0.5 + two polls
+    assert [who for who, _ in exits] == ["stuck"], exits
+    time.sleep(0.65)
+    assert [who for who, _ in exits] == ["stuck", "waiter"] and exits[1][1] - start >= 1.0, exits
+    stuck.stop()
+    waiter.stop()
+
+
 def test_a_taken_master_port_ends_the_job_within_seconds(tmp_path):
     """msrun's scheduler cannot bind a taken --master_port; without the guard its workers wait 600 s."""
     script = tmp_path / "init_only.py"

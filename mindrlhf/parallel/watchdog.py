@@ -5,7 +5,8 @@ their next collective. Each rank runs one watchdog thread; the loop names its ph
 host collective beats (`parallel/comm.py`). A rank that has not beaten for `timeout` seconds prints its
 rank, node, phase and whether it waits inside a collective (then another rank is the one stuck) or not
 (then it is), and exits the process; every rank does so within about `timeout`, so the job ends with the
-culprit named. Megatron's `--distributed-timeout-minutes` and NCCL's watchdog play this part on GPUs.
+culprit named. A rank waiting inside a collective gives the stuck rank two more polls to speak first: the
+first rank to exit ends the job, and a waiter's message only says someone else is stuck. Megatron's `--distributed-timeout-minutes` and NCCL's watchdog play this part on GPUs.
 In-graph collectives (tensor parallelism inside a compiled step) do not beat; their phase does.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Watchdog:
     def _watch(self):
         while not self._stop.wait(self._poll):
             idle = time.monotonic() - self._last
-            if idle <= self.timeout:
+            if idle <= self.timeout + (2 * self._poll if self.in_collective else 0.0):
                 continue
             where = ("waiting inside a collective: another rank has not reached it" if self.in_collective else
                      "outside any collective: this rank is the one that stopped")

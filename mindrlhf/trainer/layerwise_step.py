@@ -27,7 +27,7 @@ from mindspore import Tensor, nn, ops
 from mindrlhf.models.layer_graphs import embed, final_hidden, layer_inputs, shared_prompt_layer
 from mindrlhf.models.lora import freeze_base
 from mindrlhf.models.qwen2 import DecoderLayer
-from mindrlhf.trainer.optim import aliases
+from mindrlhf.trainer.optim import aliases, zeros_like
 from mindrlhf.trainer.pipeline_step import AccumulatedUpdate, ApplyAccumulated, micro_batch_stats
 from mindrlhf.trainer.train_step import GRPOLossCell, tp_split_flags
 
@@ -231,7 +231,7 @@ class LayerwiseTrainStep(AccumulatedUpdate):
         model = loss_cell.model
         decoder = model.model
         params = list(optimizer.params)
-        self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
+        self.acc = zeros_like(optimizer.params, "grad_acc")
         index = {p.name: i for i, p in enumerate(params)}
         self.template = template
         self.sources = template.sources(model)

@@ -26,7 +26,7 @@ from mindrlhf.trainer import exchange
 from mindrlhf.parallel.grad_sync import DPMeanInPlace
 from mindrlhf.parallel.pipeline import StageIO, make_links, run_1f1b, run_forward_only
 from mindrlhf.parallel.swap import on_ascend
-from mindrlhf.trainer.optim import AddSquares, aliases, block_runs, clip_factor
+from mindrlhf.trainer.optim import AddSquares, aliases, block_runs, clip_factor, zeros_like
 from mindrlhf.trainer.train_step import GRPOLossCell, SplitNormSum, tp_split_flags
 
 N_STATS = 8          # the loss cell's aux outputs
@@ -179,7 +179,7 @@ class PipelineTrainStep(AccumulatedUpdate):
         self.mesh, self.micro_batches, self.micro_rows = mesh, micro_batches, micro_rows
         self.model = model = loss_cell.model
         params = list(optimizer.params)
-        self.acc = optimizer.params.clone(prefix="grad_acc", init="zeros")
+        self.acc = zeros_like(optimizer.params, "grad_acc")
         self.links = make_links(mesh, MS_DTYPES[model.config.compute_dtype], on_ascend())
         if mesh.is_last_stage:
             self.last = LastStageStep(loss_cell, params, self.acc, mesh.is_first_stage)
