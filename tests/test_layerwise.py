@@ -34,9 +34,10 @@ def _run(assets, out, **extra):
 @pytest.mark.parametrize("case", [
     dict(share_prompt=True, micro_batch_size=4),                                  # two micro-batches, one group each
     dict(share_prompt=False),                                                     # one micro-batch of whole rows
+    dict(share_prompt=False, micro_batch_size=4),                                 # the head in two pieces of rows
     dict(share_prompt=True, micro_batch_size=4, lora_rank=4, lora_alpha=8, lr=1e-2),
     dict(share_prompt=True, mini_batch_size=4),         # two updates per step: old log-probs of their own pass
-], ids=["shared_prompt_micro_batches", "whole_rows", "lora", "off_policy"])
+], ids=["shared_prompt_micro_batches", "whole_rows", "whole_rows_micro_batches", "lora", "off_policy"])
 def test_layerwise_update_equals_the_one_graph_update(assets, tmp_path, case):
     _, h1, w1 = _run(assets, str(tmp_path / "graph"), **case)
     trainer, h2, w2 = _run(assets, str(tmp_path / "layers"), layerwise_update=True, **case)
@@ -60,3 +61,34 @@ def test_layerwise_update_refuses_pipeline_stages(assets, tmp_path):
                                                 layerwise_update=True))
     with pytest.raises(ConfigError, match="run.layerwise_update: .*pipeline_stage 2"):
         GRPOTrainer(cfg, log=lambda *a: None)
+
+
+@pytest.mark.parametrize("group", [0, 2])
+def test_head_pieces_are_the_micro_batches_own_streams(group):
+    """HeadPieces cuts a layer call's stream into what each micro-batch's own stream would be (whole rows by
+    rows; a shared-prompt token matrix: the pieces' groups' prompt tokens, then their responses') and joins
+    the pieces back into the call's layout."""
+    from mindspore import Tensor
+    from mindrlhf.trainer.layerwise_step import HeadPieces
+    rows, prompt_len, response_len, hidden = 6, 3, 2, 4
+    rng = np.random.default_rng(0)
+    prompts = rng.standard_normal((rows // max(group, 1), prompt_len, hidden)).astype(np.float32)
+    responses = rng.standard_normal((rows, response_len, hidden)).astype(np.float32)
+
+    def stream(lo, hi):                     # the stream of rows [lo, hi) laid out on its own
+        if not group:
+            return np.concatenate([np.concatenate([prompts[r], responses[r]]) for r in range(lo, hi)]).reshape(
+                hi - lo, prompt_len + response_len, hidden)
+        return np.concatenate([prompts[lo // group:hi // group].reshape(-1, hidden),
+                               responses[lo:hi].reshape(-1, hidden)])
+
+    if not group:
+        prompts = rng.standard_normal((rows, prompt_len, hidden)).astype(np.float32)
+    head = HeadPieces(2 if group else 4, group, prompt_len)
+    whole = Tensor(stream(0, rows))
+    cuts = head.cuts(slice(0, rows))
+    pieces = head.cut(whole, rows)
+    assert [(c.start, c.stop) for c in cuts] == ([(0, 2), (2, 4), (4, 6)] if group else [(0, 4), (4, 6)])
+    for c, piece in zip(cuts, pieces):
+        np.testing.assert_array_equal(piece.asnumpy(), stream(c.start, c.stop))
+    np.testing.assert_array_equal(head.join(pieces, rows).asnumpy(), whole.asnumpy())

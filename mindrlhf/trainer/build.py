@@ -99,7 +99,8 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
     def logprob_cell(model):
         if template is not None:
             return LayerwiseLogProb(model, template, read_len, temperature, shared,
-                                    micro_rows or run.geometry.mini_batch // m)
+                                    micro_rows or run.geometry.mini_batch // m,
+                                    micro_rows or run.geometry.mini_batch)
         if pp == 1:
             return ResponseLogProb(model, read_len, temperature, shared)
         return PipelineLogProb(model, read_len, temperature, m, micro_rows)

@@ -1,17 +1,19 @@
-"""The micro-batched policy update with one compiled graph per decoder layer instead of one for the model.
+"""The policy update with one compiled graph per decoder layer instead of one for the model.
 
 A graph holding the whole model's loss and backward compiles in time proportional to its depth (~0.3 s per
 layer on CPU: MindSpore inlines the reused layer before differentiating it, so every layer's backward is
 optimised and emitted again) and keeps a transient compile heap of the same order. Here the host drives the
 layers: a template DecoderLayer, outside the model, receives layer k's weights (copied in place, 14 MB per
-layer of a 135M model) and runs the forward of every micro-batch, then, from the last layer down, the
+layer of a 135M model) and runs its forward on the whole mini-batch, then, from the last layer down, the
 backward: the layer's forward recomputed and differentiated (the gradient of <layer(x), dy>), its parameter
-gradients added into the update's buffers. The loss, the final norm and the LM head run as one graph per
-micro-batch; the log-prob passes (LayerwiseLogProb) run the same template and forward graph. Each graph
-compiles once, whatever the depth; a micro-batch keeps only the stream between layers. Same operations per
-layer as the one-graph step, the gradients of a parameter summed over micro-batches in the same order; the
-update itself is pipeline_step.ApplyAccumulated. The price: every layer's forward runs twice per update
-(docs/BENCHMARKS.md, bench_real_model.py).
+gradients added into the update's buffers. Micro-batches bound only the loss, the final norm and the LM head
+(one graph per micro-batch, HeadPieces): their logits are vocabulary-sized, while a layer's activations are
+small and one call per layer over all rows keeps the matmuls large and the calls few (packed rows, whose
+count varies by update, call the layers per packed micro-batch). The log-prob passes (LayerwiseLogProb) run
+the same template and forward graph. Each graph compiles once, whatever the depth; what persists between
+layers is the residual stream. Same operations per layer as the one-graph step; the update itself is
+pipeline_step.ApplyAccumulated. The price: every layer's forward runs twice per update (docs/BENCHMARKS.md,
+bench_real_model.py).
 
 Whole model on one rank only (no pipeline stages, no sequence parallelism: resolve.py checks); TP runs inside
 the layer graphs as in the model's own.
@@ -238,7 +240,7 @@ class LayerwiseTrainStep(AccumulatedUpdate):
         trained = [template.names.index(p.name) for p in template.trainable]
         self.acc_ids = [tuple(index[layer[j].name] for j in trained) for layer in self.sources]
         layer_names = {p.name for layer in self.sources for p in layer}
-        group, prompt_len = loss_cell.shared_prompt
+        self.shared_prompt = group, prompt_len = loss_cell.shared_prompt
         self.inputs = _Inputs(decoder, group, prompt_len)
         self.backward = _LayerBackward(template.fn, template.trainable)
         embed_fn = _Embed(decoder)
@@ -255,10 +257,10 @@ class LayerwiseTrainStep(AccumulatedUpdate):
 
     def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
                    token_norm) -> np.ndarray:
-        """The mini-batch's gradients summed into `self.acc`, layer by layer over all micro-batches (each layer's
-        weights copied into the template once per pass); returns (loss, the loss cell's 8 statistics)."""
-        n = self.micro_rows or input_ids.shape[0] // self.micro_batches
-        cuts = [slice(i, i + n) for i in range(0, input_ids.shape[0], n)]
+        """The mini-batch's gradients summed into `self.acc`, layer by layer (each layer's weights copied into
+        the template once per pass), the head in micro-batches; returns (loss, the loss cell's 8 statistics)."""
+        rows = input_ids.shape[0]
+        cuts = layer_calls(rows, self.micro_rows)
         ins = [self.inputs(input_ids[c], position_ids[c], bias[c]) for c in cuts]
         streams: List[list] = [[self.embed(tokens)] for tokens, *_ in ins]
         layers = len(self.sources)
@@ -267,11 +269,16 @@ class LayerwiseTrainStep(AccumulatedUpdate):
             for x, args in zip(streams, ins):
                 x.append(self.template.forward(x[-1], *args[1:]))
         per_micro, grads = [], []
+        head = HeadPieces(self.micro_rows or rows // self.micro_batches, *self.shared_prompt)
         for c, x in zip(cuts, streams):
-            loss, aux, dx = self.head(x.pop(), labels[c], mask[c], old_logp[c], rollout_logp[c], ref_logp[c],
-                                      advantages[c], token_norm)
-            per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
-            grads.append(dx)
+            pieces = []
+            total = c.stop - c.start
+            for h, piece in zip(head.cuts(c), head.cut(x.pop(), total)):
+                loss, aux, dx = self.head(piece, labels[h], mask[h], old_logp[h], rollout_logp[h], ref_logp[h],
+                                          advantages[h], token_norm)
+                per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
+                pieces.append(dx)
+            grads.append(head.join(pieces, total))
         for k in reversed(range(layers)):
             self.template.load(self.sources[k])
             acc = aliases(self.acc, self.acc_ids[k])
@@ -281,6 +288,51 @@ class LayerwiseTrainStep(AccumulatedUpdate):
             for (tokens, *_), dx in zip(ins, grads):
                 self.embed_backward(tokens, dx)
         return micro_batch_stats(per_micro, self.mesh)
+
+
+def layer_calls(rows: int, micro_rows: int) -> List[slice]:
+    """The rows each layer graph call takes: all of them (a layer's activations are small; one call per layer
+    keeps the matmuls large and the calls few), or micro-batches of `micro_rows` (packed rows, whose count
+    varies by update: a fixed shape compiles once)."""
+    n = micro_rows or rows
+    return [slice(i, i + n) for i in range(0, rows, n)]
+
+
+class HeadPieces:
+    """The head's micro-batches of `rows` rows within a layer call: its vocabulary-sized logits are what
+    micro-batches bound. Cuts the last layer's stream of a call over `total` rows and joins the head's input
+    gradients back: whole rows (B, T, H) by rows; a shared-prompt token matrix (layer_graphs.SharedPrompt) by
+    groups, each piece its groups' prompt tokens, then their responses' tokens."""
+
+    def __init__(self, rows: int, group: int = 0, prompt_len: int = 0):
+        self.rows, self.group, self.prompt_len = rows, group, prompt_len
+
+    def cuts(self, call: slice) -> List[slice]:
+        """The batch rows of each piece of the layer call over rows `call`."""
+        return [slice(i, min(i + self.rows, call.stop)) for i in range(call.start, call.stop, self.rows)]
+
+    def _bounds(self, total: int) -> list:
+        return [(i, min(i + self.rows, total)) for i in range(0, total, self.rows)]
+
+    def cut(self, x, total: int) -> list:
+        if total <= self.rows:
+            return [x]
+        if not self.group:
+            return [x[i:j] for i, j in self._bounds(total)]
+        prompt_tokens = total // self.group * self.prompt_len
+        per_row = (x.shape[0] - prompt_tokens) // total
+        return [ops.concat((x[i // self.group * self.prompt_len:j // self.group * self.prompt_len],
+                            x[prompt_tokens + i * per_row:prompt_tokens + j * per_row]), 0)
+                for i, j in self._bounds(total)]
+
+    def join(self, pieces: list, total: int):
+        """The pieces' gradients as one stream gradient, laid out as the stream `cut` cut."""
+        if len(pieces) == 1:
+            return pieces[0]
+        if not self.group:
+            return ops.concat(pieces, 0)
+        heads = [(j - i) // self.group * self.prompt_len for i, j in self._bounds(total)]
+        return ops.concat([p[:h] for p, h in zip(pieces, heads)] + [p[h:] for p, h in zip(pieces, heads)], 0)
 
 
 class _HeadLogProb(nn.Cell):
@@ -301,25 +353,32 @@ class _HeadLogProb(nn.Cell):
 
 class LayerwiseLogProb:
     """ResponseLogProb run through the template one layer at a time (its compiled forward, shared with the
-    update), in micro-batches of `micro_rows` rows (the update's: groups stay whole), layer by layer over all
-    of them: the log-prob passes compile no model-deep graph either, and the vocabulary-sized logits exist
-    for one micro-batch at a time."""
+    update), each layer called on `layer_rows` rows at a time (the update's mini-batch or packed micro-batch:
+    the update's shapes, so its compiled graphs serve), the head on `head_rows` (the update's micro-batches:
+    the vocabulary-sized logits exist for one at a time). The log-prob passes compile no model-deep graph
+    either."""
 
     def __init__(self, model, template: LayerTemplate, response_len: int, temperature: float = 1.0,
-                 shared_prompt=(0, 0), micro_rows: int = 0):
-        group, prompt_len = shared_prompt
-        self.template, self.sources, self.micro_rows = template, template.sources(model), micro_rows
+                 shared_prompt=(0, 0), head_rows: int = 0, layer_rows: int = 0):
+        group, prompt_len = self.shared_prompt = shared_prompt
+        self.template, self.sources = template, template.sources(model)
+        self.head_rows, self.layer_rows = head_rows, layer_rows
         self.inputs = _Inputs(model.model, group, prompt_len)
         self.embed = _EmbedForward(_Embed(model.model))
         self.head = _HeadLogProb(model, response_len, temperature, group, prompt_len)
 
     def __call__(self, input_ids, position_ids, bias, labels):
         rows = input_ids.shape[0]
-        n = self.micro_rows if self.micro_rows and rows % self.micro_rows == 0 else rows
-        cuts = [slice(i, i + n) for i in range(0, rows, n)]
+        cuts = layer_calls(rows, self.layer_rows if self.layer_rows and rows % self.layer_rows == 0 else 0)
         ins = [self.inputs(input_ids[c], position_ids[c], bias[c]) for c in cuts]
         xs = [self.embed(tokens) for tokens, *_ in ins]
         for params in self.sources:
             self.template.load(params)
             xs = [self.template.forward(x, *args[1:]) for x, args in zip(xs, ins)]
-        return Tensor(np.concatenate([self.head(x, labels[c]).asnumpy() for x, c in zip(xs, cuts)], 0))
+        out = []
+        for c, x in zip(cuts, xs):
+            total = c.stop - c.start
+            head = HeadPieces(self.head_rows if self.head_rows and total % self.head_rows == 0 else total,
+                              *self.shared_prompt)
+            out += [self.head(piece, labels[h]).asnumpy() for h, piece in zip(head.cuts(c), head.cut(x, total))]
+        return Tensor(np.concatenate(out, 0))
