@@ -8,8 +8,9 @@ model's own chat template, score with the same verifier (mindrlhf.reward.verifie
 '#### n' answer must be right) and use the same settings: 4 prompts x 8 samples per step, <= 40 new tokens,
 temperature 0.5, beta 0 (no reference model), token-mean loss (TRL's "dapo"), clip 0.2 / 0.28, AdamW lr 1e-5
 constant after 3 warm-up updates, weight decay 0, gradient clip 1.0, one update per rollout. mindrlhf runs
-each update's forward/backward in micro-batches of one group (rl.micro_batch_size 8: the same update);
-TRL runs its default, the whole batch in one pass (per_device_train_batch_size 32). Held-out
+each update one decoder layer at a time over the whole batch, the loss and LM head in micro-batches of one
+group (rl.micro_batch_size 8: the same update); TRL runs its default, the whole batch in one pass
+(per_device_train_batch_size 32). Held-out
 accuracy is greedy on the first 64 test prompts (never trained on), before step 1 and every --eval_every
 steps; evaluation time counts in the wall time, not in the step time.
 
@@ -20,8 +21,9 @@ Each system runs in a fresh process, one after the other (2 cores: never at once
 "heldout_gain": ours after - before, "heldout_gap_vs_trl": ours after - trl after, "matmul_gflops": ...,
 "floor": {phase: estimated FLOPs / the machine's matmul rate, seconds}}. step_s is the median over steps
 2..N (step 1 compiles). --quick: 10 steps and no evaluation (timing only). --plot writes both learning
-curves on one figure. --systems mindrlhf,mindrlhf_layerwise,trl adds a run with run.layerwise_update (the
-update compiled per decoder layer) and its ratios as "layerwise" in the last line.
+curves on one figure. The example updates one decoder layer per graph (run.layerwise_update);
+--systems mindrlhf,mindrlhf_one_graph,trl adds a run with one graph for the whole model's update and its
+ratios as "one_graph" in the last line.
 
 The TRL side runs in --trl_python (a venv with trl; see bench_vs_trl.py).
 """
@@ -92,7 +94,7 @@ def phase_flops(model_dir: str) -> dict:
 
 
 # ---- mindrlhf (this Python) ---------------------------------------------------------------------------------
-LAYERWISE = {"layerwise_update": True}      # the mindrlhf_layerwise system: one graph per decoder layer
+ONE_GRAPH = {"layerwise_update": False}     # the mindrlhf_one_graph system: one graph for the model's update
 
 
 def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict = None,
@@ -245,7 +247,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="10 steps, no evaluation: timing only")
     p.add_argument("--trl_python", default=sys.executable, help="Python with trl installed")
     p.add_argument("--systems", default="mindrlhf,trl",
-                   help="which to run, in order: mindrlhf, mindrlhf_layerwise (run.layerwise_update), trl")
+                   help="which to run, in order: mindrlhf, mindrlhf_one_graph (run.layerwise_update false), trl")
     p.add_argument("--model_dir", default=os.path.join(os.path.expanduser("~"), ".cache", "mindrlhf", "smollm2"),
                    help="where the HF folder is written once (scripts/get_smollm2.py)")
     p.add_argument("--work", default="", help="working directory (default: a new temporary one, kept)")
@@ -260,7 +262,7 @@ def main():
         if which == "trl":
             result = child_trl(work, inputs, steps, eval_every)
         else:
-            result = child_ours(work, inputs, steps, eval_every, LAYERWISE if which == "mindrlhf_layerwise" else None,
+            result = child_ours(work, inputs, steps, eval_every, ONE_GRAPH if which == "mindrlhf_one_graph" else None,
                                 out_name=which)
         print(json.dumps(result), flush=True)
         return
@@ -295,11 +297,11 @@ def main():
                         peak_rss_ratio=round(ours["peak_rss_mb"] / ref["peak_rss_mb"], 3))
             if ours["curve"] and ref["curve"]:
                 line["heldout_gap_vs_trl"] = round(ours["curve"][-1][1] - ref["curve"][-1][1], 4)
-            if "mindrlhf_layerwise" in results:
-                lw = results["mindrlhf_layerwise"]
-                line["layerwise"] = {"ratio": round(ref["step_s"] / lw["step_s"], 3),
-                                     "peak_rss_ratio": round(lw["peak_rss_mb"] / ref["peak_rss_mb"], 3),
-                                     "first_step_s": round(lw["first_step_s"], 2)}
+            if "mindrlhf_one_graph" in results:
+                one = results["mindrlhf_one_graph"]
+                line["one_graph"] = {"ratio": round(ref["step_s"] / one["step_s"], 3),
+                                     "peak_rss_ratio": round(one["peak_rss_mb"] / ref["peak_rss_mb"], 3),
+                                     "first_step_s": round(one["first_step_s"], 2)}
         print(json.dumps(line), flush=True)
 
 
