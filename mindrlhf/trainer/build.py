@@ -87,11 +87,11 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
     # of packed micro-batches varies by update, so the update always accumulates over them
     read_len, micro_rows = (run.packing.width, run.packing.micro_rows) if run.packing else (smp.max_tokens, 0)
     loss_cell = GRPOLossCell(models.policy, rl, read_len, temperature, run.on_policy, m, shared)
-    template = LayerTemplate(models.policy, bool(shared[0])) if run.cfg.run.layerwise_update else None
+    template = LayerTemplate(models.policy, bool(shared[0])) if run.update_graphs == "layerwise" else None
     if template is not None:
         train_step = LayerwiseTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m, template,
                                         micro_rows)
-    elif m > 1 or pp > 1 or run.packing:
+    elif run.update_graphs == "host":
         train_step = PipelineTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m, micro_rows)
     else:
         train_step = PolicyTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm)

@@ -49,8 +49,8 @@ class GRPOTrainer:
             proc.run_id
         self.marks_checkpoints = proc.marks_checkpoints
         ms.set_seed(cfg.run.seed)
-        startup.set_compile_cache(cfg, self.log)
         self.run = run = resolve(cfg, self.rank, self.world, self.log)   # every check; cheap, the same on every rank
+        startup.set_compile_cache(run, self.log)
         self.cfg, self.dataset, self.eval_dataset, self.geometry = run.cfg, run.dataset, run.eval_dataset, run.geometry
         self.train_mesh, self.infer_mesh = run.train_mesh, run.infer_mesh
         models = build_models(run, self.log)      # only now the expensive part: build and load weights, first sync

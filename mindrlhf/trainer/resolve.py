@@ -92,6 +92,15 @@ class ResolvedRun:
             state["lora"] = self.lora.state()
         return state
 
+    @property
+    def update_graphs(self) -> str:
+        """How the policy update runs: "layerwise" (a graph per decoder layer, trainer/layerwise_step.py),
+        "host" (micro-batches or pipeline stages driven from the host, pipeline_step.py) or "one" (one graph
+        per update, train_step.py)."""
+        if self.cfg.run.layerwise_update:
+            return "layerwise"
+        return "host" if self.micro_batches > 1 or self.train_mesh.pp > 1 or self.packing else "one"
+
     def describe(self) -> str:
         m, i = self.train_mesh, self.infer_mesh
         train = f"dp={m.dp} tp={m.tp}" + (f" pp={m.pp} (1F1B)" if m.pp > 1 else "")

@@ -17,6 +17,7 @@ from mindrlhf.parallel.swap import on_ascend
 from mindrlhf.parallel.topology import Nodes, discover_nodes, ranks_not_sharing
 from mindrlhf.trainer import checkpointing, run_dir
 from mindrlhf.trainer.node_check import check_nodes_agree, compile_cache_dir
+from mindrlhf.trainer.resolve import ResolvedRun
 from mindrlhf.utils import cpu_threads
 
 
@@ -56,13 +57,24 @@ def start(cfg: GRPOConfig, log: Callable = print) -> Process:
     return Process(rank, world, nodes, marks, log, run_id)
 
 
-def set_compile_cache(cfg: GRPOConfig, log: Callable):
+def set_compile_cache(run: ResolvedRun, log: Callable):
     """run.enable_compile_cache: MindSpore's compile cache in this job's own directory. Off, it is off for
     MindSpore too: MS_COMPILER_CACHE_ENABLE in the environment would otherwise turn on a cache keyed by
-    the Python sources only, and another job's graphs would run (node_check.compile_cache_dir)."""
-    run = cfg.run
-    if run.enable_compile_cache:
-        resume_step = (checkpointing.complete_steps(run.save_ckpt_dir) or [0])[-1] if run.resume else 0
+    the Python sources only, and another job's graphs would run (node_check.compile_cache_dir). Refused for
+    an update driven from the host (micro-batches, pipeline stages, packed rows, a graph per layer): MindSpore
+    2.10 reloads those graphs wrongly (tests/test_trainer.py: a re-run's metrics differ from the first run's at
+    step 1 or 2; on SmolLM2 the gradient norm came back NaN). Call before anything compiles."""
+    cfg = run.cfg
+    if cfg.run.enable_compile_cache:
+        if run.update_graphs != "one":
+            why = {"layerwise": "run.layerwise_update true",
+                   "host": f"{run.micro_batches} micro-batches per update, pipeline stages or packed rows"}
+            raise ConfigError(f"run.enable_compile_cache: this run's update is driven from the host "
+                              f"({why[run.update_graphs]}), and MindSpore 2.10's compile cache reloads those "
+                              f"graphs wrongly (a re-run's gradients differ from the first run's or are NaN); "
+                              f"set enable_compile_cache false, or update in one graph (run.layerwise_update "
+                              f"false, rl.micro_batch_size = the mini-batch, no pipeline stages or packing)")
+        resume_step = (checkpointing.complete_steps(cfg.run.save_ckpt_dir) or [0])[-1] if cfg.run.resume else 0
         cache_dir = compile_cache_dir(cfg, resume_step)
         ms.set_context(enable_compile_cache=True, compile_cache_path=cache_dir)
         log(f"compile cache: {cache_dir} (this job's; another config, model, tokenizer, dataset or resume step "
