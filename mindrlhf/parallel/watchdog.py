@@ -6,7 +6,8 @@ host collective beats (`parallel/comm.py`). A rank that has not beaten for `time
 rank, node, phase and whether it waits inside a collective (then another rank is the one stuck) or not
 (then it is), and exits the process; every rank does so within about `timeout`, so the job ends with the
 culprit named. A rank waiting inside a collective gives the stuck rank two more polls to speak first: the
-first rank to exit ends the job, and a waiter's message only says someone else is stuck. Megatron's `--distributed-timeout-minutes` and NCCL's watchdog play this part on GPUs.
+first rank to exit ends the job, and a waiter's message only says someone else is stuck. Megatron's
+`--distributed-timeout-minutes` and NCCL's watchdog play this part on GPUs.
 In-graph collectives (tensor parallelism inside a compiled step) do not beat; their phase does.
 """
 from __future__ import annotations

@@ -27,7 +27,7 @@ def zeros_like(params, prefix: str) -> ms.ParameterTuple:
     """Zero-filled Parameters shaped like `params`, named prefix.<name> (as ParameterTuple.clone names them),
     filled now: MindSpore's lazy "zeros" initializer fills a Parameter at its first graph call, at ~2.5x the
     cost of filling it here (1.5 vs 0.6 s per GB on CPU, mostly page faults either way), and the optimizer's
-    moments and gradient buffers are 3x the model: ~1.3 s of a 135M model's first update."""
+    moments and gradient buffers are 3x the model: ~2 s of a 135M model's first update."""
     return ms.ParameterTuple([Parameter(ops.zeros(p.shape, p.dtype), name=f"{prefix}.{p.name}",
                                         requires_grad=p.requires_grad) for p in params])
 

@@ -105,6 +105,7 @@ class ResolvedRun:
         m, i = self.train_mesh, self.infer_mesh
         train = f"dp={m.dp} tp={m.tp}" + (f" pp={m.pp} (1F1B)" if m.pp > 1 else "")
         train += (" sequence parallel" if m.seq_parallel else "") + \
+            (", a graph per decoder layer" if self.update_graphs == "layerwise" else "") + \
             (f", {self.micro_batches} micro-batches per update" if self.micro_batches > 1 else "")
         return (f"GRPO: {self.world} rank(s); train layout {train}; infer layout dp={i.dp} tp={i.tp}; "
                 f"{self.cfg.rl.batch_size * i.dp} prompts x {self.cfg.rl.num_generations} samples per step"

@@ -67,10 +67,12 @@ def set_compile_cache(run: ResolvedRun, log: Callable):
     cfg = run.cfg
     if cfg.run.enable_compile_cache:
         if run.update_graphs != "one":
-            why = {"layerwise": "run.layerwise_update true",
-                   "host": f"{run.micro_batches} micro-batches per update, pipeline stages or packed rows"}
+            why = ["run.layerwise_update true"] if run.update_graphs == "layerwise" else \
+                [w for w, on in ((f"{run.micro_batches} micro-batches per update", run.micro_batches > 1),
+                                 (f"pipeline_stage {run.train_mesh.pp}", run.train_mesh.pp > 1),
+                                 ("rl.sequence_packing", run.packing)) if on]
             raise ConfigError(f"run.enable_compile_cache: this run's update is driven from the host "
-                              f"({why[run.update_graphs]}), and MindSpore 2.10's compile cache reloads those "
+                              f"({', '.join(why)}), and MindSpore 2.10's compile cache reloads those "
                               f"graphs wrongly (a re-run's gradients differ from the first run's or are NaN); "
                               f"set enable_compile_cache false, or update in one graph (run.layerwise_update "
                               f"false, rl.micro_batch_size = the mini-batch, no pipeline stages or packing)")
