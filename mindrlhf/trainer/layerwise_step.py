@@ -309,9 +309,10 @@ class HeadPieces:
 
     def cuts(self, call: slice) -> List[slice]:
         """The batch rows of each piece of the layer call over rows `call`."""
-        return [slice(i, min(i + self.rows, call.stop)) for i in range(call.start, call.stop, self.rows)]
+        return [slice(call.start + i, call.start + j) for i, j in self._bounds(call.stop - call.start)]
 
     def _bounds(self, total: int) -> list:
+        """(first, end) rows of each piece within a call over `total` rows."""
         return [(i, min(i + self.rows, total)) for i in range(0, total, self.rows)]
 
     def cut(self, x, total: int) -> list:
