@@ -98,7 +98,7 @@ ONE_GRAPH = {"layerwise_update": False}     # the mindrlhf_one_graph system: one
 
 
 def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict = None,
-               out_name: str = "mindrlhf") -> dict:
+               out_name: str = "mindrlhf", seed: int = 1) -> dict:
     """One mindrlhf run of the example's config; `extra`: overrides on top (bench_lora.py's LoRA run)."""
     from mindrlhf.configs.grpo_config import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
@@ -106,7 +106,7 @@ def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict
     out_dir = os.path.join(work, out_name)
     overrides = {"sft_path_train": inputs["model_dir"], "mind_dataset_dir": os.path.join(inputs["data"], "train.mindrecord"),
                  "save_ckpt_dir": out_dir, "total_steps": steps, "save_steps": 0, "export_hf": False,
-                 "progress": False, "tensorboard": False, "eval_prompts": EVAL_PROMPTS}
+                 "progress": False, "tensorboard": False, "eval_prompts": EVAL_PROMPTS, "seed": seed}
     if eval_every:
         overrides.update(eval_dataset=os.path.join(inputs["data"], "test.mindrecord"), eval_steps=eval_every)
     else:
@@ -131,14 +131,14 @@ def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict
 
 
 # ---- TRL (the --trl_python) ---------------------------------------------------------------------------------
-def child_trl(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
+def child_trl(work: str, inputs: dict, steps: int, eval_every: int, seed: int = 1) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     from mindrlhf.reward.verifiers import accuracy_reward
     torch.set_num_threads(os.cpu_count() or 1)
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(inputs["model_dir"])
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(inputs["model_dir"], dtype=torch.float32)
@@ -170,7 +170,7 @@ def child_trl(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
                       num_generations=G, max_completion_length=NEW, learning_rate=LR, lr_scheduler_type="constant_with_warmup",
                       warmup_steps=WARMUP, beta=0.0, loss_type="dapo", num_iterations=1, temperature=TEMPERATURE,
                       top_p=1.0, epsilon=0.2, epsilon_high=0.28, max_steps=steps, logging_steps=1,
-                      save_strategy="no", report_to=[], use_cpu=True, seed=1, weight_decay=0.0, max_grad_norm=1.0,
+                      save_strategy="no", report_to=[], use_cpu=True, seed=seed, weight_decay=0.0, max_grad_norm=1.0,
                       dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(train),
                           processing_class=tok)
@@ -211,9 +211,9 @@ def child_trl(work: str, inputs: dict, steps: int, eval_every: int) -> dict:
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
-def summary(system: str, r: dict, steps: int) -> dict:
+def summary(system: str, r: dict, steps: int, seed: int = 1) -> dict:
     curve = r["curve"]
-    return {"bench": "real_model", "system": system, "heldout_before": curve[0][1] if curve else None,
+    return {"bench": "real_model", "system": system, "seed": seed, "heldout_before": curve[0][1] if curve else None,
             "heldout_after": curve[-1][1] if curve else None, "steps": steps, "wall_min": round(r["wall_s"] / 60, 2),
             "step_s": round(r["step_s"], 3), "first_step_s": round(r["first_step_s"], 2),
             "peak_rss_mb": round(r["peak_rss_mb"]), "curve": curve,
@@ -252,6 +252,8 @@ def main():
                    help="where the HF folder is written once (scripts/get_smollm2.py)")
     p.add_argument("--work", default="", help="working directory (default: a new temporary one, kept)")
     p.add_argument("--plot", default="", help="write the learning curves here (PNG)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="both systems' seed (data order, sampling; run.seed and TRL's seed)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     steps, eval_every = (10, 0) if args.quick else (args.steps, args.eval_every)
@@ -260,10 +262,10 @@ def main():
         with open(os.path.join(work, "inputs.json")) as fh:
             inputs = json.load(fh)
         if which == "trl":
-            result = child_trl(work, inputs, steps, eval_every)
+            result = child_trl(work, inputs, steps, eval_every, args.seed)
         else:
             result = child_ours(work, inputs, steps, eval_every, ONE_GRAPH if which == "mindrlhf_one_graph" else None,
-                                out_name=which)
+                                out_name=which, seed=args.seed)
         print(json.dumps(result), flush=True)
         return
     import tempfile
@@ -274,11 +276,12 @@ def main():
         json.dump(inputs, fh)
     rate = matmul_gflops()
     quick = ["--quick"] if args.quick else ["--steps", str(steps), "--eval_every", str(eval_every)]
+    quick += ["--seed", str(args.seed)]
     results = {}
     for system in args.systems.split(","):
         python = args.trl_python if system == "trl" else sys.executable
         results[system] = run_child(os.path.abspath(__file__), system, work, *quick, python=python)
-        print(json.dumps(summary(system, results[system], steps)), flush=True)
+        print(json.dumps(summary(system, results[system], steps, args.seed)), flush=True)
     if args.plot:
         plot(args.plot, {system: r["curve"] for system, r in results.items()})
     if "mindrlhf" in results:
