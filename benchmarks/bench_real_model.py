@@ -23,7 +23,9 @@ Each system runs in a fresh process, one after the other (2 cores: never at once
 2..N (step 1 compiles). --quick: 10 steps and no evaluation (timing only). --plot writes both learning
 curves on one figure. The example updates one decoder layer per graph (run.layerwise_update);
 --systems mindrlhf,mindrlhf_one_graph,trl adds a run with one graph for the whole model's update and its
-ratios as "one_graph" in the last line.
+ratios as "one_graph" in the last line. --warm_cache: each mindrlhf system runs with run.enable_compile_cache
+and then once more in a new process, reading the first run's compiled graphs (system "<name>_warm"; the
+last line's "warm_first_step_s").
 
 The TRL side runs in --trl_python (a venv with trl; see bench_vs_trl.py).
 """
@@ -252,6 +254,8 @@ def main():
                    help="where the HF folder is written once (scripts/get_smollm2.py)")
     p.add_argument("--work", default="", help="working directory (default: a new temporary one, kept)")
     p.add_argument("--plot", default="", help="write the learning curves here (PNG)")
+    p.add_argument("--warm_cache", action="store_true",
+                   help="mindrlhf systems with the compile cache, each run twice: cold, then warm")
     p.add_argument("--seed", type=int, default=1,
                    help="both systems' seed (data order, sampling; run.seed and TRL's seed)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -264,8 +268,10 @@ def main():
         if which == "trl":
             result = child_trl(work, inputs, steps, eval_every, args.seed)
         else:
-            result = child_ours(work, inputs, steps, eval_every, ONE_GRAPH if which == "mindrlhf_one_graph" else None,
-                                out_name=which, seed=args.seed)
+            extra = dict(ONE_GRAPH) if which == "mindrlhf_one_graph" else {}
+            if args.warm_cache:
+                extra.update(enable_compile_cache=True, overwrite_ckpt_dir=True)     # the cache stays
+            result = child_ours(work, inputs, steps, eval_every, extra, out_name=which, seed=args.seed)
         print(json.dumps(result), flush=True)
         return
     import tempfile
@@ -276,12 +282,16 @@ def main():
         json.dump(inputs, fh)
     rate = matmul_gflops()
     quick = ["--quick"] if args.quick else ["--steps", str(steps), "--eval_every", str(eval_every)]
-    quick += ["--seed", str(args.seed)]
+    quick += ["--seed", str(args.seed)] + (["--warm_cache"] if args.warm_cache else [])
     results = {}
     for system in args.systems.split(","):
         python = args.trl_python if system == "trl" else sys.executable
         results[system] = run_child(os.path.abspath(__file__), system, work, *quick, python=python)
         print(json.dumps(summary(system, results[system], steps, args.seed)), flush=True)
+        if args.warm_cache and system != "trl":
+            warm = run_child(os.path.abspath(__file__), system, work, *quick, python=python)
+            results[system + "_warm"] = warm
+            print(json.dumps(summary(system + "_warm", warm, steps, args.seed)), flush=True)
     if args.plot:
         plot(args.plot, {system: r["curve"] for system, r in results.items()})
     if "mindrlhf" in results:
@@ -289,6 +299,9 @@ def main():
         flops = phase_flops(inputs["model_dir"])
         floor = {"generation": flops["rollout"] / rate / 1e9, "policy fwd+bwd+AdamW": flops["train"] / rate / 1e9}
         line = {"bench": "real_model_vs_trl", "first_step_s": round(ours["first_step_s"], 2),
+                **({"warm_first_step_s": round(results["mindrlhf_warm"]["first_step_s"], 2),
+                    "warm_peak_rss_mb": round(results["mindrlhf_warm"]["peak_rss_mb"])}
+                   if "mindrlhf_warm" in results else {}),
                 "matmul_gflops": round(rate, 1),
                 "floor": {k: {"s": round(v, 3), "ours_s": round(ours["phases"][k], 3),
                               "ours_x_floor": round(ours["phases"][k] / v, 2)} for k, v in floor.items()}}

@@ -75,9 +75,8 @@ class RunConfig(_Section):
     enable_compile_cache: bool = _f(False, "cache compiled graphs in save_ckpt_dir/compile_cache/<job key> "
                                      "(MindSpore enable_compile_cache) so the same job starts faster next time; "
                                      "another config, model, tokenizer, dataset or resume step gets its own key. "
-                                     "Only for an update in one graph: refused with micro-batches, pipeline "
-                                     "stages, packed rows or layerwise_update (MindSpore 2.10 reloads those "
-                                     "graphs wrongly). Off: MindSpore's cache is off too "
+                                     "Refused with pipeline stages (a re-run from the cache is tested for "
+                                     "every other way of running the update). Off: MindSpore's cache is off too "
                                      "(MS_COMPILER_CACHE_ENABLE is ignored, with a note)")
     resume: bool = _f(False, "continue from the newest checkpoint complete on every node (agreed by all ranks)")
     watchdog_timeout: float = _f(1800.0, "under msrun: a rank that reaches no collective for this many seconds "

@@ -32,6 +32,7 @@ from mindrlhf.models.qwen2 import DecoderLayer
 from mindrlhf.trainer.optim import aliases, zeros_like
 from mindrlhf.trainer.pipeline_step import AccumulatedUpdate, ApplyAccumulated, micro_batch_stats
 from mindrlhf.trainer.train_step import GRPOLossCell, tp_split_flags
+from mindrlhf.utils.params import hold_reads
 
 
 class _Inputs(nn.Cell):
@@ -126,6 +127,7 @@ class _LayerBackward(nn.Cell):
     def __init__(self, fn, trainable):
         super().__init__(auto_prefix=False)
         self.grad_fn = ms.value_and_grad(_Contracted(fn), 0, ms.ParameterTuple(trainable))
+        hold_reads(self, fn.get_parameters())
 
     @ms.jit
     def construct(self, x, cos, sin, bias, bias_r, dy, acc):
@@ -151,6 +153,13 @@ class _Load(nn.Cell):
         return done
 
 
+def _head_logprobs(model, x, labels, group: int, prompt_len: int, response_len: int, temperature: float):
+    """The last layer's stream -> final norm, LM head: (log-probs, entropies) of the labels' last
+    `response_len` positions (whole rows, or a shared-prompt token matrix when `group`)."""
+    hidden = final_hidden(model.model, x, labels.shape[0], group, prompt_len)
+    return model.logprobs_of_hidden(hidden, labels, response_len, temperature)
+
+
 class _HeadLoss(nn.Cell):
     """The last layer's stream -> final norm, LM head, log-probs and the GRPO loss (GRPOLossCell.terms)."""
 
@@ -161,9 +170,8 @@ class _HeadLoss(nn.Cell):
 
     def construct(self, x, labels, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm):
         cell = self.loss_cell
-        model = cell.model
-        hidden = final_hidden(model.model, x, labels.shape[0], self.group, self.prompt_len)
-        logp, ent = model.logprobs_of_hidden(hidden, labels, cell.response_len, cell.temperature)
+        logp, ent = _head_logprobs(cell.model, x, labels, self.group, self.prompt_len, cell.response_len,
+                                   cell.temperature)
         return cell.terms(logp, ent, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm)
 
 
@@ -347,8 +355,8 @@ class _HeadLogProb(nn.Cell):
 
     @ms.jit
     def construct(self, x, labels):
-        hidden = final_hidden(self.model.model, x, labels.shape[0], self.group, self.prompt_len)
-        logp, _ = self.model.logprobs_of_hidden(hidden, labels, self.response_len, self.temperature)
+        logp, _ = _head_logprobs(self.model, x, labels, self.group, self.prompt_len, self.response_len,
+                                 self.temperature)
         return ops.stop_gradient(logp)
 
 

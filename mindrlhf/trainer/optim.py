@@ -15,6 +15,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindrlhf.models.graph_ops import sum_last
+from mindrlhf.utils.params import hold_reads
 from mindrlhf.utils.subgraph_reuse import new_key, reused
 
 
@@ -193,6 +194,7 @@ class _Advance(nn.Cell):
     def __init__(self, optimizer):
         super().__init__(auto_prefix=False)
         object.__setattr__(self, "optimizer", optimizer)
+        hold_reads(self, [optimizer.step])
 
     @ms.jit
     def construct(self, lr):

@@ -73,3 +73,12 @@ def param_as_f32(param) -> np.ndarray:
     if param.dtype == ms.float32:
         return param.asnumpy()
     return param.float().asnumpy()
+
+
+def hold_reads(cell, params) -> None:
+    """Make `params` part of `cell`'s own parameters: those its jit graph reads through an attribute outside
+    its cell tree (a gradient function, a reference kept out of the tree). MindSpore's compile cache binds a
+    reloaded graph's Parameters by name to the cell's `parameters_dict()`; one the cell does not hold comes
+    back unbound and reads uninitialised memory (measured on MindSpore 2.10 CPU; tests/test_trainer.py, the
+    compile-cache rerun)."""
+    cell.graph_reads = ms.ParameterTuple(list(params))
