@@ -307,3 +307,25 @@ def test_moments_and_gradient_buffers_are_filled_at_construction_not_at_the_firs
     assert grown < 64, f"the first update grew RSS by {grown:.0f} MB: the 128 MB of moments were filled there"
     np.testing.assert_allclose(opt.exp_avg[0].asnumpy(), 0.1, rtol=1e-6)        # (1 - beta1) * g
     assert not any(p.asnumpy().any() for p in opt.exp_avg[4:] + opt.exp_avg_sq[4:])
+
+
+def test_the_constant_schedule_warms_up_as_transformers_constant_with_warmup():
+    """optim.lr_schedule constant with warmup_steps 3 gives the updates transformers' (and TRL's)
+    constant_with_warmup gives: lr x t / 3 for updates t = 0, 1, 2, then lr. Measured before: warmup_steps
+    was ignored under constant (lr from the first update), while the real-model example set 3 of them."""
+    import torch
+    from transformers import get_constant_schedule_with_warmup
+    from mindrlhf.configs.grpo_config import OptimConfig
+    from mindrlhf.trainer.optim import scheduled_lr
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-5)
+    ref = get_constant_schedule_with_warmup(opt, num_warmup_steps=3)
+    want = []
+    for _ in range(6):
+        want.append(opt.param_groups[0]["lr"])
+        opt.step()
+        ref.step()
+    cfg = OptimConfig(lr=1e-5, lr_schedule="constant", warmup_steps=3)
+    assert [scheduled_lr(t, cfg, 40) for t in range(6)] == pytest.approx(want, rel=1e-12, abs=0)
+    assert want[0] == 0 and want[3] == 1e-5
+    assert [scheduled_lr(t, OptimConfig(lr=1e-5, lr_schedule="constant", warmup_steps=0), 40)
+            for t in range(3)] == [1e-5] * 3

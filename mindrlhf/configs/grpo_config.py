@@ -240,7 +240,8 @@ class OptimConfig(_Section):
     min_lr: float = _f(1e-10, "learning rate at the end of the decay")
     warmup_steps: int = _f(10, "linear warmup, in optimizer updates")
     lr_schedule: str = _f("mindrlhf_cosine", "cosine: warmup, then cosine to min_lr at the run's last update; "
-                          "constant; "
+                          "constant: lr x t / warmup_steps while t < warmup_steps (update t from 0), then lr "
+                          "(transformers' constant_with_warmup); "
                           "mindrlhf_cosine / mindrlhf_polynomial: MindRLHF's LearningRate (update t from 0: "
                           "lr x t / warmup_steps while t < warmup_steps, else min_lr + (lr - min_lr) x "
                           "decay(min(t, decay_steps) / decay_steps), decay = (1 + cos(pi x p)) / 2 or 1 - p); "

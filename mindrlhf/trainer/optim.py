@@ -283,8 +283,8 @@ def megatron_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_st
 
 def scheduled_lr(step: int, optim, total_updates: int) -> float:
     """The learning rate of update `step` under OptimConfig `optim` (its lr_schedule decides)."""
-    if optim.lr_schedule == "constant":
-        return optim.lr
+    if optim.lr_schedule == "constant":      # transformers' constant_with_warmup: lr x t / warmup, then lr
+        return optim.lr * step / optim.warmup_steps if step < optim.warmup_steps else optim.lr
     if optim.lr_schedule.startswith("megatron_"):
         return megatron_lr(step, optim.lr, optim.min_lr, optim.warmup_steps, optim.decay_steps or total_updates,
                            optim.lr_schedule[len("megatron_"):])
