@@ -576,10 +576,11 @@ def test_a_rerun_from_the_compile_cache_trains_the_same_and_starts_without_compi
     """The same job twice with enable_compile_cache: the second run reads the first one's graphs (none
     written again; its first step, all compile in the first run, takes under half the time) and its
     metrics are the first run's, bit for bit (a dense reward, temperature 0.7 and a KL term: every graph
-    does work), for each way of running the update. Measured before utils.params.hold_reads: the re-run's
-    metrics left the first run's at step 2 with micro-batches (the optimizer's step counter, read by a
-    graph that did not hold it, came back unbound) and at step 1 layerwise (the template layer's weights in
-    its backward graph). The README's warm-start figures rest on this."""
+    does work), for each way of running the update. Measured before utils.params.hold_reads: the re-run
+    stopped on a NaN loss at step 2 with micro-batches (the optimizer's step counter, read by a graph that
+    did not hold it, came back unbound), failed layerwise (the template layer's weights in its backward
+    graph) and left the first run's metrics at step 2 with packed rows. The README's warm-start figures
+    rest on this."""
     save = str(tmp_path / "ckpt")
     runs = []
     for _ in range(2):
