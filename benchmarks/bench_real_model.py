@@ -281,15 +281,15 @@ def main():
     with open(os.path.join(work, "inputs.json"), "w") as fh:
         json.dump(inputs, fh)
     rate = matmul_gflops()
-    quick = ["--quick"] if args.quick else ["--steps", str(steps), "--eval_every", str(eval_every)]
-    quick += ["--seed", str(args.seed)] + (["--warm_cache"] if args.warm_cache else [])
+    child_args = ["--quick"] if args.quick else ["--steps", str(steps), "--eval_every", str(eval_every)]
+    child_args += ["--seed", str(args.seed)] + (["--warm_cache"] if args.warm_cache else [])
     results = {}
     for system in args.systems.split(","):
         python = args.trl_python if system == "trl" else sys.executable
-        results[system] = run_child(os.path.abspath(__file__), system, work, *quick, python=python)
+        results[system] = run_child(os.path.abspath(__file__), system, work, *child_args, python=python)
         print(json.dumps(summary(system, results[system], steps, args.seed)), flush=True)
         if args.warm_cache and system != "trl":
-            warm = run_child(os.path.abspath(__file__), system, work, *quick, python=python)
+            warm = run_child(os.path.abspath(__file__), system, work, *child_args, python=python)
             results[system + "_warm"] = warm
             print(json.dumps(summary(system + "_warm", warm, steps, args.seed)), flush=True)
     if args.plot:
