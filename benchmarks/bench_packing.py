@@ -8,7 +8,7 @@ prompt lengths uniform in [24, 96], response lengths log-normal (median 80, sigm
 long tail of reasoning RL, where a few responses reach the limit and most stop far earlier. Padded: micro-batches
 of --micro_rows rows of 495 (the trainer with rl.micro_batch_size). Packed (rl.sequence_packing): the sequences
 first-fit into rows of 495, micro-batches of --packed_micro_rows rows. The same code the trainer calls
-(samples.train_step_inputs / packing.packed_step_inputs, pipeline_step.PipelineTrainStep). Each system runs in
+(samples.train_step_inputs / packing.packed_step_inputs, update/pipelined.PipelineTrainStep). Each system runs in
 its own process, one after the other; the first update compiles and is not timed.
 
 Per system one JSON line {"bench": "packing", "system", "update_s" (median), "peak_rss_mb", "rows", "tokens"},
@@ -70,9 +70,10 @@ def child(system: str, updates: int, micro_rows: int, packed_micro_rows: int) ->
     from mindrlhf.parallel.mesh import Mesh
     from mindrlhf.trainer.optim import AdamW
     from mindrlhf.trainer.packing import packed_step_inputs
-    from mindrlhf.trainer.pipeline_step import PipelineTrainStep
+    from mindrlhf.trainer.update.pipelined import PipelineTrainStep
     from mindrlhf.trainer.samples import train_step_inputs
-    from mindrlhf.trainer.train_step import GRPOLossCell
+    from mindrlhf.trainer.update.loss_inputs import LossInputs
+    from mindrlhf.trainer.update.loss import GRPOLossCell
     ours_kernel_threads()
     ms.set_seed(0)
     model = CausalLM(ModelConfig(**BENCH_MODEL))
@@ -88,11 +89,11 @@ def child(system: str, updates: int, micro_rows: int, packed_micro_rows: int) ->
     times, rows, tokens = [], [], []
     for u in range(updates + 1):
         batch, mask, ref, adv = mini_batch(u)
+        loss_inputs = LossInputs(mask, batch.rollout_logp, batch.rollout_logp, ref, adv, mask.sum())
         if packed:
-            args = packed_step_inputs(batch, mask, batch.rollout_logp, ref, adv, mask.sum(), 1e-6, 0,
-                                      packed_micro_rows)
+            args = packed_step_inputs(batch, loss_inputs, 1e-6, 0, packed_micro_rows)
         else:
-            args = train_step_inputs(batch, mask, batch.rollout_logp, ref, adv, mask.sum(), 1e-6)
+            args = train_step_inputs(batch, loss_inputs, 1e-6)
         t0 = time.perf_counter()
         out = step(*args)
         float(out[0].asnumpy())

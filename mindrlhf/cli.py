@@ -10,7 +10,7 @@ from mindrlhf.configs.errors import CheckpointError, ConfigError
 
 def save_role_strategies(cfg) -> List[str]:
     """`grpo_one_stage.py --only_save_strategy True`: train and infer strategy files from the model YAMLs."""
-    from mindrlhf.configs.model_config import load_model_yaml
+    from mindrlhf.configs.model_source import load_model_yaml
     from mindrlhf.models.specs import layouts_for
     from mindrlhf.parallel.strategy import save_role_strategy
     run = cfg.run

@@ -170,7 +170,8 @@ def sampling(args, eos_ids: List[int]):
 def model_config(args, world: int, log):
     """The model's config; its layout is every rank data-parallel, whatever a YAML says."""
     from mindrlhf.configs.hf_config import is_hf_folder
-    from mindrlhf.configs.model_config import ParallelConfig, load_model_yaml
+    from mindrlhf.configs.model_config import ParallelConfig
+    from mindrlhf.configs.model_source import load_model_yaml
     if os.path.isdir(args.model) and not is_hf_folder(args.model):
         raise ConfigError(f"--model {args.model}: a folder without config.json; expected a Hugging Face model "
                           f"folder or a model YAML")

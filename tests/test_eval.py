@@ -42,7 +42,7 @@ def _warm_up(assets, root) -> str:
     a, '#### 8' with an odd one, and stop: completions that differ by prompt, accuracies neither 0 nor 1."""
     import mindspore as ms
     from mindrlhf.checkpoint.model_io import model_state, save_checkpoint
-    from mindrlhf.configs.model_config import load_model_yaml
+    from mindrlhf.configs.model_source import load_model_yaml
     from mindrlhf.data.mindrecord_io import read_mindrecord
     from mindrlhf.data.tokenizer import load_tokenizer
     from mindrlhf.models.qwen2 import CausalLM
@@ -205,7 +205,7 @@ def test_a_step_saved_in_a_tensor_parallel_layout_loads_whole(trained, tmp_path)
     """A step trained dp1 x tp2 (each rank its slices, as the trainer saves them) is assembled from its
     shards into the eval's whole-model layout, every weight equal to the model it was cut from."""
     from mindrlhf.checkpoint.model_io import load_weights, model_state, save_checkpoint
-    from mindrlhf.configs.model_config import load_model_yaml
+    from mindrlhf.configs.model_source import load_model_yaml
     from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.models.specs import layouts_for
     from mindrlhf.utils.atomic import write_json

@@ -180,7 +180,7 @@ def test_tis_weights_the_policy_term_by_the_capped_ratio(assets, tmp_path):
     """The train step's loss with TIS equals numpy's on the same log-probs, with a known rollout mismatch."""
     from mindspore import Tensor
     from mindrlhf.trainer.samples import training_tensors
-    from mindrlhf.trainer.train_step import GRPOLossCell
+    from mindrlhf.trainer.update.loss import GRPOLossCell
     trainer = _trainer(assets, tmp_path, total_steps=1, tis=True, tis_cap=1.3, beta=0.0)
     samples = trainer._generate_round(lambda name, fn, *a: fn(*a), 0).samples
     t = training_tensors(samples)

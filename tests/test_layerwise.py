@@ -1,4 +1,4 @@
-"""run.layerwise_update (trainer/layerwise_step.py): the update and the log-prob passes run one decoder layer per
+"""run.layerwise_update (trainer/update/layerwise.py): the update and the log-prob passes run one decoder layer per
 graph give what the model-deep graphs give - losses, KL to the reference (its log-probs), gradient norms and
 weights after two GRPO steps - with the prompt shared by its group or not, with one micro-batch or several,
 on-policy or with old log-probs of their own pass, for full fine-tuning (tied embeddings: the head's and the
@@ -13,7 +13,7 @@ from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import load_grpo_config
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer
-from mindrlhf.trainer.layerwise_step import LayerwiseLogProb, LayerwiseTrainStep
+from mindrlhf.trainer.update.layerwise import LayerwiseLogProb, LayerwiseTrainStep
 from mindrlhf.utils.params import param_as_f32
 
 
@@ -69,7 +69,7 @@ def test_head_pieces_are_the_micro_batches_own_streams(group):
     rows; a shared-prompt token matrix: the pieces' groups' prompt tokens, then their responses') and joins
     the pieces back into the call's layout."""
     from mindspore import Tensor
-    from mindrlhf.trainer.layerwise_step import HeadPieces
+    from mindrlhf.trainer.update.layerwise import HeadPieces
     rows, prompt_len, response_len, hidden = 6, 3, 2, 4
     rng = np.random.default_rng(0)
     prompts = rng.standard_normal((rows // max(group, 1), prompt_len, hidden)).astype(np.float32)

@@ -324,7 +324,7 @@ def tiny():
 
 
 def _cell_loss(tiny, compiled=False, **rl_fields):
-    from mindrlhf.trainer.train_step import GRPOLossCell
+    from mindrlhf.trainer.update.loss import GRPOLossCell
     model, inputs, mask, logp, ent, old, adv, r = tiny
     rl = GRPOConfig().rl
     rl.clip_low, rl.clip_high, rl.beta, rl.loss_agg = 0.2, 0.28, 0.0, "token-mean"

@@ -6,7 +6,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from memory_helpers import heap_peak_growth
-from mindrlhf.trainer.optim import AdamW, clip_scale, lr_at
+from mindrlhf.trainer.optim import AdamW, lr_at
+from mindrlhf.trainer.update.grad_norm import clip_scale
 
 
 class _Apply(nn.Cell):

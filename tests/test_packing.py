@@ -11,7 +11,9 @@ from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.trainer.packing import PackingLayout, first_fit_decreasing, pack, packed_logprobs, packed_step_inputs
 from mindrlhf.trainer.samples import SampleBatch, train_step_inputs
-from mindrlhf.trainer.train_step import GRPOLossCell, ResponseLogProb
+from mindrlhf.trainer.update.loss_inputs import LossInputs
+from mindrlhf.trainer.update.loss import GRPOLossCell
+from mindrlhf.trainer.update.one_graph import ResponseLogProb
 
 PAD = 0
 
@@ -107,15 +109,16 @@ def test_packed_loss_and_gradients_equal_padded(model, beta, tis, on_policy):
         grad_fn = ms.value_and_grad(cell, None, params, has_aux=True)
         total, stats, grads = 0.0, np.zeros(8), [np.zeros(p.shape, np.float32) for p in params]
         for args in calls:
-            (loss, aux), g = grad_fn(*args[:10])
+            (loss, aux), g = grad_fn(*args[:4], *args[5:])     # the update's arguments less lr
             total += float(loss.asnumpy())
             stats += [float(a.asnumpy()) for a in aux]
             grads = [a + b.asnumpy() for a, b in zip(grads, g)]
         return total, stats, grads
 
+    loss_inputs = LossInputs(mask, old, batch.rollout_logp, ref, adv, token_norm)
     padded = run(GRPOLossCell(model, rl, 7, 0.7, on_policy),
-                 [train_step_inputs(batch, mask, old, ref, adv, token_norm, 0.0)])
-    args = packed_step_inputs(batch, mask, old, ref, adv, token_norm, 0.0, PAD, micro_rows=1)
+                 [train_step_inputs(batch, loss_inputs, 0.0)])
+    args = packed_step_inputs(batch, loss_inputs, 0.0, PAD, micro_rows=1)
     rows = args[0].shape[0]
     assert rows < len(batch)                             # several sequences share rows
     calls = [[a[i:i + 1] if a.ndim and a.shape[0] == rows else a for a in args] for i in range(rows)]

@@ -9,7 +9,7 @@ from mindrlhf.rollout.engine import GenerationEngine
 from mindrlhf.rollout.sampling import SamplingParams, apply_repetition_penalty, process_logits
 from mindrlhf.trainer.samples import SampleBatch
 from mindrlhf.models.padding import left_pad
-from mindrlhf.trainer.train_step import ResponseLogProb
+from mindrlhf.trainer.update.one_graph import ResponseLogProb
 
 
 @pytest.fixture(scope="module")

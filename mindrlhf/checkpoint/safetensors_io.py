@@ -10,7 +10,7 @@ import json
 import math
 import os
 import struct
-from typing import Dict, Iterable, Iterator, List, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 import numpy as np
 
@@ -194,14 +194,6 @@ def dtype_code_of(dtype) -> str:
     if dtype not in codes:
         raise CheckpointError(f"cannot store MindSpore dtype {dtype} in safetensors")
     return codes[dtype]
-
-
-def iter_safetensors(paths: Iterable[str]) -> Iterator[Tuple[str, np.ndarray, str]]:
-    """(name, array, file) over several files, one tensor at a time."""
-    for path in paths:
-        f = SafeTensorsFile(path)
-        for name in f.keys():
-            yield name, f.get(name), path
 
 
 class TensorStream:

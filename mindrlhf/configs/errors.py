@@ -1,9 +1,4 @@
-"""Errors raised for bad user input; each message names the file/field and what was expected."""
+"""The input errors (mindrlhf/errors.py) under the name most of the package imports them by."""
+from mindrlhf.errors import CheckpointError, ConfigError
 
-
-class ConfigError(ValueError):
-    """A config file or field is missing, unknown or invalid."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not match the model (missing/unexpected parameter, wrong shape, corrupt file)."""
+__all__ = ["CheckpointError", "ConfigError"]

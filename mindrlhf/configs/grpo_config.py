@@ -105,14 +105,14 @@ class RunConfig(_Section):
                             "responses (same values; layouts with pipeline stages or sequence parallelism, or "
                             "mini-/micro-batches that split a group, run every row whole, and say so)")
     layerwise_update: bool = _f(False, "compile the policy update as one graph per decoder layer, driven layer "
-                                "by layer (trainer/layerwise_step.py): first-step compile time and update memory "
+                                "by layer (trainer/update/layerwise.py): first-step compile time and update memory "
                                 "stop growing with depth, and each layer's forward runs again in its backward "
                                 "(docs/BENCHMARKS.md); whole model per rank: no pipeline stages or sequence "
                                 "parallelism")
     export_hf: bool = _f(True, "export the final policy as HF safetensors to save_ckpt_dir/hf_policy")
     progress: bool = _f(True, "show a progress bar over steps (rank 0)")
-    rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device) or vllm_mindspore "
-                              "(Ascend only; refused elsewhere)", choices=choices.ROLLOUT_BACKENDS)
+    rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device); "
+                              "vllm_mindspore is refused on every host (its adapter needs Ascend to be written)", choices=choices.ROLLOUT_BACKENDS)
     max_num_seqs: int = _f(0, "most sequences a rollout replica decodes at once (vLLM's max_num_seqs): its "
                            "prompts are generated in chunks of max_num_seqs // num_generations, with the same "
                            "samples as all at once; 0 = all at once")

@@ -251,14 +251,8 @@ def parallel_config_from_dict(raw: Dict[str, Any], where: str = "parallel_config
                   ignored if ignored is not None else [])
 
 
-def load_model_yaml(path: str, hf_parallel: Optional[ParallelConfig] = None, role: str = "train") -> ModelYaml:
-    """Read a MindFormers-style model YAML; errors name the file and the field. A Hugging Face model folder
-    (config.json) is read by configs/hf_config.py, in the layout `hf_parallel` (default: one rank). A
-    MindSpeed-RL GRPO YAML is read by configs/upstream_mindspeed.py: its model entry, in the layout of
-    `role` (train or infer), both of which that one file gives."""
-    from mindrlhf.configs.hf_config import is_hf_folder, model_yaml_from_hf     # it builds on this module
-    if is_hf_folder(path):
-        return model_yaml_from_hf(path, hf_parallel)
+def read_yaml_mapping(path: str) -> Dict[str, Any]:
+    """A YAML file whose top level is a mapping; errors name the file."""
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: model config file not found")
     with open(path, "r", encoding="utf-8") as fh:
@@ -268,9 +262,12 @@ def load_model_yaml(path: str, hf_parallel: Optional[ParallelConfig] = None, rol
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    from mindrlhf.configs import upstream_mindspeed        # it builds on this module
-    if upstream_mindspeed.is_mindspeed(raw):
-        return upstream_mindspeed.model_yaml(raw, path, role)
+    return raw
+
+
+def model_yaml_from_raw(raw: Dict[str, Any], path: str) -> ModelYaml:
+    """A MindFormers-style model YAML's contents (`model.model_config`, `parallel_config`); errors name the file
+    and the field. configs/model_source.load_model_yaml tells this form from the others."""
     ignored: List[Tuple[str, str]] = []
     try:
         for key in raw:

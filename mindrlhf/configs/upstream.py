@@ -60,7 +60,7 @@ GRPO_KEYS: List[Key] = (
        Key("sync_ref_model", MAPPED, "rl.ref_sync_steps = ref_model_sync_steps if sync_ref_model else 0"),
        Key("ref_model_sync_steps", MAPPED, "rl.ref_sync_steps (with sync_ref_model)"),
        Key("use_vllm", MAPPED, "run.rollout_backend: 0 -> mindspore; 1 (vLLM) and 2 (vLLM init, MindFormers "
-                               "generate) -> vllm_mindspore, refused off Ascend"),
+                               "generate) -> vllm_mindspore, refused (not implemented)"),
        Key("save_prompt_completions_data", MAPPED, "true -> run.rollout_log_file = "
                                                    "<save_prompt_completions_dir>/prompt_completions.mindrecord"),
        Key("save_prompt_completions_dir", MAPPED, "directory of run.rollout_log_file (with "
@@ -199,7 +199,7 @@ def defaults_markdown(ours: Dict[str, Any]) -> str:
 # ---- flags of grpo_one_stage.py / main.py that are not our field names --------------------------------------
 # flag -> (our field or None, note); nargs lists for the two list flags
 FLAG_ALIASES: Dict[str, Tuple[Optional[str], str]] = {
-    "use_vllm": ("rollout_backend", "0 -> mindspore, 1/2 -> vllm_mindspore (Ascend only)"),
+    "use_vllm": ("rollout_backend", "0 -> mindspore, 1/2 -> vllm_mindspore (refused: not implemented)"),
     "reward_funcs": ("verifier_function", "reward function names (space-separated)"),
     "reward_weights": ("verifier_weight", "one weight per reward function"),
     "tensorboard_dir": ("log_dir", "metrics JSONL and TensorBoard directory"),

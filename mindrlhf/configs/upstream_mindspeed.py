@@ -36,7 +36,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
 
+from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.hf_config import read_json_object
+from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
 from mindrlhf.configs.upstream import CHECKED, INERT, MAPPED, Key
 
 SECTIONS = ("defaults", "model", "megatron_training", "actor_config", "ref_config", "reward_config", "rl_config",
@@ -440,7 +443,6 @@ _KIND = {f.name: f for f in dataclasses.fields(_Kinds)}
 
 
 def _as(kind: str, value, where: str):
-    from mindrlhf.configs.coerce import coerce
     return coerce(value, _KIND[kind], where)
 
 
@@ -488,7 +490,6 @@ def layouts(doc: Dict[str, Any], path: str) -> Layouts:
 def _token_ids(folder: Optional[str]) -> Dict[str, Any]:
     """bos/eos/pad ids from the tokenizer's HF folder (config.json, then generation_config.json's eos, as
     configs/hf_config.py reads them); without them the tokenizer's own EOS and pad are used (eos [])."""
-    from mindrlhf.configs.hf_config import read_json_object
     ids: Dict[str, Any] = {"eos_token_id": []}
     if not folder or not os.path.isdir(folder):
         return ids
@@ -502,7 +503,6 @@ def _token_ids(folder: Optional[str]) -> Dict[str, Any]:
 
 
 def _model_config(values: Dict[str, Any], origin: Dict[str, str], name: str, pp: int, path: str):
-    from mindrlhf.configs.model_config import ModelConfig
     where = lambda k: f"{path}: {origin.get(k, f'model.{name}.{k}')}"  # noqa: E731
     for key in MODEL_REQUIRED:
         if values.get(key) is None:
@@ -551,7 +551,6 @@ def model_yaml(raw: Dict[str, Any], path: str, role: str = "train"):
     """The policy's ModelYaml from the file: its model entry, and the train layout (tensor/pipeline sizes,
     sequence_parallel) or the infer layout (infer_tensor_parallel_size); data_parallel fills num_npus.
     Inert keys of the selected model entry are reported with it (the rest of the file with the config)."""
-    from mindrlhf.configs.model_config import ModelYaml, ParallelConfig
     doc = resolve(raw, path)
     _validate_keys(doc, path)
     values, origin, name = _namespace(doc, path)
@@ -615,7 +614,6 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
         sections.setdefault(sec, {})[fld] = field_value(sec, fld, value, key)
 
     def field_value(sec: str, fld: str, value, key: str):
-        from mindrlhf.configs.coerce import coerce
         return coerce(value, field_of(sec, fld), f"{path}: {key}")
 
     # what cannot be honoured, before anything else

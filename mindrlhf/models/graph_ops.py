@@ -40,7 +40,7 @@ def expand_as(small, like):
 def _reduce_last(reduce, x):
     """`reduce` (a keep-dims ReduceSum/ReduceMean) over x's last axis, as 2-D rows. Without a branch on the
     shape: MindSpore 2.10 cannot compile one here inside the backward of a single layer's graph ("func graph
-    is empty"; layerwise_step.py), and a reshape of what already is rows costs nothing."""
+    is empty"; trainer/update/layerwise.py), and a reshape of what already is rows costs nothing."""
     return ops.reshape(reduce(ops.reshape(x, (-1, x.shape[-1])), 1), x.shape[:-1] + (1,))
 
 

@@ -131,7 +131,7 @@ class SharedPromptRows(_LayerPath):
 
 
 def shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r):
-    """SharedPromptRows' pass of `layer`, as a function (layerwise_step.py runs it outside the reused cell)."""
+    """SharedPromptRows' pass of `layer`, as a function (trainer/update/layerwise.py runs it outside the reused cell)."""
     rows = bias_r.shape[0]
     split = SharedPrompt(rows, rows // bias_p.shape[0], bias_p.shape[2], bias_r.shape[2], cos.shape[-1])
     h = x + shared_prompt_attention(layer.attention, layer.attention_input(x), cos, sin, bias_p, bias_r, split)

@@ -3,7 +3,7 @@
 Schedule (`run_1f1b`): Megatron's non-interleaved one-forward-one-backward. Stage s of pp runs
 min(pp - 1 - s, m) warm-up forwards, then alternates one forward and one backward, then drains the
 remaining backwards, so at most pp - s micro-batches are in flight on stage s (GPipe holds all m). The
-bubble is (pp - 1) / (m + pp - 1) of the step. Every transfer is one call of `StageLink.exchange`, which
+bubble is (pp - 1) / (m + pp - 1) of the step. Every transfer is one call of a link's `exchange`, which
 moves a forward activation one way and an activation gradient the other in the same call (Megatron's
 send_forward_recv_backward / send_backward_recv_forward), so both ends of a link make the same sequence
 of calls and no call waits on a later one (tests/test_pipeline.py simulates the schedule for many pp, m).
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
 import mindspore as ms
 from mindspore import ops
 
@@ -141,7 +140,3 @@ def bubble_fraction(pp: int, micro_batches: int) -> float:
     """1F1B's idle share of a step in theory (equal stage times, free transfers)."""
     return (pp - 1) / (micro_batches + pp - 1)
 
-
-def split_rows(n: int, micro_batches: int) -> np.ndarray:
-    """Row boundaries of `micro_batches` equal micro-batches of n rows."""
-    return np.arange(micro_batches + 1) * (n // micro_batches)

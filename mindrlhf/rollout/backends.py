@@ -1,5 +1,6 @@
 """Choose the rollout engine by config. `mindspore` (ours, any device) is the default and the only one
-that has run; `vllm_mindspore` needs an Ascend host (aarch64 + CANN) and is refused elsewhere at start-up.
+implemented; `vllm_mindspore` is refused at start-up on every host: off Ascend it cannot run, and on Ascend its
+adapter is not written yet (it needs an Ascend host to be written and tested).
 """
 from __future__ import annotations
 

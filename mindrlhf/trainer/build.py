@@ -16,13 +16,12 @@ from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.rollout.backends import make_engine
 from mindrlhf.trainer.optim import AdamW
-from mindrlhf.trainer.layerwise_step import LayerTemplate, LayerwiseLogProb, LayerwiseTrainStep
-from mindrlhf.trainer.pipeline_step import PipelineLogProb, PipelineTrainStep
-from mindrlhf.trainer.resolve import ResolvedRun
 from mindrlhf.trainer.packing import PackedRowLayout
+from mindrlhf.trainer.resolve import ResolvedRun
 from mindrlhf.trainer.samples import PaddedRows, SampleBatch, train_step_inputs
 from mindrlhf.trainer.swap_schedule import SwapSchedule
-from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
+from mindrlhf.trainer.update.engines import build_update
+from mindrlhf.trainer.update.loss_inputs import LossInputs
 from mindrlhf.utils import compile_ahead
 from mindrlhf.utils.params import copy_params
 
@@ -31,7 +30,7 @@ from mindrlhf.utils.params import copy_params
 class Models:
     policy: CausalLM
     rollout_model: CausalLM             # the policy itself when the layouts and dtypes match
-    ref_model: Optional[CausalLM]       # None when rl.beta is 0, and under LoRA (the policy, adapters off)
+    ref_model: Optional[CausalLM]       # only when run.reference is "model"
     weight_sync: WeightSync
 
 
@@ -55,7 +54,7 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
     else:
         sync.sync()                        # rollout starts from the policy's weights
     ref = None
-    if run.cfg.rl.beta > 0 and not run.lora:
+    if run.reference == "model":
         ref = CausalLM(run.model_cfg, run.train_mesh, random_init=False)
         ref_path = paths.load_ref_checkpoint or paths.load_sft_checkpoint_train
         if ref_path:
@@ -69,41 +68,22 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
 class Training:
     engine: object                      # rollout/backends.py
     optimizer: AdamW
-    train_step: object                  # PolicyTrainStep, PipelineTrainStep (micro-batches, stages) or
-                                        # LayerwiseTrainStep (run.layerwise_update)
-    policy_logprob: object              # ResponseLogProb / PipelineLogProb / LayerwiseLogProb of the policy
+    train_step: object                  # the update engine run.update_graphs names (trainer/update/)
+    policy_logprob: object              # the policy's log-prob cell (run.logprob_graphs)
     ref_logprob: Optional[object]       # ... of the reference model
     swap: SwapSchedule
     rows: object                        # samples.PaddedRows or packing.PackedRowLayout: how samples become rows
 
 
 def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
-    rl, opt, sw, smp = run.cfg.rl, run.cfg.optim, run.cfg.swap, run.cfg.sampling
+    opt, sw, smp = run.cfg.optim, run.cfg.swap, run.cfg.sampling
     engine = make_engine(run.cfg.run.rollout_backend, models.rollout_model, run.pad_id, run.prompt_width,
                          run.cfg.run.max_num_seqs)
     optimizer = AdamW(list(models.policy.trainable_params()), opt.weight_decay, opt.beta1, opt.beta2, opt.eps)
-    temperature, shared, m, pp = run.logprob_temperature, run.shared_prompt, run.micro_batches, run.train_mesh.pp
     # packed rows: every position may hold a response token, so log-probs come for the whole row; the number
     # of packed micro-batches varies by update, so the update always accumulates over them
     read_len, micro_rows = (run.packing.width, run.packing.micro_rows) if run.packing else (smp.max_tokens, 0)
-    loss_cell = GRPOLossCell(models.policy, rl, read_len, temperature, run.on_policy, m, shared)
-    template = LayerTemplate(models.policy, bool(shared[0])) if run.update_graphs == "layerwise" else None
-    if template is not None:
-        train_step = LayerwiseTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m, template,
-                                        micro_rows)
-    elif run.update_graphs == "host":
-        train_step = PipelineTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm, m, micro_rows)
-    else:
-        train_step = PolicyTrainStep(loss_cell, optimizer, run.train_mesh, opt.max_grad_norm)
-
-    def logprob_cell(model):
-        if template is not None:
-            return LayerwiseLogProb(model, template, read_len, temperature, shared,
-                                    micro_rows or run.geometry.mini_batch // m,
-                                    micro_rows or run.geometry.mini_batch)
-        if pp == 1:
-            return ResponseLogProb(model, read_len, temperature, shared)
-        return PipelineLogProb(model, read_len, temperature, m, micro_rows)
+    update = build_update(run, models.policy, optimizer, read_len, micro_rows)
 
     separate = models.rollout_model is not models.policy
     ref = models.ref_model
@@ -122,12 +102,15 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         log("note: on CPU, swapped buffers' pages are released; the policy, optimizer and reference keep a host copy "
             "in the same RAM (device-side footprint drops, process total does not), the rollout weights and KV "
             "cache keep none (both drop) (mindrlhf/parallel/swap.py)")
-    policy_logprob = logprob_cell(models.policy)
-    ref_logprob = logprob_cell(ref) if ref else None
-    if run.lora and rl.beta > 0:            # the reference is the base: the policy's own graph, adapters off
+    policy_logprob = update.logprob_cell(models.policy)
+    ref_logprob = None
+    if run.reference == "model":
+        ref_logprob = update.logprob_cell(ref)
+    elif run.reference == "adapters_off":       # the base: the policy's own graph, adapters off
         ref_logprob = BaseModelLogProb(policy_logprob, models.policy)
-    rows = PackedRowLayout(run.pad_id, micro_rows, pp > 1) if run.packing else PaddedRows(run.geometry.mini_batch)
-    return Training(engine, optimizer, train_step, policy_logprob, ref_logprob, swap, rows)
+    rows = PackedRowLayout(run.pad_id, micro_rows, run.logprob_graphs == "stages") if run.packing \
+        else PaddedRows(run.geometry.mini_batch)
+    return Training(engine, optimizer, update.step, policy_logprob, ref_logprob, swap, rows)
 
 
 def compile_train_step(run: ResolvedRun, training: Training, log: Callable):
@@ -135,7 +118,7 @@ def compile_train_step(run: ResolvedRun, training: Training, log: Callable):
     rollout and reference graphs, compiled after it, reuse the heap its compile freed). Its inputs have
     static shapes: a mini-batch of [prompt | response] rows. The pipelined step compiles per stage and
     micro-batch at its first update."""
-    if not isinstance(training.train_step, PolicyTrainStep):
+    if run.update_graphs != "one":
         return
     if not compile_ahead.available():
         log("note: this MindSpore has no jit executor to compile ahead with; the training graph compiles at the "
@@ -145,5 +128,5 @@ def compile_train_step(run: ResolvedRun, training: Training, log: Callable):
     blank = SampleBatch.blank(run.geometry.mini_batch, run.prompt_width, run.cfg.sampling.max_tokens)
     logp = blank.rollout_logp
     compile_ahead.compile_jit_cell(training.train_step, *train_step_inputs(
-        blank, blank.response_mask, logp, logp, np.zeros(len(blank), np.float32), 1.0, 0.0))
+        blank, LossInputs(blank.response_mask, logp, logp, logp, np.zeros(len(blank), np.float32), 1.0), 0.0))
     log(f"compiled the training step in {time.time() - t0:.1f} s")

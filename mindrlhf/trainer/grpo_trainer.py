@@ -34,7 +34,8 @@ from mindrlhf.trainer.optim import scheduled_lr
 from mindrlhf.trainer.resolve import resolve
 from mindrlhf.trainer.rollout_log import RolloutLog
 from mindrlhf.trainer.samples import SampleBatch, ScoredBatch
-from mindrlhf.trainer.train_step import UPDATE_STATS, reduce_updates
+from mindrlhf.trainer.update.loss import UPDATE_STATS, reduce_updates
+from mindrlhf.trainer.update.loss_inputs import LossInputs
 from mindrlhf.utils.params import copy_params
 
 
@@ -108,9 +109,10 @@ class GRPOTrainer:
                 sl = slice(k * mb, (k + 1) * mb)
                 update_index = int(self.optimizer.step.asnumpy()[0])
                 lr = scheduled_lr(update_index, self.cfg.optim, self.run.total_updates)
-                out = self.train_step(*self.rows.step_inputs(samples.rows(sl.start, sl.stop), train_mask[sl],
-                                                             old_logp[sl], ref_logp[sl], advantages[sl], token_norms[k],
-                                                             lr))
+                rows = samples.rows(sl.start, sl.stop)
+                loss_inputs = LossInputs(train_mask[sl], old_logp[sl], rows.rollout_logp, ref_logp[sl],
+                                         advantages[sl], token_norms[k])
+                out = self.train_step(*self.rows.step_inputs(rows, loss_inputs, lr))
                 stats.append([float(x.asnumpy()) for x in out] + [lr])
         return reduce_updates(stats)
 
@@ -220,7 +222,7 @@ class GRPOTrainer:
 
     def _reference_moves(self) -> bool:
         """True when the reference model is re-synced from the policy, so checkpoints must hold it."""
-        return self.ref_model is not None and self.cfg.rl.ref_sync_steps > 0
+        return self.run.reference == "model" and self.cfg.rl.ref_sync_steps > 0
 
     # ---- evaluation, checkpoints, the loop ----------------------------------------------------------
     def evaluate(self) -> float:

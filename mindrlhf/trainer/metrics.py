@@ -10,7 +10,7 @@ import numpy as np
 
 from mindrlhf.parallel import watchdog
 from mindrlhf.trainer import exchange
-from mindrlhf.trainer.train_step import MAX_STATS, TIS_STATS, UPDATE_STATS
+from mindrlhf.trainer.update.loss import MAX_STATS, TIS_STATS, UPDATE_STATS
 from mindrlhf.utils import memory
 from mindrlhf.utils.atomic import atomic_path
 

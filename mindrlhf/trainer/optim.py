@@ -14,7 +14,6 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindrlhf.models.graph_ops import sum_last
 from mindrlhf.utils.params import hold_reads
 from mindrlhf.utils.subgraph_reuse import new_key, reused
 
@@ -292,50 +291,3 @@ def scheduled_lr(step: int, optim, total_updates: int) -> float:
         return mindrlhf_lr(step, optim.lr, optim.min_lr, optim.warmup_steps, optim.decay_steps or total_updates,
                            optim.lr_schedule[len("mindrlhf_"):])
     return lr_at(step, optim.lr, optim.warmup_steps, total_updates, optim.min_lr)
-
-
-def square_sum(g):
-    """Sum of a gradient's squared entries, in float32: the rows' sums first (graph_ops.sum_last), then theirs.
-    One reduction of the whole tensor runs ~9x slower on MindSpore 2.10's CPU (SmolLM2's embedding gradient:
-    93 vs 10 ms; the same float32 result)."""
-    g = ops.cast(g, ms.float32)
-    return ops.sum(sum_last(g * g))
-
-
-def squares_total(grads, ids=None):
-    """Sum of square_sum over `grads` (or over grads[i] for i in `ids`), added up in a loop: the same sum
-    over a list built in the graph (a comprehension) costs MindSpore 2.10's front end more heap and compile
-    time, and the heap stays as the process's peak RSS (docs/BENCHMARKS.md, "Measurements behind code choices")."""
-    total = ops.zeros((), ms.float32)
-    for i in (range(len(grads)) if ids is None else ids):
-        total = total + square_sum(grads[i])
-    return total
-
-
-def clip_scale(grads, max_norm: float, norm_sum=None):
-    """(factor to multiply every gradient by, total norm): min(1, max_norm / norm); 1 when max_norm <= 0.
-
-    The optimizer applies the factor as it reads each gradient, so no clipped copy of all gradients is
-    ever materialised. `norm_sum(grads)` gives the global squared norm when parameters are split over TP
-    ranks or pipeline stages (train_step.SplitNormSum); default: squares_total.
-    """
-    norm = ops.sqrt(squares_total(grads) if norm_sum is None else norm_sum(grads))
-    return clip_factor(norm, max_norm), norm
-
-
-def clip_factor(norm, max_norm: float):
-    if max_norm <= 0:
-        return ops.ones((), ms.float32)
-    return ops.minimum(max_norm / (norm + 1e-6), 1.0)
-
-
-class AddSquares(nn.Cell):
-    """total + the square_sum of each of `grads`, in order, as a graph of its own (compiled once per shapes
-    of `grads`): squares_total driven from the host a run of gradients at a time, the same additions in the
-    same order."""
-
-    @ms.jit
-    def construct(self, total, grads):
-        for g in grads:
-            total = total + square_sum(g)
-        return total

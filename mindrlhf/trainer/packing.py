@@ -19,6 +19,7 @@ from mindspore import Tensor
 
 from mindrlhf.models.padding import NEG_INF
 from mindrlhf.trainer.samples import SampleBatch, step_inputs
+from mindrlhf.trainer.update.loss_inputs import LossInputs
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> List[List[int]]:
@@ -141,8 +142,8 @@ def pack(samples: SampleBatch, pad_id: int, row_multiple: int = 1, keep: np.ndar
 
 
 def packed_logprobs(cell, samples: SampleBatch, pad_id: int, micro_rows: int, per_call: int) -> np.ndarray:
-    """(N, R) response log-probs of `samples` from a log-prob cell (train_step.ResponseLogProb or
-    pipeline_step.PipelineLogProb, built for the packed width) run on their packed rows, `per_call` rows per
+    """(N, R) response log-probs of `samples` from a log-prob cell (update/one_graph.ResponseLogProb or
+    update/pipelined.PipelineLogProb, built for the packed width) run on their packed rows, `per_call` rows per
     call (0: all at once, the pipelined cell cuts them into micro-batches itself)."""
     packed = pack(samples, pad_id, micro_rows)
     step = per_call or packed.rows
@@ -153,14 +154,11 @@ def packed_logprobs(cell, samples: SampleBatch, pad_id: int, micro_rows: int, pe
     return packed.gather(np.concatenate(out))
 
 
-def packed_step_inputs(batch: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norm, lr, pad_id: int,
-                       micro_rows: int) -> tuple:
-    """samples.train_step_inputs for packed rows: the sequences with a token to train (train_mask), packed into
-    a multiple of `micro_rows` rows; the per-token values at their packed positions, advantages per token."""
-    packed = pack(batch, pad_id, micro_rows, keep=np.asarray(train_mask).any(1))
-    s = packed.scatter
-    return step_inputs(packed.model_inputs(), s(train_mask), s(old_logp), s(batch.rollout_logp), s(ref_logp),
-                       s(advantages), token_norm, lr)
+def packed_step_inputs(batch: SampleBatch, loss_inputs: LossInputs, lr, pad_id: int, micro_rows: int) -> tuple:
+    """samples.train_step_inputs for packed rows: the sequences with a token to train (loss_inputs.mask), packed
+    into a multiple of `micro_rows` rows; the per-token values at their packed positions, advantages per token."""
+    packed = pack(batch, pad_id, micro_rows, keep=np.asarray(loss_inputs.mask).any(1))
+    return step_inputs(packed.model_inputs(), loss_inputs.per_row(packed.scatter), lr)
 
 
 class PackedRowLayout:
@@ -173,6 +171,5 @@ class PackedRowLayout:
     def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
         return packed_logprobs(cell, samples, self.pad_id, self.micro_rows, self.per_call)
 
-    def step_inputs(self, batch: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norm, lr) -> tuple:
-        return packed_step_inputs(batch, train_mask, old_logp, ref_logp, advantages, token_norm, lr, self.pad_id,
-                                  self.micro_rows)
+    def step_inputs(self, batch: SampleBatch, loss_inputs: LossInputs, lr) -> tuple:
+        return packed_step_inputs(batch, loss_inputs, lr, self.pad_id, self.micro_rows)

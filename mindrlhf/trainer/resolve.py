@@ -20,7 +20,8 @@ from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.grpo_config import GRPOConfig, describe_fields
 from mindrlhf.configs.hf_config import is_hf_folder
 from mindrlhf.configs.lora import LoraSpec, parse_targets
-from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig, load_model_yaml
+from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
+from mindrlhf.configs.model_source import load_model_yaml
 from mindrlhf.data.dataset import PromptDataset
 from mindrlhf.data.tokenizer import load_tokenizer
 from mindrlhf.parallel.mesh import Mesh, mesh_for
@@ -30,7 +31,6 @@ from mindrlhf.reward.verifiers import RewardFn, extract_answer, load_reward_modu
 from mindrlhf.rollout.backends import check_backend
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer.packing import PackingLayout
-from mindrlhf.trainer.pipeline_step import micro_batch_count
 from mindrlhf.trainer.step_geometry import StepGeometry
 
 
@@ -93,13 +93,30 @@ class ResolvedRun:
         return state
 
     @property
+    def reference(self) -> str:
+        """Where the reference log-probs come from: "none" (rl.beta 0: no KL term, no reference pass),
+        "adapters_off" (LoRA: the policy's own graph with every adapter's B zeroed) or "model" (a frozen copy
+        in the train layout). The one place that decides; build.py, the loop and the start-up notes ask."""
+        if self.cfg.rl.beta == 0:
+            return "none"
+        return "adapters_off" if self.lora else "model"
+
+    @property
     def update_graphs(self) -> str:
-        """How the policy update runs: "layerwise" (a graph per decoder layer, trainer/layerwise_step.py),
-        "host" (micro-batches or pipeline stages driven from the host, pipeline_step.py) or "one" (one graph
-        per update, train_step.py)."""
+        """How the policy update runs (trainer/update/): "layerwise" (a graph per decoder layer, layerwise.py),
+        "host" (micro-batches or pipeline stages driven from the host, pipelined.py) or "one" (one graph per
+        update, one_graph.py)."""
         if self.cfg.run.layerwise_update:
             return "layerwise"
         return "host" if self.micro_batches > 1 or self.train_mesh.pp > 1 or self.packing else "one"
+
+    @property
+    def logprob_graphs(self) -> str:
+        """How the no-grad log-prob passes run: "layerwise" (the update's layer template), "stages" (pipeline
+        stages, micro-batches forward through them) or "one" (one graph for the model)."""
+        if self.update_graphs == "layerwise":
+            return "layerwise"
+        return "stages" if self.train_mesh.pp > 1 else "one"
 
     def describe(self) -> str:
         m, i = self.train_mesh, self.infer_mesh
@@ -176,9 +193,13 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
                     cfg.run.seed) if lora.lora_rank else None
     log("\n".join(describe_fields(cfg)))
     cfg.freeze()
-    return ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,
-                       geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn, shared,
-                       spec, packing)
+    resolved = ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,
+                           geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn,
+                           shared, spec, packing)
+    if resolved.reference == "none" and run.load_ref_checkpoint:
+        log(f"note: load_ref_checkpoint {run.load_ref_checkpoint} is not loaded: rl.beta is 0, so there is no "
+            f"KL term and no reference model (set beta > 0 to use it)")
+    return resolved
 
 
 def _take_generation_fields(cfg: GRPOConfig, infer_yaml: ModelYaml, log):
@@ -209,9 +230,13 @@ def _report_ignored(cfg: GRPOConfig, yamls: List[ModelYaml], log):
         log(upstream.describe_ignored(source, items))
     for line in cfg.derived:
         log(line)
-    if cfg.rl.beta == 0 and cfg.run.load_ref_checkpoint:
-        log(f"note: load_ref_checkpoint {cfg.run.load_ref_checkpoint} is not loaded: rl.beta is 0, so there is no "
-            f"KL term and no reference model (set beta > 0 to use it)")
+
+
+def micro_batch_count(rows: int, micro_batches: int, where: str) -> int:
+    if rows % micro_batches:
+        raise ConfigError(f"{where}: {micro_batches} micro-batches do not divide the {rows} sequences of a "
+                          f"mini-batch on one train data-parallel rank (rl.mini_batch_size)")
+    return micro_batches
 
 
 def _check_layouts(cfg: GRPOConfig, train_yaml: ModelYaml, infer_yaml: ModelYaml):

@@ -9,6 +9,7 @@ from mindspore import Tensor
 
 from mindrlhf.models.padding import causal_bias, position_ids
 from mindrlhf.reward.verifiers import Scores, merge_scores
+from mindrlhf.trainer.update.loss_inputs import LossInputs
 
 
 @dataclass
@@ -93,22 +94,17 @@ def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:
     }
 
 
-def train_step_inputs(batch: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norm, lr) -> tuple:
-    """The inputs of one training step (train_step.PolicyTrainStep, pipeline_step.PipelineTrainStep) for a
-    mini-batch of padded rows, in their order."""
-    return step_inputs(training_tensors(batch), train_mask, old_logp, batch.rollout_logp, ref_logp, advantages,
-                       token_norm, lr)
+def train_step_inputs(batch: SampleBatch, loss_inputs: LossInputs, lr) -> tuple:
+    """The arguments of an update (trainer/update/) for a mini-batch of padded rows."""
+    return step_inputs(training_tensors(batch), loss_inputs, lr)
 
 
-def step_inputs(model_inputs: Dict[str, Tensor], train_mask, old_logp, rollout_logp, ref_logp, advantages,
-                token_norm, lr) -> tuple:
-    """Model inputs (training_tensors' keys) and the loss's values as a training step's arguments; every float
-    input float32, so the graph compiled for one call serves the next."""
-    def f32(x):
-        return Tensor(np.asarray(x, np.float32))
+def step_inputs(model_inputs: Dict[str, Tensor], loss_inputs: LossInputs, lr) -> tuple:
+    """Model inputs (training_tensors' keys), the learning rate and the loss inputs as an update's arguments;
+    every float input float32, so the graph compiled for one call serves the next."""
     t = model_inputs
-    return (t["input_ids"], t["position_ids"], t["bias"], t["labels"], f32(train_mask), f32(old_logp),
-            f32(rollout_logp), f32(ref_logp), f32(advantages), f32(token_norm), f32(lr))
+    return (t["input_ids"], t["position_ids"], t["bias"], t["labels"], Tensor(np.float32(lr)),
+            *loss_inputs.tensors().args())
 
 
 class PaddedRows:
@@ -125,5 +121,5 @@ class PaddedRows:
             out.append(cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"]).asnumpy())
         return np.concatenate(out)
 
-    def step_inputs(self, batch: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norm, lr) -> tuple:
-        return train_step_inputs(batch, train_mask, old_logp, ref_logp, advantages, token_norm, lr)
+    def step_inputs(self, batch: SampleBatch, loss_inputs: LossInputs, lr) -> tuple:
+        return train_step_inputs(batch, loss_inputs, lr)

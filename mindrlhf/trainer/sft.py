@@ -11,7 +11,8 @@ from mindspore import Tensor, nn, ops
 from mindrlhf.models.padding import causal_bias
 
 from mindrlhf.models.qwen2 import CausalLM
-from mindrlhf.trainer.optim import AdamW, clip_scale, lr_at
+from mindrlhf.trainer.optim import AdamW, lr_at
+from mindrlhf.trainer.update.grad_norm import clip_scale
 
 
 class _SFTLoss(nn.Cell):

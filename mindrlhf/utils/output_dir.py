@@ -15,7 +15,7 @@ import json
 import os
 from typing import Iterable, List, Optional
 
-from mindrlhf.configs.errors import ConfigError
+from mindrlhf.errors import ConfigError
 from mindrlhf.utils.atomic import atomic_dir, write_json
 
 MARKER = ".mindrlhf_output.json"

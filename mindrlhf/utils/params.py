@@ -13,7 +13,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.errors import CheckpointError
 from mindrlhf.utils.bf16 import BF16, bf16_to_f32, f32_to_bf16
 
 

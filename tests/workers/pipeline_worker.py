@@ -24,8 +24,10 @@ from mindrlhf.models.specs import param_specs
 from mindrlhf.parallel import comm
 from mindrlhf.parallel.mesh import Mesh, init_distributed
 from mindrlhf.trainer.optim import AdamW
-from mindrlhf.trainer.pipeline_step import PipelineLogProb, PipelineTrainStep
-from mindrlhf.trainer.train_step import GRPOLossCell, PolicyTrainStep, ResponseLogProb
+from mindrlhf.trainer.update.loss_inputs import LossInputs
+from mindrlhf.trainer.update.pipelined import PipelineLogProb, PipelineTrainStep
+from mindrlhf.trainer.update.loss import GRPOLossCell
+from mindrlhf.trainer.update.one_graph import PolicyTrainStep, ResponseLogProb
 from mindrlhf.utils.params import param_as_f32
 
 CFG = dict(hidden_size=64, num_layers=3, num_heads=4, n_kv_heads=2, intermediate_size=96, vocab_size=160,
@@ -91,7 +93,8 @@ def reference(cfg, weights, data):
     (loss, _), grads = ms.value_and_grad(GRPOLossCell(ref, rl, R, TEMPERATURE), None, params, has_aux=True)(
         *tensors(rows, *data, tokens))
     step = PolicyTrainStep(GRPOLossCell(ref, rl, R, TEMPERATURE), AdamW(params, 0.01), Mesh(1, 1, 0), 1.0)
-    out = step(*tensors(rows, *data, tokens), Tensor(np.float32(LR)))
+    t = tensors(rows, *data, tokens)
+    out = step(*t[:4], Tensor(np.float32(LR)), *t[4:])
     logp = ResponseLogProb(ref, R, TEMPERATURE)(*tensors(rows, *data, tokens)[:4]).asnumpy()
     return {"loss": float(loss.asnumpy()), "grads": {p.name: g.asnumpy() for p, g in zip(params, grads)},
             "norm": float(out[5].asnumpy()), "after": {p.name: param_as_f32(p).copy() for p in params},
@@ -113,7 +116,7 @@ def run_case(out_dir, case, rank, cfg, weights, data, ref):
     local = tensors(rows, *data, tokens / dp)
     if pp > 1:
         step = PipelineTrainStep(GRPOLossCell(model, rl, R, TEMPERATURE, micro_batches=m), opt, mesh, 1.0, m)
-        loss = step.accumulate(*local)[0]
+        loss = step.accumulate(*local[:4], LossInputs(*local[4:]))[0]
         grads = [acc.asnumpy() for acc in step.acc]
     else:                      # sequence parallelism without stages: the plain train step
         loss_cell = GRPOLossCell(model, rl, R, TEMPERATURE)
@@ -129,7 +132,7 @@ def run_case(out_dir, case, rank, cfg, weights, data, ref):
     if pp > 1:
         norm = float(step.apply(Tensor(np.float32(LR))).asnumpy())
     else:
-        norm = float(step(*local, Tensor(np.float32(LR)))[5].asnumpy())
+        norm = float(step(*local[:4], Tensor(np.float32(LR)), *local[4:])[5].asnumpy())
     # weights after one AdamW update, relative in norm: per tensor (Adam's first step is ~lr x sign(g), so float
     # noise in near-zero gradient elements moves single elements by up to ~2 lr, see test_layout_invariance)
     # and over all of this rank's tensors

@@ -22,7 +22,7 @@ from mindrlhf.rollout.sampling import SamplingParams  # noqa: E402
 from mindrlhf.trainer.exchange import gather_samples  # noqa: E402
 from mindrlhf.trainer.samples import SampleBatch, training_tensors  # noqa: E402
 from mindrlhf.models.padding import left_pad  # noqa: E402
-from mindrlhf.trainer.train_step import ResponseLogProb  # noqa: E402
+from mindrlhf.trainer.update.one_graph import ResponseLogProb  # noqa: E402
 
 CFG = ModelConfig(**tiny_model_kwargs(True, False, 4))   # 4 kv heads: TP up to 4
 

@@ -1,4 +1,5 @@
-"""Compiled (jit) pieces of training: per-token logprobs of responses, and one policy update.
+"""The GRPO loss of a mini-batch (GRPOLossCell) and what an update reports: the same for every update engine
+(update/one_graph.py, pipelined.py, layerwise.py).
 
 A training sequence is [prompt left-padded to P | response right-padded to R]; the logprob of response
 token k is read at input position P - 1 + k. Shapes are static per run so each graph compiles once.
@@ -10,10 +11,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from mindrlhf.models.qwen2 import CausalLM
-from mindrlhf.models.tp_regions import reduce_from_tp
-from mindrlhf.parallel.grad_sync import DPGradMean, StageSum
 from mindrlhf.trainer.grpo_math import CovOptions, agg_token_mean, grpo_loss, tis_weights
-from mindrlhf.trainer.optim import AdamW, clip_scale, squares_total
 
 
 def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int,
@@ -22,24 +20,6 @@ def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, re
     each (N, R): the log-prob convention of rollout/sampling.py. shared_prompt = (group, prompt width): rows
     come in groups of `group` with one prompt, which then runs once per group; (0, 0): every row whole."""
     return model.token_logprobs(input_ids, position_ids, bias, labels, response_len, temperature, *shared_prompt)
-
-
-class ResponseLogProb(nn.Cell):
-    """No-grad log-probs (old policy, reference, rollout-vs-train check), (N, R). The entropy is the train
-    step's statistic: left out here, the compiler drops its two passes over the logits."""
-
-    def __init__(self, model: CausalLM, response_len: int, temperature: float = 1.0, shared_prompt=(0, 0)):
-        super().__init__(auto_prefix=False)
-        self.model = model
-        self.response_len = response_len
-        self.temperature = temperature
-        self.shared_prompt = tuple(shared_prompt)
-
-    @ms.jit
-    def construct(self, input_ids, position_ids, bias, labels):
-        logp, _ = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
-                                    self.temperature, self.shared_prompt)
-        return ops.stop_gradient(logp)
 
 
 class GRPOLossCell(nn.Cell):
@@ -69,15 +49,16 @@ class GRPOLossCell(nn.Cell):
         self.loss_mode, self.top_entropy_quantile = rl.loss_mode, rl.top_entropy_quantile
         self.cov = CovOptions(rl.kl_cov_ratio, rl.ppo_kl_coef, rl.clip_cov_ratio, rl.clip_cov_lb, rl.clip_cov_ub)
 
-    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                  token_norm):
+    def construct(self, input_ids, position_ids, bias, labels, *loss_inputs):
         logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
                                       self.temperature, self.shared_prompt)
-        return self.terms(logp, ent, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm)
+        return self.terms(logp, ent, loss_inputs)
 
-    def terms(self, logp, ent, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm):
-        """(loss, statistics) from the policy's log-probs and entropies (N, R): construct's part after the
-        model (layerwise_step.py runs the model one layer per graph and calls this from the final stream)."""
+    def terms(self, logp, ent, loss_inputs):
+        """(loss, LOSS_STATS) from the policy's log-probs and entropies (N, R) and `loss_inputs`
+        (LossInputs.args()): construct's part after the model (update/layerwise.py runs the model one layer
+        per graph and calls this from the final stream). The one place that reads the loss inputs by name."""
+        mask, old_logp, rollout_logp, ref_logp, advantages, token_norm = loss_inputs
         fmask = ops.cast(mask, ms.float32)
         gap = ops.zeros((), ms.float32)
         if self.on_policy:
@@ -102,59 +83,10 @@ class GRPOLossCell(nn.Cell):
         return loss, (pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped)
 
 
-def tp_split_flags(model: CausalLM, params) -> list:
-    """Per parameter: True when its layout in the model's mesh splits it over TP ranks (read from the
-    model's layouts, the one place that says so)."""
-    layouts = model.layouts()
-    return [any(m != -1 for m in layouts[p.name].tensor_map) for p in params]
-
-
-class SplitNormSum(nn.Cell):
-    """Global squared grad norm: TP-split params' squares summed over TP ranks, replicated ones counted once,
-    and under pipeline parallelism the stages' sums added up."""
-
-    def __init__(self, split_flags, mesh):
-        super().__init__()
-        # the two index lists are fixed here: an `if` per parameter inside the graph's loop would compile
-        # into a branch per parameter (type inference time)
-        self.split_ids = tuple(i for i, split in enumerate(split_flags) if split)
-        self.replicated_ids = tuple(i for i, split in enumerate(split_flags) if not split)
-        self.reduce = reduce_from_tp(mesh)
-        self.stage_sum = StageSum(mesh)
-
-    def construct(self, grads):
-        return self.combine(squares_total(grads, self.split_ids), squares_total(grads, self.replicated_ids))
-
-    def combine(self, split_total, replicated_total):
-        """The global squared norm from the sums of squares of this rank's split and replicated parameters."""
-        return self.stage_sum(self.reduce(split_total) + replicated_total)
-
-
-class PolicyTrainStep(nn.Cell):
-    """Loss, gradients, DP mean, global-norm clip and AdamW in one compiled graph."""
-
-    def __init__(self, loss_cell: GRPOLossCell, optimizer: AdamW, mesh, max_grad_norm: float):
-        super().__init__(auto_prefix=False)
-        self.loss_cell = loss_cell
-        self.optimizer = optimizer
-        self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params, has_aux=True)
-        self.dp_mean = DPGradMean(mesh)
-        self.norm_sum = SplitNormSum(tp_split_flags(loss_cell.model, optimizer.params), mesh)
-        self.max_grad_norm = max_grad_norm
-
-    @ms.jit
-    def construct(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                  token_norm, lr):
-        (loss, aux), grads = self.grad_fn(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp,
-                                          ref_logp, advantages, token_norm)
-        grads = self.dp_mean(grads)
-        scale, grad_norm = clip_scale(grads, self.max_grad_norm, self.norm_sum)
-        self.optimizer(grads, lr, scale)
-        pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped = aux
-        return loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap, tis_mean, tis_max, tis_clipped
-
-
-# what each update reports (PolicyTrainStep's outputs, then the learning rate), averaged over a step's updates
+# the loss cell's statistics (GRPOLossCell.terms' second output, in order)
+LOSS_STATS = ("pg_loss", "kl", "clip_frac", "entropy", "on_policy_gap", "tis_ratio_mean", "tis_ratio_max",
+              "tis_clipped_frac")
+# what each update reports (every engine's outputs, then the learning rate), averaged over a step's updates
 UPDATE_STATS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "on_policy_gap", "tis_ratio_mean",
                 "tis_ratio_max", "tis_clipped_frac", "lr")
 MAX_STATS = ("tis_ratio_max",)          # reduced by max over updates and ranks; the rest by mean

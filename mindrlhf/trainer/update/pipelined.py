@@ -1,7 +1,7 @@
 """The policy update and the no-grad log-probs under pipeline parallelism (train layout pipeline_stage > 1), and
 the update in parts without stages (micro_batch_interleave_num > 1: one stage that is first and last).
 
-Same calls and outputs as train_step.PolicyTrainStep / ResponseLogProb, so the trainer does not care which
+Same calls and outputs as one_graph.PolicyTrainStep / ResponseLogProb, so the trainer does not care which
 it holds. A mini-batch is cut into `micro_batch_num` micro-batches that go through the stages on the 1F1B
 schedule (parallel/pipeline.py). Each stage compiles three graphs: its forward (no grad), its backward
 (the forward recomputed under GradOperation with the incoming activation gradient as sensitivity - full
@@ -20,24 +20,15 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindrlhf.configs.errors import ConfigError
 from mindrlhf.models.tp_layers import MS_DTYPES
-from mindrlhf.trainer import exchange
-from mindrlhf.parallel.grad_sync import DPMeanInPlace
 from mindrlhf.parallel.pipeline import StageIO, make_links, run_1f1b, run_forward_only
 from mindrlhf.parallel.swap import on_ascend
-from mindrlhf.trainer.optim import AddSquares, aliases, block_runs, clip_factor, zeros_like
-from mindrlhf.trainer.train_step import GRPOLossCell, SplitNormSum, tp_split_flags
-
-N_STATS = 8          # the loss cell's aux outputs
-TIS_MAX = 6          # index among them of the one reduced by max over micro-batches (tis_ratio_max)
-
-
-def micro_batch_count(rows: int, micro_batches: int, where: str) -> int:
-    if rows % micro_batches:
-        raise ConfigError(f"{where}: {micro_batches} micro-batches do not divide the {rows} sequences of a "
-                          f"mini-batch on one train data-parallel rank (rl.mini_batch_size)")
-    return micro_batches
+from mindrlhf.trainer import exchange
+from mindrlhf.trainer.optim import zeros_like
+from mindrlhf.trainer.update.accumulate import AccumulatedUpdate, ApplyAccumulated, micro_batch_stats
+from mindrlhf.trainer.update.grad_norm import tp_split_flags
+from mindrlhf.trainer.update.loss import GRPOLossCell
+from mindrlhf.trainer.update.loss_inputs import LossInputs
 
 
 class _StageFn(nn.Cell):
@@ -99,74 +90,15 @@ class LastStageStep(nn.Cell):
         self.grad_fn = ms.value_and_grad(loss_cell, None if first else 0, ms.ParameterTuple(params), has_aux=True)
 
     @ms.jit
-    def construct(self, x, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                  token_norm):
+    def construct(self, x, position_ids, bias, labels, *loss_inputs):
         if self.first:
-            (loss, aux), grads = self.grad_fn(x, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
-                                              advantages, token_norm)
+            (loss, aux), grads = self.grad_fn(x, position_ids, bias, labels, *loss_inputs)
             dx = ops.zeros((), ms.float32)
         else:
-            (loss, aux), (dx, grads) = self.grad_fn(x, position_ids, bias, labels, mask, old_logp, rollout_logp,
-                                                    ref_logp, advantages, token_norm)
+            (loss, aux), (dx, grads) = self.grad_fn(x, position_ids, bias, labels, *loss_inputs)
         for i in range(len(self.acc)):
             ops.assign_add(self.acc[i], grads[i])
         return loss, aux, dx
-
-
-class _ClipScale(nn.Cell):
-    """(clip factor, global norm) from this rank's two sums of squares (split, replicated parameters)."""
-
-    def __init__(self, norm_sum: SplitNormSum, max_grad_norm: float):
-        super().__init__(auto_prefix=False)
-        self.norm_sum, self.max_grad_norm = norm_sum, max_grad_norm
-
-    @ms.jit
-    def construct(self, split_total, replicated_total):
-        norm = ops.sqrt(self.norm_sum.combine(split_total, replicated_total))
-        return clip_factor(norm, self.max_grad_norm), norm
-
-
-class ApplyAccumulated:
-    """DP mean, global-norm clip (over TP ranks and pipeline stages) and AdamW on the summed gradients, the
-    buffers cleared after. Driven from the host one decoder layer's buffers at a time, through small graphs
-    that all layers share (AdamW.update_each says why), with the operations and their order of the one-graph
-    train step."""
-
-    def __init__(self, optimizer, acc, mesh, split_flags, max_grad_norm: float):
-        self.optimizer, self.acc = optimizer, acc
-        self.dp_mean = DPMeanInPlace(mesh) if mesh.dp > 1 else None
-        norm_sum = SplitNormSum(split_flags, mesh)
-        names = [p.name for p in optimizer.params]
-        self.all_runs = block_runs(names, range(len(acc)))
-        self.norm_runs = tuple(block_runs(names, ids) for ids in (norm_sum.split_ids, norm_sum.replicated_ids))
-        self.add_squares = AddSquares()
-        self.clip = _ClipScale(norm_sum, max_grad_norm)
-
-    def __call__(self, lr):
-        """One update; returns the global gradient norm (before clipping)."""
-        if self.dp_mean is not None:
-            for ids in self.all_runs:
-                self.dp_mean(aliases(self.acc, ids))
-        totals = []
-        for runs in self.norm_runs:
-            total = Tensor(np.float32(0.0))
-            for ids in runs:
-                total = self.add_squares(total, aliases(self.acc, ids))
-            totals.append(total)
-        scale, grad_norm = self.clip(*totals)
-        self.optimizer.update_each(self.acc, lr, scale)
-        return grad_norm
-
-
-class AccumulatedUpdate:
-    """An update whose gradients a subclass's `accumulate` sums into buffers, then `self.apply`
-    (ApplyAccumulated) uses and clears: PolicyTrainStep's call and outputs."""
-
-    def __call__(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                 token_norm, lr):
-        stats = self.accumulate(input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp,
-                                advantages, token_norm)
-        return update_outputs(stats, float(self.apply(lr).asnumpy()))
 
 
 class PipelineTrainStep(AccumulatedUpdate):
@@ -199,10 +131,9 @@ class PipelineTrainStep(AccumulatedUpdate):
         self.busy_seconds += time.perf_counter() - t0
         return out
 
-    def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                   token_norm) -> np.ndarray:
+    def accumulate(self, input_ids, position_ids, bias, labels, loss_inputs: LossInputs) -> np.ndarray:
         """The mini-batch's micro-batches through the 1F1B schedule: this stage's gradients summed into
-        `self.acc`; returns (loss, the loss cell's 8 statistics) on every stage."""
+        `self.acc`; returns (loss, LOSS_STATS) on every stage."""
         n = self.micro_rows or input_ids.shape[0] // self.micro_batches
         m = input_ids.shape[0] // n
         cut = [slice(i * n, (i + 1) * n) for i in range(m)]
@@ -222,8 +153,8 @@ class PipelineTrainStep(AccumulatedUpdate):
             if not self.mesh.is_last_stage:
                 dx = self._timed(self.backward_cell, x, position_ids[c], bias[c], dy)
                 return None if self.mesh.is_first_stage else dx
-            loss, aux, dx = self._timed(self.last, x, position_ids[c], bias[c], labels[c], mask[c], old_logp[c],
-                                        rollout_logp[c], ref_logp[c], advantages[c], token_norm)
+            loss, aux, dx = self._timed(self.last, x, position_ids[c], bias[c], labels[c],
+                                        *loss_inputs.rows(c).args())
             per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
             return dx
 
@@ -231,25 +162,6 @@ class PipelineTrainStep(AccumulatedUpdate):
         run_1f1b(self.mesh.stage, self.mesh.pp, m, io, forward, backward)
         self.schedule_seconds += time.perf_counter() - t0
         return micro_batch_stats(per_micro, self.mesh)
-
-
-def micro_batch_stats(per_micro, mesh) -> np.ndarray:
-    """(loss, the loss cell's 8 statistics) of an update from its micro-batches' (this stage's list; empty
-    on the others): summed (each is normalised by the mini-batch), tis_ratio_max by max. They live on the
-    last stage, and every stage reports them (the others contribute zeros)."""
-    stats = np.zeros(1 + N_STATS, np.float32)
-    if per_micro:
-        arr = np.array(per_micro, np.float64)
-        stats[:] = arr.sum(0)
-        stats[1 + TIS_MAX] = arr[:, 1 + TIS_MAX].max()
-    return exchange.sum_over(stats, mesh.pp_ranks())
-
-
-def update_outputs(stats: np.ndarray, grad_norm: float) -> tuple:
-    """PolicyTrainStep's outputs (train_step.UPDATE_STATS without lr) from micro_batch_stats and the norm."""
-    loss, pg_loss, kl, clip_frac, entropy, gap, tis_mean, tis_max, tis_clipped = stats.tolist()
-    return tuple(Tensor(np.float32(v)) for v in (loss, pg_loss, kl, clip_frac, entropy, grad_norm, gap, tis_mean,
-                                                 tis_max, tis_clipped))
 
 
 class LastStageLogProb(nn.Cell):

@@ -12,7 +12,7 @@ small and one call per layer over all rows keeps the matmuls large and the calls
 count varies by update, call the layers per packed micro-batch). The log-prob passes (LayerwiseLogProb) run
 the same template and forward graph. Each graph compiles once, whatever the depth; what persists between
 layers is the residual stream. Same operations per layer as the one-graph step; the update itself is
-pipeline_step.ApplyAccumulated. The price: every layer's forward runs twice per update (docs/BENCHMARKS.md,
+update/accumulate.py. The price: every layer's forward runs twice per update (docs/BENCHMARKS.md,
 bench_real_model.py).
 
 Whole model on one rank only (no pipeline stages, no sequence parallelism: resolve.py checks); TP runs inside
@@ -30,8 +30,10 @@ from mindrlhf.models.layer_graphs import embed, final_hidden, layer_inputs, shar
 from mindrlhf.models.lora import freeze_base
 from mindrlhf.models.qwen2 import DecoderLayer
 from mindrlhf.trainer.optim import aliases, zeros_like
-from mindrlhf.trainer.pipeline_step import AccumulatedUpdate, ApplyAccumulated, micro_batch_stats
-from mindrlhf.trainer.train_step import GRPOLossCell, tp_split_flags
+from mindrlhf.trainer.update.accumulate import AccumulatedUpdate, ApplyAccumulated, micro_batch_stats
+from mindrlhf.trainer.update.grad_norm import tp_split_flags
+from mindrlhf.trainer.update.loss import GRPOLossCell
+from mindrlhf.trainer.update.loss_inputs import LossInputs
 from mindrlhf.utils.params import hold_reads
 
 
@@ -168,11 +170,11 @@ class _HeadLoss(nn.Cell):
         self.loss_cell = loss_cell
         self.group, self.prompt_len = loss_cell.shared_prompt
 
-    def construct(self, x, labels, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm):
+    def construct(self, x, labels, *loss_inputs):
         cell = self.loss_cell
         logp, ent = _head_logprobs(cell.model, x, labels, self.group, self.prompt_len, cell.response_len,
                                    cell.temperature)
-        return cell.terms(logp, ent, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm)
+        return cell.terms(logp, ent, loss_inputs)
 
 
 class _HeadStep(nn.Cell):
@@ -188,15 +190,13 @@ class _HeadStep(nn.Cell):
                                          has_aux=True)
 
     @ms.jit
-    def construct(self, x, labels, mask, old_logp, rollout_logp, ref_logp, advantages, token_norm):
+    def construct(self, x, labels, *loss_inputs):
         if self.with_params:
-            (loss, aux), (dx, grads) = self.grad_fn(x, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                                                    token_norm)
+            (loss, aux), (dx, grads) = self.grad_fn(x, labels, *loss_inputs)
             for i in range(len(self.acc)):
                 ops.assign_add(self.acc[i], grads[i])
         else:
-            (loss, aux), dx = self.grad_fn(x, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                                           token_norm)
+            (loss, aux), dx = self.grad_fn(x, labels, *loss_inputs)
         return loss, aux, dx
 
 
@@ -263,10 +263,9 @@ class LayerwiseTrainStep(AccumulatedUpdate):
                               ms.ParameterTuple([self.acc[i] for i in head_ids]))
         self.apply = ApplyAccumulated(optimizer, self.acc, mesh, tp_split_flags(model, params), max_grad_norm)
 
-    def accumulate(self, input_ids, position_ids, bias, labels, mask, old_logp, rollout_logp, ref_logp, advantages,
-                   token_norm) -> np.ndarray:
+    def accumulate(self, input_ids, position_ids, bias, labels, loss_inputs: LossInputs) -> np.ndarray:
         """The mini-batch's gradients summed into `self.acc`, layer by layer (each layer's weights copied into
-        the template once per pass), the head in micro-batches; returns (loss, the loss cell's 8 statistics)."""
+        the template once per pass), the head in micro-batches; returns (loss, LOSS_STATS)."""
         rows = input_ids.shape[0]
         cuts = layer_calls(rows, self.micro_rows)
         ins = [self.inputs(input_ids[c], position_ids[c], bias[c]) for c in cuts]
@@ -282,8 +281,7 @@ class LayerwiseTrainStep(AccumulatedUpdate):
             pieces = []
             total = c.stop - c.start
             for h, piece in zip(head.cuts(c), head.cut(x.pop(), total)):
-                loss, aux, dx = self.head(piece, labels[h], mask[h], old_logp[h], rollout_logp[h], ref_logp[h],
-                                          advantages[h], token_norm)
+                loss, aux, dx = self.head(piece, labels[h], *loss_inputs.rows(h).args())
                 per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
                 pieces.append(dx)
             grads.append(head.join(pieces, total))

@@ -1,0 +1,48 @@
+"""What the GRPO loss reads besides the policy's own forward, as one structure.
+
+Every update engine takes a mini-batch as (input_ids, position_ids, bias, labels, *LossInputs, lr) and passes
+the loss inputs through to the loss cell without naming them: a new input (a tool-token mask, a routing to
+replay) is a field here and a read in `GRPOLossCell.terms`, nowhere else. On the host the fields are numpy
+arrays; `tensors()` makes the float32 Tensors the graphs take (float32 always, so one compiled graph serves
+every call).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from mindspore import Tensor
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """Rows as the mini-batch's; (N, R) per response token unless said."""
+    mask: Any           # 1 on the tokens the loss trains (masked groups and truncated rows are 0)
+    old_logp: Any       # the old policy's log-probs (on-policy unused: the forward's own, detached)
+    rollout_logp: Any   # the sampler's log-probs (TIS weights, the on-policy rollout-train gap)
+    ref_logp: Any       # the reference model's log-probs (zeros when there is none)
+    advantages: Any     # (N,) per sequence, or (N, R) per token (packed rows)
+    token_norm: Any     # () the global mini-batch's token count: the token-mean denominators
+
+    NOT_PER_ROW = ("token_norm",)
+
+    def args(self) -> tuple:
+        """The fields in order: the positional arguments the engines' graphs take after the model inputs."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def per_row(self, fn: Callable) -> "LossInputs":
+        """`fn` applied to every field with a row axis (slicing, packing), the others kept."""
+        return LossInputs(*(v if f.name in self.NOT_PER_ROW else fn(v)
+                            for f, v in zip(dataclasses.fields(self), self.args())))
+
+    def rows(self, cut) -> "LossInputs":
+        return self.per_row(lambda v: v[cut])
+
+    def tensors(self) -> "LossInputs":
+        return LossInputs(*(Tensor(np.asarray(v, np.float32)) for v in self.args()))
+
+
+def field_names() -> tuple:
+    return tuple(f.name for f in dataclasses.fields(LossInputs))
