@@ -10,7 +10,7 @@ import yaml
 
 from grpo_helpers import make_grpo_assets
 from mindrlhf.configs import ConfigError, load_model_yaml, upstream
-from mindrlhf.configs.grpo_config import config_from_argv, load_grpo_config
+from mindrlhf.configs.grpo_config import config_from_argv, load_grpo_config, resolved_config_text
 from mindrlhf.trainer.optim import mindrlhf_lr
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "upstream")
@@ -328,13 +328,16 @@ def test_the_tutorials_command_without_a_config_runs_upstreams_defaults(assets, 
     text = "\n".join(lines)
     assert "total_steps = 160  <- run.epochs 10 x 16 steps per pass" in text
     assert f"sft_path_train = {assets['sft_path_train']!r}  <- --sft_path_train" in text
-    assert "beta = 0.01  <- default\n" in text
-    assert "seed = 1  <- default; MindRLHF runs None" in text
+    assert "beta = " not in text                             # at its default: only in config_resolved.yaml
+    assert "beta: 0.01  # default\n" in resolved_config_text(cfg)
+    assert "seed = 1  <- default; MindRLHF runs None" in text    # a default upstream runs otherwise is said
     # the predict YAML's generation fields, named as their source
     assert f"max_tokens = 8  <- {assets['sft_path_infer']} (model_config)" in text
 
 
-def test_start_up_lists_every_field_once_with_its_origin(assets, tmp_path):
+def test_start_up_lists_what_is_not_default_and_the_run_dir_every_field(assets, tmp_path):
+    """Start-up prints the fields set or derived (value and origin); config_resolved.yaml holds every field
+    with its origin and loads back as the same config."""
     from mindrlhf.configs.grpo_config import _section_fields
     from mindrlhf.trainer.resolve import resolve
     path = _write(tmp_path / "g.yaml", {"rl": {"beta": 0.2, "num_generations": 4}, "optim": {"lr": 1e-4}})
@@ -343,14 +346,22 @@ def test_start_up_lists_every_field_once_with_its_origin(assets, tmp_path):
     for k in ("vocab_path", "merges_file_path", "mind_dataset_dir", "sft_path_train"):
         argv += [f"--{k}", assets[k]]
     lines = []
-    resolve(config_from_argv(argv), 0, 1, lambda *a, **k: lines.extend(" ".join(map(str, a)).split("\n")))
+    run = resolve(config_from_argv(argv), 0, 1, lambda *a, **k: lines.extend(" ".join(map(str, a)).split("\n")))
     fields = [line.strip() for line in lines if line.startswith("    ") and " = " in line]
-    assert len(fields) == len(list(_section_fields()))
     origin = dict(line.split(" = ", 1) for line in fields)
     assert origin["beta"] == f"0.2  <- {path}" and origin["num_generations"] == f"4  <- {path}"
     assert origin["lr"] == "0.0003  <- --lr"            # the flag wins over the file, and says so
     assert origin["total_steps"] == "2  <- --total_steps"
-    assert origin["min_p"] == "0.0  <- default" and origin["max_tokens"] == "8  <- --max_tokens"
+    assert origin["max_tokens"] == "8  <- --max_tokens" and "min_p" not in origin
+    assert len(fields) < len(list(_section_fields())) // 2
+    assert all("<- default" not in f or "MindRLHF runs" in f for f in fields)
+    text = resolved_config_text(run.cfg)
+    entries = [line for line in text.splitlines() if line.startswith("  ")]
+    assert len(entries) == len(list(_section_fields()))
+    assert "  min_p: 0.0  # default" in entries and f"  beta: 0.2  # {path}" in entries
+    reloaded = load_grpo_config(_write(tmp_path / "resolved.yaml", yaml.safe_load(text)))
+    for sec, f in _section_fields():
+        assert getattr(getattr(reloaded, sec), f.name) == getattr(getattr(run.cfg, sec), f.name), (sec, f.name)
 
 
 def test_settings_that_rule_out_a_default_replace_it_and_say_so(tmp_path):

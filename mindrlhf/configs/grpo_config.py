@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import types
@@ -590,14 +591,33 @@ def _default(f: dataclasses.Field):
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
-def describe_fields(cfg: GRPOConfig) -> List[str]:
-    """Every field of the run, its value and where it came from (default, a file, a flag, or what derived it),
-    one section per line group: printed once at start-up so a run's settings are never a guess."""
-    lines = ["config (every field: value  <- where it came from):"]
+def _field_origins(cfg: GRPOConfig):
+    """(section, field, value, where it came from) for every field: a file, a flag, what derived it, or the
+    default (with MindRLHF's value where it runs another)."""
     for sec in SECTIONS:
-        lines.append(f"  [{sec}]")
         for f in dataclasses.fields(getattr(cfg, sec)):
             key, value = f"{sec}.{f.name}", getattr(getattr(cfg, sec), f.name)
-            where = cfg.origin.get(key) or "default" + upstream.upstream_default_note(key, value)
-            lines.append(f"    {f.name} = {value!r}  <- {where}")
+            yield sec, f.name, value, cfg.origin.get(key) or "default" + upstream.upstream_default_note(key, value)
+
+
+def describe_fields(cfg: GRPOConfig) -> List[str]:
+    """The fields not at their plain default - set by a file or flag, derived, or a default MindRLHF runs
+    otherwise - with their value and origin, printed once at start-up; every field is in the run directory's
+    config_resolved.yaml (resolved_config_text)."""
+    lines = ["config (fields not at their default: value  <- where it came from; all: config_resolved.yaml):"]
+    for sec in SECTIONS:
+        rows = [f"    {name} = {value!r}  <- {where}" for s, name, value, where in _field_origins(cfg)
+                if s == sec and where != "default"]
+        if rows:
+            lines += [f"  [{sec}]"] + rows
     return lines
+
+
+def resolved_config_text(cfg: GRPOConfig) -> str:
+    """Every field of the run as our sectioned YAML (it loads back as --config), each with its origin."""
+    lines = ["# the resolved GRPO config: every field, its value and (after #) where it came from"]
+    for sec in SECTIONS:
+        lines.append(f"{sec}:")
+        lines += [f"  {name}: {json.dumps(value)}  # {where}" for s, name, value, where in _field_origins(cfg)
+                  if s == sec]
+    return "\n".join(lines) + "\n"

@@ -52,6 +52,7 @@ class GRPOTrainer:
         ms.set_seed(cfg.run.seed)
         self.run = run = resolve(cfg, self.rank, self.world, self.log)   # every check; cheap, the same on every rank
         startup.set_compile_cache(run, self.log)
+        run_dir.write_resolved_config(run.cfg, self.rank)
         self.cfg, self.dataset, self.eval_dataset, self.geometry = run.cfg, run.dataset, run.eval_dataset, run.geometry
         self.train_mesh, self.infer_mesh = run.train_mesh, run.infer_mesh
         models = build_models(run, self.log)      # only now the expensive part: build and load weights, first sync

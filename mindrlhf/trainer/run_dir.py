@@ -19,9 +19,11 @@ from typing import List, Optional
 from mindrlhf.configs.errors import CheckpointError, ConfigError
 from mindrlhf.trainer import exchange
 from mindrlhf.trainer.checkpointing import step_folders
-from mindrlhf.utils.atomic import write_json
+from mindrlhf.configs.grpo_config import resolved_config_text
+from mindrlhf.utils.atomic import write_json, write_text
 
 RUN_FILE = "RUN"
+CONFIG_FILE = "config_resolved.yaml"      # every field of the run with its origin, rewritten at each start
 EXPORT_DIR = "hf_policy"
 ADAPTER_EXPORT_DIR = "hf_adapter"       # a LoRA run's adapter in PEFT's format
 
@@ -89,3 +91,10 @@ def claim(run, rank: int, marks: bool) -> Optional[str]:
     remove(found)
     exchange.barrier()
     return new_run(run.save_ckpt_dir) if marks else None
+
+
+def write_resolved_config(cfg, rank: int):
+    """Rank 0 writes the resolved config (every field, value and origin) into save_ckpt_dir, atomically."""
+    if rank == 0 and cfg.run.save_ckpt_dir:
+        os.makedirs(cfg.run.save_ckpt_dir, exist_ok=True)
+        write_text(os.path.join(cfg.run.save_ckpt_dir, CONFIG_FILE), resolved_config_text(cfg))

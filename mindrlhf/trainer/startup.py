@@ -76,9 +76,9 @@ def set_compile_cache(run: ResolvedRun, log: Callable):
         log(f"compile cache: {cache_dir} (this job's; another config, model, tokenizer, dataset or resume step "
             f"gets another directory)")
         return
-    ms.set_context(enable_compile_cache=False)
     env = os.environ.get("MS_COMPILER_CACHE_ENABLE", "")
-    if env.strip() not in ("", "0"):
+    if env.strip() not in ("", "0"):      # off by default: said only then (set_context warns it is deprecated)
+        ms.set_context(enable_compile_cache=False)
         log(f"note: MS_COMPILER_CACHE_ENABLE={env} ignored: MindSpore's cache there is keyed by the Python "
             f"sources only, so another job's graphs would run; run.enable_compile_cache: true caches per job")
 
