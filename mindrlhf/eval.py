@@ -25,7 +25,6 @@ accuracy_reward) is at least --correct_threshold.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -35,7 +34,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from dataclasses import dataclass
+
 from mindrlhf.configs.errors import CheckpointError, ConfigError
+from mindrlhf.configs.fields import default, flag_parser, from_flags, help_field as _f
+from mindrlhf.configs.grpo_config import RewardConfig, RunConfig, SamplingConfig
+from mindrlhf.data.convert import DEFAULTS as CONVERT_DEFAULTS
+from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES
+from mindrlhf.data.sources import DATASET_TYPES
 
 MINDRECORD_SUFFIX = ".mindrecord"
 
@@ -54,78 +60,69 @@ def pass_ks(n: int) -> List[int]:
     return [k for k in (2 ** i for i in range(n.bit_length())) if k < n] + [n]
 
 
-def _true_false(text: str) -> bool:
-    """A bool flag as the training flags take one (configs/coerce.py): true or false, any case."""
-    if str(text).strip().lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
-    return str(text).strip().lower() == "true"
+@dataclass
+class EvalConfig:
+    """The eval command's settings: its flags, help and docs/CONFIG.md's eval table are generated from here;
+    the defaults shared with training are the training config's own."""
+    model: str = _f("", "a Hugging Face model folder (config.json + safetensors) or a model YAML (MindFormers' or "
+                    "MindSpeed-RL's; its parallel layout is not used: every rank holds the whole model)", required=True)
+    checkpoint: str = _f("", "the weights: save_ckpt_dir/step_N, a save_ckpt_dir (its newest complete step), an HF "
+                         "folder (save_ckpt_dir/hf_policy) or a .ckpt/.safetensors file; default: --model when it is "
+                         "an HF folder")
+    vocab_path: str = _f("", "tokenizer vocab.json (or a folder with tokenizer.json); default: the HF folder's "
+                         "tokenizer")
+    merges_file_path: str = _f("", "merges.txt belonging to --vocab_path")
+    dataset: str = _f("", "a prompt MindRecord from rlhf_data.py, or a .jsonl, a .json array, a .parquet or a "
+                      "directory of them (read as rlhf_data.py reads them)", required=True)
+    dataset_type: str = _f("gsm8k", "jsonl/JSON/parquet input: the columns a row is read from (rlhf_data.py's flag)",
+                           choices=tuple(sorted(DATASET_TYPES)))
+    map_keys: str = _f("", "jsonl/JSON/parquet input: JSON {field: column} renaming the columns --dataset_type "
+                       "reads (rlhf_data.py's flag)")
+    prompt_template: str = _f("none", f"jsonl/JSON/parquet input: chat, one of {sorted(PROMPT_TEMPLATES)} or a file "
+                              f"with '{{question}}' (rlhf_data.py's flag; use the one the training data was "
+                              f"converted with)")
+    system_prompt: str = _f("", "with --prompt_template chat: a system message")
+    max_prompt_length: int = _f(CONVERT_DEFAULTS["max_prompt_length"][0], "jsonl/JSON/parquet input: prompt "
+                                "tokens kept (rlhf_data.py's flag; the prompt bucket the rollout pads to)")
+    on_long_prompt: str = _f("truncate", "jsonl/JSON/parquet input: prompts longer than --max_prompt_length "
+                             "(truncate keeps the end)", choices=("truncate", "skip"))
+    limit: int = _f(0, "evaluate the first N prompts (0: all)")
+    n: int = _f(1, "completions per prompt")
+    temperature: float = _f(0.0, "0: greedy")
+    top_p: float = _f(default(SamplingConfig, "top_p"), "nucleus sampling: keep the smallest set of tokens "
+                      "whose probability reaches top_p")
+    top_k: int = _f(default(SamplingConfig, "top_k"), "keep the k most likely tokens (0: off)")
+    min_p: float = _f(default(SamplingConfig, "min_p"), "drop tokens below min_p x the top token's probability")
+    repetition_penalty: float = _f(default(SamplingConfig, "repetition_penalty"), "CTRL's repetition penalty "
+                                   "(1: off)")
+    max_tokens: int = _f(default(SamplingConfig, "max_tokens"), "most new tokens per completion")
+    seed: int = _f(0, "sampling seed (completion j of prompt p draws from the stream (seed, p, j))")
+    verifier_function: List[str] = _f(["accuracy_reward"], "verifiers scoring each completion, as in training "
+                                      "(mindrlhf.reward.verifiers); space- or comma-separated")
+    verifier_weight: List[float] = _f([], "one weight per verifier (default: 1 each)")
+    reward_module: str = _f("", "a .py file or module registering more verifiers")
+    verifier_timeout: float = _f(default(RewardConfig, "verifier_timeout"), "seconds one verifier may spend on "
+                                 "one completion (0 scores it)")
+    correct_threshold: float = _f(1.0, "a completion with a score at least this is correct (accuracy, pass@k)")
+    output: str = _f("", "write every completion here as JSON lines (index, sample, prompt, completion, solution, "
+                     "score, correct, length, finish_reason)")
+    chunk_rows: int = _f(32, "completions per generate call on a rank (the trainer's eval uses rl.batch_size x "
+                         "rl.num_generations, 4 x 8 by default: the same number gives its greedy accuracy exactly)")
+    use_parallel: bool = _f(False, "under msrun: each rank evaluates every world-th prompt")
+    watchdog_timeout: float = _f(default(RunConfig, "watchdog_timeout"), "under msrun: a rank silent this many "
+                                 "seconds ends the job (parallel/watchdog.py)")
+    progress: bool = _f(True, "a progress bar on rank 0")
 
 
-def _listed(values: Optional[List[str]]) -> List[str]:
-    """Space- or comma-separated values (the training flags take `a,b`)."""
-    return [v for item in values or [] for v in item.split(",") if v]
+def build_parser():
+    return flag_parser(EvalConfig, "python -m mindrlhf.eval", __doc__.split("\n")[0])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from mindrlhf.configs.grpo_config import SamplingConfig
-    from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES
-    from mindrlhf.data.sources import DATASET_TYPES
-    smp = SamplingConfig()
-    p = argparse.ArgumentParser(prog="python -m mindrlhf.eval", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", required=True, help="a Hugging Face model folder (config.json + safetensors) or a "
-                   "model YAML (MindFormers' or MindSpeed-RL's; its parallel layout is not used: every rank holds "
-                   "the whole model)")
-    p.add_argument("--checkpoint", default="", help="the weights: save_ckpt_dir/step_N, a save_ckpt_dir (its newest "
-                   "complete step), an HF folder (save_ckpt_dir/hf_policy) or a .ckpt/.safetensors file; default: "
-                   "--model when it is an HF folder")
-    p.add_argument("--vocab_path", default="", help="tokenizer vocab.json (or a folder with tokenizer.json); "
-                   "default: the HF folder's tokenizer")
-    p.add_argument("--merges_file_path", default="", help="merges.txt belonging to --vocab_path")
-    p.add_argument("--dataset", required=True, help="a prompt MindRecord from rlhf_data.py, or a .jsonl, a .json "
-                   "array, a .parquet or a directory of them (read as rlhf_data.py reads them)")
-    p.add_argument("--dataset_type", default="gsm8k", type=str.lower, choices=sorted(DATASET_TYPES),
-                   help="jsonl/JSON/parquet input: the columns a row is read from (rlhf_data.py's flag)")
-    p.add_argument("--map_keys", default=None, help="jsonl/JSON/parquet input: JSON {field: column} renaming the "
-                   "columns --dataset_type reads (rlhf_data.py's flag)")
-    p.add_argument("--prompt_template", default="none", help=f"jsonl/JSON/parquet input: chat, one of "
-                   f"{sorted(PROMPT_TEMPLATES)} or a file with '{{question}}' (rlhf_data.py's flag; use the one "
-                   f"the training data was converted with)")
-    p.add_argument("--system_prompt", default="", help="with --prompt_template chat: a system message")
-    p.add_argument("--max_prompt_length", type=int, default=256, help="jsonl/JSON/parquet input: prompt tokens "
-                   "kept (rlhf_data.py's flag; the prompt bucket the rollout pads to)")
-    p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip"],
-                   help="jsonl/JSON/parquet input: prompts longer than --max_prompt_length (truncate keeps the end)")
-    p.add_argument("--limit", type=int, default=0, help="evaluate the first N prompts (0: all)")
-    p.add_argument("--n", type=int, default=1, help="completions per prompt")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top_p", type=float, default=smp.top_p)
-    p.add_argument("--top_k", type=int, default=smp.top_k, help="0: off")
-    p.add_argument("--min_p", type=float, default=smp.min_p)
-    p.add_argument("--repetition_penalty", type=float, default=smp.repetition_penalty)
-    p.add_argument("--max_tokens", type=int, default=smp.max_tokens, help="most new tokens per completion")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (completion j of prompt p draws from the "
-                   "stream (seed, p, j))")
-    p.add_argument("--verifier_function", nargs="+", default=["accuracy_reward"],
-                   help="verifiers scoring each completion, as in training (mindrlhf.reward.verifiers); space- or "
-                   "comma-separated")
-    p.add_argument("--verifier_weight", nargs="+", default=None, help="one weight per verifier (default: 1 each)")
-    p.add_argument("--reward_module", default="", help="a .py file or module registering more verifiers")
-    p.add_argument("--verifier_timeout", type=float, default=5.0, help="seconds one verifier may spend on one "
-                   "completion (0 scores it)")
-    p.add_argument("--correct_threshold", type=float, default=1.0, help="a completion with a score at least this "
-                   "is correct (accuracy, pass@k)")
-    p.add_argument("--output", default="", help="write every completion here as JSON lines (index, sample, prompt, "
-                   "completion, solution, score, correct, length, finish_reason)")
-    p.add_argument("--chunk_rows", type=int, default=32, help="completions per generate call on a rank (the "
-                   "trainer's eval uses rl.batch_size x rl.num_generations, 4 x 8 by default: the same number gives "
-                   "its greedy accuracy exactly)")
-    p.add_argument("--use_parallel", type=_true_false, default=False, help="under msrun: each rank evaluates "
-                   "every world-th prompt")
-    p.add_argument("--watchdog_timeout", type=float, default=1800.0, help="under msrun: a rank silent this many "
-                   "seconds ends the job (parallel/watchdog.py)")
-    p.add_argument("--progress", type=_true_false, default=True, help="a progress bar on rank 0")
-    return p
+def config_from_argv(argv=None) -> EvalConfig:
+    ns = build_parser().parse_args(argv)
+    if ns.dataset_type:
+        ns.dataset_type = ns.dataset_type.lower()
+    return from_flags(EvalConfig, ns)
 
 
 # ---- inputs ------------------------------------------------------------------------------------------------
@@ -150,11 +147,8 @@ def check_args(args):
 
 
 def verifiers(args) -> Tuple[List[str], List[float]]:
-    names = _listed(args.verifier_function)
-    try:
-        weights = [float(w) for w in _listed(args.verifier_weight)] or [1.0] * len(names)
-    except ValueError:
-        raise ConfigError(f"--verifier_weight: expected numbers, got {args.verifier_weight}") from None
+    names = list(args.verifier_function)
+    weights = list(args.verifier_weight) or [1.0] * len(names)
     if len(weights) != len(names):
         raise ConfigError(f"--verifier_weight: {len(weights)} weights for {len(names)} verifiers")
     return names, weights
@@ -195,24 +189,6 @@ def weights_path(args) -> str:
         return args.model
     raise ConfigError(f"--checkpoint: required with a model YAML ({args.model}): save_ckpt_dir/step_N, "
                       f"save_ckpt_dir/hf_policy or a checkpoint file")
-
-
-def load_model_weights(model, path: str, log):
-    """`path` into `model`: a training step (or the newest complete one of a save_ckpt_dir) assembled from
-    its shards, anything else as checkpoint/model_io.load_weights reads it."""
-    from mindrlhf.checkpoint.model_io import load_full_weights, load_weights
-    from mindrlhf.trainer import checkpointing
-    if os.path.isdir(path) and not checkpointing.is_step_dir(path) and checkpointing.step_folders(path):
-        done = checkpointing.complete_steps(path)
-        if not done:
-            raise CheckpointError(f"--checkpoint {path}: holds step folders but none is marked COMPLETE")
-        path = checkpointing.step_dir(path, done[-1])
-        log(f"--checkpoint: the newest complete step, {path}")
-    if checkpointing.is_step_dir(path):
-        load_full_weights(model, checkpointing.policy_tensors(path, model.config), path)
-    else:
-        load_weights(model, path)
-    return path
 
 
 def tokenizer_of(args) -> Tuple[object, str]:
@@ -282,12 +258,12 @@ def start_process(args, log) -> Tuple[int, int, Callable]:
 
 def evaluate(args, out: Callable = print) -> Optional[dict]:
     """Run the eval; rank 0 returns the report (and writes --output), the other ranks None."""
-    from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.parallel import watchdog
     from mindrlhf.parallel.mesh import Mesh
     from mindrlhf.reward.verifiers import RewardFn, load_reward_module
     from mindrlhf.rollout.backends import make_engine
     from mindrlhf.trainer import evaluation, exchange
+    from mindrlhf.trainer.build import model_with_weights
     from mindrlhf.trainer.resolve import special_ids
     t0 = time.time()
     check_args(args)
@@ -311,8 +287,7 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
     if params.greedy and args.n > 1:
         log(f"note: --n {args.n} with greedy decoding: a prompt's completions are all equal (give --temperature > 0 "
             f"to sample)")
-    model = CausalLM(model_cfg, Mesh(dp=world, tp=1, rank=rank), random_init=False)
-    weights = load_model_weights(model, weights, log)
+    model = model_with_weights(model_cfg, Mesh(dp=world, tp=1, rank=rank), weights, log=log)
     engine = make_engine("mindspore", model, pad_id, width)
     idx = evaluation.replica_prompts(count, world, rank)
     how = "greedy" if params.greedy else f"temperature {params.temperature}, top_p {params.top_p}, top_k {params.top_k}"
@@ -384,9 +359,8 @@ def report_lines(report: dict) -> List[str]:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        report = evaluate(args)
+        report = evaluate(config_from_argv(argv))
     except (ConfigError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

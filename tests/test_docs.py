@@ -17,6 +17,15 @@ def test_config_reference_is_current():
     assert m.group(1) == config_reference_markdown(), "run: python scripts/gen_config_reference.py"
 
 
+def test_eval_reference_is_current():
+    from mindrlhf.configs.fields import reference_markdown
+    from mindrlhf.eval import EvalConfig
+    text = open(CONFIG_DOC, encoding="utf-8").read()
+    m = re.search(r"<!-- eval-reference:start -->\n(.*?)\n<!-- eval-reference:end -->", text, flags=re.S)
+    assert m, "docs/CONFIG.md lacks the eval reference markers"
+    assert m.group(1) == reference_markdown(EvalConfig), "run: python scripts/gen_config_reference.py"
+
+
 @pytest.mark.parametrize("marker,module", [("upstream-table", "mindrlhf.configs.upstream"),
                                            ("hf-config-table", "mindrlhf.configs.hf_config"),
                                            ("mindspeed-table", "mindrlhf.configs.upstream_mindspeed")])

@@ -12,6 +12,7 @@ from grpo_helpers import grpo_overrides, make_grpo_assets
 from msrun_util import REPO, run_msrun
 from mindrlhf import eval as eval_cmd
 from mindrlhf.reward.verifiers import accuracy_reward
+from mindrlhf.trainer.build import load_model_weights
 
 EVAL_SCRIPT = os.path.join(REPO, "examples", "grpo", "qwen_grpo_tutorial", "eval.py")
 EVAL_PROMPTS = 12
@@ -224,9 +225,9 @@ def test_a_step_saved_in_a_tensor_parallel_layout_loads_whole(trained, tmp_path)
                                                                        "infer": [2, 1]}})
     loaded = CausalLM(cfg)
     with pytest.raises(Exception, match="not marked COMPLETE"):
-        eval_cmd.load_model_weights(loaded, str(step), print)
+        load_model_weights(loaded, str(step), print)
     write_json(str(step / "COMPLETE"), {"step": 5})
-    assert eval_cmd.load_model_weights(loaded, str(tmp_path), lambda *a: None) == str(step)   # the newest step
+    assert load_model_weights(loaded, str(tmp_path), lambda *a: None) == str(step)   # the newest step
     got = model_state(loaded)
     assert set(got) == set(full) and all(np.array_equal(got[n], full[n]) for n in full)
 

@@ -20,6 +20,7 @@ import yaml
 from mindrlhf.configs import choices, upstream, upstream_mindspeed
 from mindrlhf.configs.coerce import coerce, type_name
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.fields import default_of, help_field as _f
 from mindrlhf.configs.hf_config import is_hf_folder
 
 
@@ -33,12 +34,6 @@ class _Section:
             raise dataclasses.FrozenInstanceError(f"{type(self).__name__}.{name}: the config is resolved "
                                                   f"(trainer/resolve.py) and frozen")
         object.__setattr__(self, name, value)
-
-
-def _f(default, help_text, **kw):
-    if isinstance(default, list):
-        return field(default_factory=lambda d=default: list(d), metadata={"help": help_text, **kw})
-    return field(default=default, metadata={"help": help_text, **kw})
 
 
 @dataclass
@@ -552,7 +547,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="grpo_config.yaml: sections " + ", ".join(SECTIONS) + ", MindRLHF's flat "
                                     "fields or MindSpeed-RL's GRPO YAML (docs/UPSTREAM.md)")
     for sec, f in _section_fields():
-        default = _default(f)
+        default = default_of(f)
         p.add_argument(f"--{f.name}", metavar=str(f.type).upper().replace("LIST[", "").rstrip("]"),
                        help=f"[{sec}] {f.metadata['help']} (default: {default})")
     for flag, (ours, note) in upstream.FLAG_ALIASES.items():
@@ -576,19 +571,14 @@ def config_reference_markdown() -> str:
     """docs/CONFIG.md's config reference table, generated from the dataclasses."""
     lines = ["| section | field | default | meaning |", "| --- | --- | --- | --- |"]
     for sec, f in _section_fields():
-        default = _default(f)
+        default = default_of(f)
         lines.append(f"| {sec} | `{f.name}` | `{default!r}` | {f.metadata['help']} |")
     return "\n".join(lines)
 
 
 def field_defaults() -> Dict[str, Any]:
     """"section.field" -> its dataclass default."""
-    return {f"{sec}.{f.name}": _default(f) for sec, f in _section_fields()}
-
-
-def _default(f: dataclasses.Field):
-    """A field's default value (a fresh one for list fields)."""
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return {f"{sec}.{f.name}": default_of(f) for sec, f in _section_fields()}
 
 
 def _field_origins(cfg: GRPOConfig):

@@ -3,18 +3,21 @@ weights loaded and synced, the rollout engine, the optimizer, the compiled train
 the swap groups. Built once, after every check in resolve.py has passed."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import load_weights
+from mindrlhf.checkpoint.model_io import load_full_weights, load_weights
+from mindrlhf.configs.errors import CheckpointError
 from mindrlhf.models.lora import BaseModelLogProb, merged_weights
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.parallel.reshard import WeightSync
 from mindrlhf.parallel.swap import SwapGroup, on_ascend
 from mindrlhf.rollout.backends import make_engine
+from mindrlhf.trainer import checkpointing
 from mindrlhf.trainer.optim import AdamW
 from mindrlhf.trainer.packing import PackedRowLayout
 from mindrlhf.trainer.resolve import ResolvedRun
@@ -34,12 +37,35 @@ class Models:
     weight_sync: WeightSync
 
 
+def load_model_weights(model: CausalLM, path: str, log: Callable = print) -> str:
+    """`path` into `model`: a training step folder (or the newest complete step of a save_ckpt_dir) assembled
+    from its shards whatever layout wrote it, anything else as checkpoint/model_io.load_weights reads it.
+    Returns the path read."""
+    if os.path.isdir(path) and not checkpointing.is_step_dir(path) and checkpointing.step_folders(path):
+        done = checkpointing.complete_steps(path)
+        if not done:
+            raise CheckpointError(f"{path}: holds step folders but none is marked COMPLETE")
+        path = checkpointing.step_dir(path, done[-1])
+        log(f"{path}: the newest complete step")
+    if checkpointing.is_step_dir(path):
+        load_full_weights(model, checkpointing.policy_tensors(path, model.config), path)
+    else:
+        load_weights(model, path)
+    return path
+
+
+def model_with_weights(cfg, mesh, weights: str, lora=None, log: Callable = print) -> CausalLM:
+    """A model of `cfg` on `mesh` holding `weights` (drawn at random when none are given): how every command
+    (training, eval) builds one. A model whose weights are loaded or synced next starts from zeros."""
+    model = CausalLM(cfg, mesh, lora, random_init=not weights)
+    if weights:
+        load_model_weights(model, weights, log)
+    return model
+
+
 def build_models(run: ResolvedRun, log: Callable) -> Models:
     paths = run.cfg.run
-    # models whose weights are loaded or synced next start from zeros, not random draws
-    policy = CausalLM(run.model_cfg, run.train_mesh, run.lora, random_init=not paths.load_sft_checkpoint_train)
-    if paths.load_sft_checkpoint_train:
-        load_weights(policy, paths.load_sft_checkpoint_train)
+    policy = model_with_weights(run.model_cfg, run.train_mesh, paths.load_sft_checkpoint_train, run.lora, log)
     t, i = run.train_mesh, run.infer_mesh
     if (t.dp, t.tp, t.pp) == (i.dp, i.tp, i.pp) and run.infer_model_cfg.param_init_type == run.model_cfg.param_init_type:
         rollout = policy                   # the seam: one model serves both roles
@@ -50,7 +76,7 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
     # merged weights W + scale B A through the same re-layout
     sync = WeightSync(merged_weights(policy), None if shared else rollout.weights(), paths.reshard_transport, log=log)
     if paths.load_sft_checkpoint_infer and not shared:
-        load_weights(rollout, paths.load_sft_checkpoint_infer)   # checked by the logprob gap
+        load_model_weights(rollout, paths.load_sft_checkpoint_infer, log)   # checked by the logprob gap
     else:
         sync.sync()                        # rollout starts from the policy's weights
     ref = None
@@ -58,7 +84,7 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
         ref = CausalLM(run.model_cfg, run.train_mesh, random_init=False)
         ref_path = paths.load_ref_checkpoint or paths.load_sft_checkpoint_train
         if ref_path:
-            load_weights(ref, ref_path)
+            load_model_weights(ref, ref_path, log)
         else:
             copy_params(policy.get_parameters(), ref.get_parameters())
     return Models(policy, rollout, ref, sync)
