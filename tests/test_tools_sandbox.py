@@ -29,7 +29,7 @@ def box():
     scripts/test.sh installs it, so these tests must run there)."""
     s = LocalSandbox(SandboxLimits(timeout=5, memory_mb=512, max_processes=16), warn=False)
     if s.backend != "bwrap":
-        why = "bubblewrap is missing or does not work here: " + "; ".join(s.protections_off)
+        why = f"no bubblewrap sandbox ({s.why_no_bwrap})"
         if os.geteuid() == 0:
             pytest.fail(why + " (as root scripts/test.sh installs it: apt-get install -y bubblewrap)")
         pytest.skip(why)
@@ -147,14 +147,15 @@ def test_cannot_see_the_trainers_files(box, world_readable_secret):
 def test_writes_only_to_its_own_temp_dir(box, world_readable_secret):
     d, _ = world_readable_secret           # a host directory anyone may write to
     outside = os.path.join(d, "planted.txt")
-    code = ("import os\nopen('/tmp/mine.txt', 'w').write('ok'); print('tmp', open('/tmp/mine.txt').read())\n"
+    mine = f"/tmp/mine_{os.getpid()}_{time.monotonic_ns()}.txt"      # the sandbox's /tmp, not the host's
+    code = (f"import os\nopen({mine!r}, 'w').write('ok'); print('tmp', open({mine!r}).read())\n"
             "for p in %r:\n    try:\n        open(p, 'w').write('x'); print(p, 'WROTE')\n"
             "    except OSError as e:\n        print(p, 'denied', type(e).__name__)" % (
                 [outside, "/usr/planted.txt", "/planted.txt", "/dev/planted.txt", "/etc/planted.txt"],))
     r = box.run(code)
     assert "tmp ok" in r.stdout and "WROTE" not in r.stdout and r.stdout.count("denied") == 5, r
     assert not os.path.exists(outside)
-    assert "mine" not in " ".join(os.listdir(tempfile.gettempdir()))
+    assert not os.path.exists(mine)
 
 
 def test_no_trainer_environment(box, monkeypatch):

@@ -194,6 +194,7 @@ class LocalSandbox:
                               + "; protections OFF: " + "; ".join(self.protections_off), RuntimeWarning,
                               stacklevel=2)
         self.backend = "bwrap" if self._bwrap else "rlimits-only"
+        self.why_no_bwrap = "" if self._bwrap else (reason or "use_bwrap=False")
 
     # ---- set-up -----------------------------------------------------------------------------------------------
     def _probe(self):
