@@ -81,6 +81,15 @@ def test_timeout_bounds_the_run(box, code):
     assert took < 1.0 + MARGIN, took
 
 
+def test_closing_its_output_does_not_end_the_wait(box):
+    """A program that closes stdout/stderr and runs on is waited for (up to its timeout), not killed early."""
+    r = box.run("import os, time\nos.close(1); os.close(2)\ntime.sleep(0.5)\nos._exit(4)", timeout=5)
+    assert (r.status, r.exit_code) == ("error", 4) and r.seconds >= 0.5, r
+    start = time.monotonic()
+    r = box.run("import os, time\nos.close(1); os.close(2)\ntime.sleep(60)", timeout=1)
+    assert r.status == "timeout" and time.monotonic() - start < 1 + MARGIN, r
+
+
 def test_memory_limit(box):
     r = box.run("x = bytearray(2_000_000_000)\nprint('allocated', len(x))", memory_mb=256)
     assert r.status in ("error", "killed") and "allocated" not in r.stdout, r
@@ -163,7 +172,8 @@ def test_no_trainer_environment(box, monkeypatch):
     r = box.run("import os, json; print(json.dumps(dict(os.environ)))")
     env = json.loads(r.stdout)
     assert "s3cret-token" not in r.stdout and "MINDRLHF_TRAINER_SECRET" not in env
-    assert set(env) <= {"PATH", "HOME", "LANG", "PYTHONIOENCODING", "PWD", "LC_CTYPE"}, env
+    assert set(env) <= {"PATH", "HOME", "LANG", "PYTHONIOENCODING", "PWD", "LC_CTYPE", "OMP_NUM_THREADS",
+                        "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}, env
 
 
 def test_output_is_truncated_without_holding_it(box):

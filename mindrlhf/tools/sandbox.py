@@ -13,7 +13,8 @@ Local sandbox, one fresh process per run (`print(1+1)` round trip ~15-45 ms here
 - rlimits set in the child before the code runs (it cannot raise them again): RLIMIT_AS (`memory_mb`),
   RLIMIT_NPROC (`max_processes`, counted inside the run's own user namespace), RLIMIT_FSIZE, RLIMIT_CPU
   (timeout + 1 s), no core files.
-- an empty environment (PATH, HOME=/tmp, LANG only); the trainer's variables never reach the code.
+- an empty environment (PATH, HOME=/tmp, LANG, one BLAS/OpenMP thread); the trainer's variables never reach
+  the code.
 - a wall-clock timeout: the run's process group is SIGKILLed at the deadline, and with bubblewrap its pid
   namespace goes with it (orphans, `setsid` escapes and fork bombs included).
 - stdout and stderr each kept up to `max_output_bytes`; the rest is read and dropped, so a flood costs no memory.
@@ -217,7 +218,9 @@ class LocalSandbox:
 
     @staticmethod
     def _env() -> Dict[str, str]:
-        return {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+        # one BLAS / OpenMP thread: thread pools sized by the host's cores would hit the process limit
+        return {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
     def _argv(self, limits: SandboxLimits) -> List[str]:
         mb = 1024 * 1024
@@ -313,15 +316,25 @@ def _pump(proc: subprocess.Popen, stdin_bytes: bytes, deadline: float, cap: int)
     timed_out = False
     exited_at = None
     try:
-        while sel.get_map():
+        while True:
             now = time.monotonic()
+            running = proc.poll() is None
             if now >= deadline:
-                timed_out = proc.poll() is None
+                timed_out = running
                 break
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and now - exited_at > _DRAIN_GRACE:
-                break           # the code is done; something it left behind holds the pipes open
+            if not running:
+                if not sel.get_map():
+                    break
+                if exited_at is None:
+                    exited_at = now
+                if now - exited_at > _DRAIN_GRACE:
+                    break       # the code is done; something it left behind holds the pipes open
+            if not sel.get_map():       # it closed its output but runs on: wait for it, up to the deadline
+                try:
+                    proc.wait(timeout=deadline - now)
+                except subprocess.TimeoutExpired:
+                    pass
+                continue
             wait = min(deadline - now, 0.05 if exited_at is None else _DRAIN_GRACE)
             for key, _ in sel.select(timeout=max(wait, 0.001)):
                 f = key.fileobj
