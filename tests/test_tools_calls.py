@@ -43,6 +43,29 @@ def test_hermes_parses_qwen_style_calls():
     assert p.parse('<tool_call>{"name": "f"}</tool_call>')[0].arguments == {}
 
 
+# How the Qwen2.5 / Qwen3 chat templates write an assistant's tool calls (the loop over message.tool_calls)
+QWEN_TOOL_CALLS = ("{%- for tool_call in tool_calls %}{%- if tool_call.function is defined %}"
+                   "{%- set tool_call = tool_call.function %}{%- endif %}"
+                   "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+                   "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}")
+
+
+def test_hermes_reads_what_the_qwen_template_writes():
+    jinja2 = pytest.importorskip("jinja2")
+    env = jinja2.Environment()
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    code = "print('\u00e9', 1)"
+    calls = [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}},
+             {"name": "add", "arguments": {"a": 1, "b": [2.5, None], "c": {"d": "}</tool_call>"}}},
+             {"function": {"name": "f", "arguments": "{\"x\": 3}"}}]      # arguments already a JSON string
+    text = "I will call tools." + env.from_string(QWEN_TOOL_CALLS).render(tool_calls=calls)
+    got = get_parser("hermes").parse(text)
+    assert (got[0].name, got[0].arguments, got[0].error) == ("code_interpreter", {"code": code}, None)
+    # a "</tool_call>" inside an argument string ends the tag early: the call is malformed, never misread
+    assert got[1].malformed and got[1].name is None
+    assert (got[-1].name, got[-1].arguments) == ("f", {"x": 3})
+
+
 @pytest.mark.parametrize("text,reason", [
     ('<tool_call>{"name": "f", "arguments": {"x": 1}</tool_call>', "not valid JSON"),
     ('<tool_call>{"arguments": {"x": 1}}</tool_call>', "no \"name\""),
