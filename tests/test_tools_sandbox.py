@@ -71,8 +71,9 @@ def test_round_trip_median(box):
                                   # output pipes open
                                   "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                                   "for _ in range(3):\n    if os.fork() == 0:\n        os.setsid()\n"
-                                  "        time.sleep(60)\ntime.sleep(60)"],
-                         ids=["busy", "sleeping", "forks_and_escapes"])
+                                  "        time.sleep(60)\ntime.sleep(60)",
+                                  "while True: print('x' * 1000)"],
+                         ids=["busy", "sleeping", "forks_and_escapes", "floods_output"])
 def test_timeout_bounds_the_run(box, code):
     start = time.monotonic()
     r = box.run(code, timeout=1.0)
