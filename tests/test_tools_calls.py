@@ -14,6 +14,7 @@ from mindrlhf.tools import (CodeInterpreter, Tool, ToolCall, ToolRunner, get_par
 from mindrlhf.tools.parser import PARSERS
 from mindrlhf.tools.registry import retool_code
 from mindrlhf.tools.runner import MARK, check_arguments
+from mindrlhf.tools.sandbox import SandboxLimits, shared_sandbox
 
 
 def hermes_call(name, arguments):
@@ -407,6 +408,7 @@ def test_code_interpreter_through_the_runner():
     tool.limits.timeout = 0.5
     slow = r.call(ToolCall("code_interpreter", {"code": "import time\nprint('start', flush=True)\ntime.sleep(30)"}))
     assert slow.status == "timeout" and "start" in slow.text and slow.seconds < 1.5
+    assert shared_sandbox().limits.timeout == SandboxLimits().timeout      # the shared sandbox kept its own
     m = r.metrics()
     assert m["tools/code_interpreter/calls"] == 3 and m["tools/code_interpreter/timeouts"] == 1
     r.close()

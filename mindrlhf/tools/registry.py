@@ -157,7 +157,7 @@ class CodeInterpreter(Tool):
             code = str(code)
         if self.retool_style:
             code = retool_code(code)
-        res = self.backend.run(code)
+        res = self.backend.run(code, timeout=self.limits.timeout, memory_mb=self.limits.memory_mb)
         text = res.stdout
         if res.stderr:
             text += ("" if not text or text.endswith("\n") else "\n") + res.stderr

@@ -47,7 +47,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, List, Optional
 
 STATUSES = ("ok", "timeout", "error", "killed")
@@ -166,7 +166,7 @@ class LocalSandbox:
 
     def __init__(self, limits: Optional[SandboxLimits] = None, python: Optional[str] = None, use_bwrap="auto",
                  warn: bool = True):
-        self.limits = limits or SandboxLimits()
+        self.limits = replace(limits) if limits else SandboxLimits()      # our own copy: callers may change theirs
         self.python = python or default_python()
         self._drop_uid = os.geteuid() == 0
         self._bwrap = None
@@ -200,7 +200,7 @@ class LocalSandbox:
     # ---- set-up -----------------------------------------------------------------------------------------------
     def _probe(self):
         try:
-            proc = subprocess.run(self._argv(self.limits), input=b"print(1+1)", capture_output=True,
+            proc = subprocess.run(self._argv(SandboxLimits()), input=b"print(1+1)", capture_output=True,
                                   env=self._env(), timeout=20, **self._uid_kwargs())
         except (OSError, subprocess.SubprocessError) as err:
             return False, f"{type(err).__name__}: {err}"
@@ -393,7 +393,7 @@ class SandboxFusionClient:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"sandbox_fusion_url must be an http(s) URL, got {url!r}")
         self.url = url
-        self.limits = limits or SandboxLimits()
+        self.limits = replace(limits) if limits else SandboxLimits()
         self.language = language
         self.retries = retries
         self.retry_pause = retry_pause
