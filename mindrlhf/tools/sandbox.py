@@ -190,6 +190,9 @@ class LocalSandbox:
                                                 "timeout)"]
             if not self._drop_uid:
                 self.protections_off.append("process limit (RLIMIT_NPROC would count the trainer's own threads)")
+            else:
+                self.protections_off.append("a per-run process limit (RLIMIT_NPROC counts every uid-65534 process "
+                                            "of the host, concurrent runs included)")
             if warn:
                 warnings.warn("code sandbox without bubblewrap" + (f" ({reason})" if reason else "")
                               + "; protections OFF: " + "; ".join(self.protections_off), RuntimeWarning,
