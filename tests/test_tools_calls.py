@@ -229,7 +229,7 @@ def test_runner_submit_returns_at_once_and_runs_in_parallel(runner):
     r = ToolRunner([Tool(wait_gate)], max_parallel_calls=2, timeout=10)
     start = time.monotonic()
     futures = [r.submit(ToolCall("wait_gate", {"tag": t})) for t in "ab"]
-    assert time.monotonic() - start < 0.1 and not any(f.done() for f in futures)
+    assert time.monotonic() - start < 0.5 and not any(f.done() for f in futures)
     gate.set()
     assert [f.result(5).text for f in futures] == ["a", "b"]
     r.close()
