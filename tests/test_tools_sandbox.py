@@ -43,6 +43,7 @@ def test_ok_error_and_killed_statuses(box):
     assert r.status == "error" and r.exit_code == 1 and r.stdout == "out\n" and "ValueError: boom" in r.stderr
     assert "_BOOT" not in r.stderr and 'File "<code>", line 3' in r.stderr
     assert box.run("import sys; sys.exit(3)").exit_code == 3
+    assert box.run("print('\u00e9 \u4e2d')").stdout == "\u00e9 \u4e2d\n"            # UTF-8 both ways
     r = box.run("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert r.status == "killed" and r.signal == 9
     r = box.run("def (:")

@@ -222,8 +222,9 @@ class LocalSandbox:
     @staticmethod
     def _env() -> Dict[str, str]:
         # one BLAS / OpenMP thread: thread pools sized by the host's cores would hit the process limit
-        return {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
-                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        # (UTF-8 stdio comes from LANG: `python -I` ignores PYTHON* variables)
+        return {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
     def _argv(self, limits: SandboxLimits) -> List[str]:
         mb = 1024 * 1024
