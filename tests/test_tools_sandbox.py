@@ -230,6 +230,9 @@ def test_cli_prints_one_json_line():
     proc = subprocess.run([sys.executable, "-m", "mindrlhf.tools.sandbox", "--timeout", "1"], input="while 1: pass",
                           capture_output=True, text=True, env=_env(), timeout=60)
     assert json.loads(proc.stdout)["status"] == "timeout"
+    proc = subprocess.run([sys.executable, "-m", "mindrlhf.tools.sandbox", "--timeout", "0"], input="",
+                          capture_output=True, text=True, env=_env(), timeout=60)
+    assert proc.returncode == 2 and "timeout must be > 0" in proc.stderr
 
 
 def test_tools_start_without_mindspore():

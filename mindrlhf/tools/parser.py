@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
+from mindrlhf.configs.errors import ConfigError
+
 PARSERS: Dict[str, Type["ToolCallParser"]] = {}
 
 
@@ -29,7 +31,8 @@ def register_parser(name: str) -> Callable:
 def get_parser(name: str, **kwargs) -> "ToolCallParser":
     """The parser registered as `name` (e.g. `hermes`); an unknown name is refused listing the known ones."""
     if name not in PARSERS:
-        raise ValueError(f"tool_parser_format {name!r} is not known; choose one of: {', '.join(sorted(PARSERS))}")
+        raise ConfigError(f"tool_parser_format {name!r} is not known; choose one of: "
+                          f"{', '.join(sorted(PARSERS))}")
     return PARSERS[name](**kwargs)
 
 

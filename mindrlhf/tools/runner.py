@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from mindrlhf.configs.errors import ConfigError
 from mindrlhf.tools.parser import ToolCall
 from mindrlhf.tools.registry import CodeResult, Tool
 
@@ -104,14 +105,14 @@ class ToolRunner:
                  max_tool_response_length: int = 256, tool_response_truncate_side: str = "middle",
                  count_tokens: Optional[Callable[[str], int]] = None):
         if max_parallel_calls < 1:
-            raise ValueError(f"max_parallel_calls must be >= 1, got {max_parallel_calls}")
+            raise ConfigError(f"max_parallel_calls must be >= 1, got {max_parallel_calls}")
         if tool_response_truncate_side not in TRUNCATE_SIDES:
-            raise ValueError(f"tool_response_truncate_side must be one of {TRUNCATE_SIDES}, "
+            raise ConfigError(f"tool_response_truncate_side must be one of {TRUNCATE_SIDES}, "
                              f"got {tool_response_truncate_side!r}")
         self.tools: Dict[str, Tool] = {}
         for t in tools:
             if t.name in self.tools:
-                raise ValueError(f"two tools are named {t.name!r}")
+                raise ConfigError(f"two tools are named {t.name!r}")
             self.tools[t.name] = t
         self.timeout = timeout
         self.max_len = max_tool_response_length

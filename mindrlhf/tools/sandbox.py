@@ -493,8 +493,11 @@ def main(argv=None) -> int:
     p.add_argument("--no_bwrap", action="store_true", help="rlimits only (protections off are listed)")
     p.add_argument("--sandbox_fusion_url", default="", help="run on a SandboxFusion service instead")
     args = p.parse_args(argv)
-    limits = SandboxLimits(timeout=args.timeout, memory_mb=args.memory_mb, max_processes=args.max_processes,
-                           max_output_bytes=args.max_output_bytes)
+    try:
+        limits = SandboxLimits(timeout=args.timeout, memory_mb=args.memory_mb, max_processes=args.max_processes,
+                               max_output_bytes=args.max_output_bytes)
+    except ValueError as err:
+        p.error(str(err))
     code = sys.stdin.read()
     if args.sandbox_fusion_url:
         box = SandboxFusionClient(args.sandbox_fusion_url, limits)
