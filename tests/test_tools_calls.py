@@ -202,7 +202,7 @@ def test_runner_turns_every_failure_into_a_message(runner):
     assert m["tools/add/calls"] == 4 and m["tools/add/errors"] == 3
     assert m["tools/shout/calls"] == 2 and m["tools/shout/truncations"] == 1 and m["tools/shout/errors"] == 1
     assert m["tools/explode/errors"] == 1 and m["tools/(unknown)/calls"] == 1 and m["tools/(malformed)/calls"] == 1
-    assert runner.metrics() == {}
+    assert runner.metrics() == {}           # counters reset (nothing timed out here)
 
 
 def test_runner_timeout_frees_the_caller_at_the_deadline(runner):
@@ -212,7 +212,7 @@ def test_runner_timeout_frees_the_caller_at_the_deadline(runner):
     assert r.status == "timeout" and "timed out after 0.3 s" in r.text
     assert took < 0.3 + 0.5, took
     m = runner.metrics()
-    assert m["tools/hang/timeouts"] == 1 and m["tools/hang/errors"] == 1
+    assert m["tools/hang/timeouts"] == 1 and m["tools/hang/errors"] == 1 and m["tools/abandoned_threads"] == 1
 
 
 def test_runner_submit_returns_at_once_and_runs_in_parallel(runner):

@@ -108,7 +108,7 @@ class ToolRunner:
             raise ConfigError(f"max_parallel_calls must be >= 1, got {max_parallel_calls}")
         if tool_response_truncate_side not in TRUNCATE_SIDES:
             raise ConfigError(f"tool_response_truncate_side must be one of {TRUNCATE_SIDES}, "
-                             f"got {tool_response_truncate_side!r}")
+                              f"got {tool_response_truncate_side!r}")
         self.tools: Dict[str, Tool] = {}
         for t in tools:
             if t.name in self.tools:
@@ -212,12 +212,14 @@ class ToolRunner:
     def metrics(self, reset: bool = False) -> Dict[str, float]:
         """Per-tool counters since the last reset: tools/<name>/{calls,errors,timeouts,truncations,seconds};
         malformed calls count under "(malformed)", unknown names under "(unknown)". Reset each step for
-        per-step metrics."""
+        per-step metrics. tools/abandoned_threads (not reset): timed-out functions whose threads still run."""
         with self._lock:
             out = {}
             for name, s in sorted(self._stats.items()):
                 for k, v in vars(s).items():
                     out[f"tools/{name}/{k}"] = round(v, 4) if isinstance(v, float) else v
+            if self.abandoned_threads:
+                out["tools/abandoned_threads"] = self.abandoned_threads      # timed-out functions still running
             if reset:
                 self._stats.clear()
             return out
