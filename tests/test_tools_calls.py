@@ -413,3 +413,12 @@ def test_code_interpreter_through_the_runner():
     assert m["tools/code_interpreter/calls"] == 3 and m["tools/code_interpreter/timeouts"] == 1
     r.close()
     assert os.environ.get("PATH")          # the trainer's environment is untouched
+
+
+def test_sandbox_status_lines_for_start_up():
+    from mindrlhf.tools import LocalSandbox, sandbox_status
+    lines = sandbox_status([Tool(add), CodeInterpreter()])
+    assert len(lines) == 1 and lines[0].startswith("tool code_interpreter: ")
+    weak = CodeInterpreter(backend=LocalSandbox(use_bwrap=False, warn=False))
+    (line,) = sandbox_status([weak])
+    assert "rlimits-only; protections OFF: filesystem view" in line and "network" in line
