@@ -1,12 +1,12 @@
 """The package's layers import downwards only (docs/ARCHITECTURE.md, "Dependency direction"):
-errors <- utils <- configs <- parallel <- models <- data, reward, checkpoint, rollout <- trainer <- cli, demo, eval;
+errors <- utils <- configs <- parallel <- models <- data, reward, checkpoint, rollout, tools <- trainer <- cli, demo, eval;
 and no two modules import each other, directly or round a circle, at the top or inside a function."""
 import ast
 import os
 
 PACKAGE = os.path.join(os.path.dirname(__file__), "..", "mindrlhf")
 LAYER = {"errors": -2, "utils": -1, "configs": 0, "parallel": 1, "models": 2, "data": 3, "reward": 3, "checkpoint": 3,
-         "rollout": 3, "trainer": 4, "cli": 5, "demo": 5, "eval": 5}
+         "rollout": 3, "tools": 3, "trainer": 4, "cli": 5, "demo": 5, "eval": 5}
 
 
 def _imports(path):
