@@ -8,6 +8,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mindrlhf.configs.grpo_config import config_reference_markdown, field_defaults  # noqa: E402
 from mindrlhf.configs.fields import reference_markdown  # noqa: E402
 from mindrlhf.configs.hf_config import table_markdown as hf_table_markdown  # noqa: E402
+from mindrlhf.configs.model_config import ParallelConfig  # noqa: E402
 from mindrlhf.eval import EvalConfig  # noqa: E402
 from mindrlhf.configs.upstream import defaults_markdown, table_markdown  # noqa: E402
 from mindrlhf.configs.upstream_mindspeed import table_markdown as mindspeed_table_markdown  # noqa: E402
@@ -15,6 +16,8 @@ from mindrlhf.configs.upstream_mindspeed import table_markdown as mindspeed_tabl
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 BLOCKS = [(os.path.join(ROOT, "docs", "CONFIG.md"), "config-reference", config_reference_markdown),
           (os.path.join(ROOT, "docs", "CONFIG.md"), "eval-reference", lambda: reference_markdown(EvalConfig)),
+          (os.path.join(ROOT, "docs", "CONFIG.md"), "parallel-reference",
+           lambda: reference_markdown(ParallelConfig, "parallel_config.")),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "upstream-table", table_markdown),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "defaults-table", lambda: defaults_markdown(field_defaults())),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "hf-config-table", hf_table_markdown),

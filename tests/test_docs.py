@@ -17,13 +17,17 @@ def test_config_reference_is_current():
     assert m.group(1) == config_reference_markdown(), "run: python scripts/gen_config_reference.py"
 
 
-def test_eval_reference_is_current():
+@pytest.mark.parametrize("marker", ["eval-reference", "parallel-reference"])
+def test_generated_references_are_current(marker):
     from mindrlhf.configs.fields import reference_markdown
+    from mindrlhf.configs.model_config import ParallelConfig
     from mindrlhf.eval import EvalConfig
+    want = {"eval-reference": lambda: reference_markdown(EvalConfig),
+            "parallel-reference": lambda: reference_markdown(ParallelConfig, "parallel_config.")}[marker]()
     text = open(CONFIG_DOC, encoding="utf-8").read()
-    m = re.search(r"<!-- eval-reference:start -->\n(.*?)\n<!-- eval-reference:end -->", text, flags=re.S)
-    assert m, "docs/CONFIG.md lacks the eval reference markers"
-    assert m.group(1) == reference_markdown(EvalConfig), "run: python scripts/gen_config_reference.py"
+    m = re.search(f"<!-- {marker}:start -->\\n(.*?)\\n<!-- {marker}:end -->", text, flags=re.S)
+    assert m, f"docs/CONFIG.md lacks the {marker} markers"
+    assert m.group(1) == want, "run: python scripts/gen_config_reference.py"
 
 
 @pytest.mark.parametrize("marker,module", [("upstream-table", "mindrlhf.configs.upstream"),

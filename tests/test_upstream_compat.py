@@ -375,3 +375,31 @@ def test_settings_that_rule_out_a_default_replace_it_and_say_so(tmp_path):
     assert load_grpo_config(None, {"sequence_packing": False}).rl.loss_agg == "seq-mean-token-mean"
     cfg = load_grpo_config(None, {"verifier_function": "accuracy_reward"})     # weights left out: 1 each
     assert cfg.reward.verifier_weight == [1.0] and "reward.verifier_weight" in cfg.origin
+
+
+def test_the_layout_sizes_can_come_from_the_grpo_config_and_win_over_the_yaml(assets, tmp_path):
+    """parallel.<role>_* (flags or the GRPO config) replace the model YAML's parallel_config sizes, said at
+    start-up; data_parallel not given is what the other sizes leave; the infer layout keeps its own file's."""
+    from mindrlhf.configs.grpo_config import load_grpo_config as load
+    from mindrlhf.trainer.resolve import resolve
+    from grpo_helpers import model_yaml
+    train = model_yaml(str(tmp_path / "train.yaml"), dp=2)
+    infer = model_yaml(str(tmp_path / "infer.yaml"), dp=2)
+    base = ["--sft_path_train", train, "--sft_path_infer", infer, "--vocab_path", assets["vocab_path"],
+            "--merges_file_path", assets["merges_file_path"], "--mind_dataset_dir", assets["mind_dataset_dir"],
+            "--save_ckpt_dir", str(tmp_path / "ck"), "--num_generations", "4", "--batch_size", "2",
+            "--use_parallel", "True"]
+    lines = []
+    run = resolve(config_from_argv(base + ["--train_model_parallel", "2"]), 0, 2, lines.append)
+    assert (run.train_mesh.dp, run.train_mesh.tp) == (1, 2) and (run.infer_mesh.dp, run.infer_mesh.tp) == (2, 1)
+    note = [line for line in lines if line.startswith("train layout from parallel.train_*")]
+    assert note and "--train_model_parallel" in note[0] and "model_parallel 1 -> 2" in note[0] \
+        and "data_parallel 2 -> 1" in note[0] and train in note[0]
+    path = _write(tmp_path / "g.yaml", {"parallel": {"infer_model_parallel": 2, "infer_data_parallel": 1}})
+    run = resolve(config_from_argv(base + ["--config", path]), 0, 2, lambda *a: None)
+    assert (run.train_mesh.dp, run.train_mesh.tp) == (2, 1) and (run.infer_mesh.dp, run.infer_mesh.tp) == (1, 2)
+    with pytest.raises(ConfigError, match="parallel.train_model_parallel x train_pipeline_stage = 3 x 1 does not "
+                                          "divide the 2 rank"):
+        resolve(config_from_argv(base + ["--train_model_parallel", "3"]), 0, 2, lambda *a: None)
+    with pytest.raises(ConfigError, match="parallel.infer_model_parallel: expected >= 0"):
+        load(None, {"infer_model_parallel": -1})

@@ -56,10 +56,10 @@ def from_flags(cls, ns: argparse.Namespace):
         raise ConfigError(str(err)) from None
 
 
-def reference_markdown(cls) -> str:
-    """A command's flag reference: flag, default, meaning (generated into the docs)."""
-    lines: List[str] = ["| flag | default | meaning |", "| --- | --- | --- |"]
+def reference_markdown(cls, prefix: str = "--") -> str:
+    """A command's flag reference (or, with another `prefix`, a YAML section's): name, default, meaning."""
+    lines: List[str] = [f"| {'flag' if prefix == '--' else 'field'} | default | meaning |", "| --- | --- | --- |"]
     for f in dataclasses.fields(cls):
         shown = "required" if f.metadata.get("required") else f"`{default_of(f)!r}`"
-        lines.append(f"| `--{f.name}` | {shown} | {f.metadata['help']} |")
+        lines.append(f"| `{prefix}{f.name}` | {shown} | {f.metadata['help']} |")
     return "\n".join(lines)

@@ -302,6 +302,28 @@ class LoraConfig(_Section):
 
 
 @dataclass
+class LayoutConfig(_Section):
+    """The train and infer layouts' sizes, as flags or in the GRPO config; 0 keeps the model YAML's
+    parallel_config (an HF folder's: every rank data-parallel). Given here they win over the YAML, said at
+    start-up; data_parallel left at 0 becomes the ranks the other sizes leave (world / (tp x pp))."""
+    train_data_parallel: int = _f(0, "train layout: data-parallel replicas (parallel_config.data_parallel of "
+                                  "sft_path_train)")
+    train_model_parallel: int = _f(0, "train layout: tensor-parallel ranks (parallel_config.model_parallel)")
+    train_pipeline_stage: int = _f(0, "train layout: pipeline stages (parallel_config.pipeline_stage)")
+    train_micro_batch_num: int = _f(0, "train layout: pipeline micro-batches per mini-batch "
+                                    "(parallel_config.micro_batch_num; with pipeline stages)")
+    infer_data_parallel: int = _f(0, "infer (rollout) layout: data-parallel replicas (parallel_config."
+                                  "data_parallel of sft_path_infer, or of sft_path_train when none)")
+    infer_model_parallel: int = _f(0, "infer (rollout) layout: tensor-parallel ranks")
+
+    def given(self, role: str) -> Dict[str, int]:
+        """The ParallelConfig fields set for `role` (train or infer), by their MindFormers names."""
+        prefix = role + "_"
+        return {f.name[len(prefix):]: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name.startswith(prefix) and getattr(self, f.name)}
+
+
+@dataclass
 class GRPOConfig(_Section):
     run: RunConfig = field(default_factory=RunConfig)
     rl: RLConfig = field(default_factory=RLConfig)
@@ -310,6 +332,7 @@ class GRPOConfig(_Section):
     reward: RewardConfig = field(default_factory=RewardConfig)
     swap: SwapConfig = field(default_factory=SwapConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    parallel: LayoutConfig = field(default_factory=LayoutConfig)
 
     def __post_init__(self):
         self.explicit = set()      # "section.field" set by the config file or a flag (the rest are defaults)
@@ -354,6 +377,10 @@ class GRPOConfig(_Section):
                 raise ConfigError(f"{name}: expected > 0, got {value}")
         if self.rl.beta < 0:
             raise ConfigError(f"rl.beta: expected >= 0, got {self.rl.beta}")
+        for f in dataclasses.fields(self.parallel):
+            if getattr(self.parallel, f.name) < 0:
+                raise ConfigError(f"parallel.{f.name}: expected >= 0 (0: the model YAML's), got "
+                                  f"{getattr(self.parallel, f.name)}")
         if not 0 <= self.rl.clip_low < 1 or self.rl.clip_high < 0:
             raise ConfigError(f"rl.clip_low/clip_high: expected 0 <= clip_low < 1 and clip_high >= 0, got "
                               f"{self.rl.clip_low}/{self.rl.clip_high}")

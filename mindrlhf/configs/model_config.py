@@ -19,6 +19,7 @@ import yaml
 from mindrlhf.configs import upstream
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.fields import help_field as _f
 
 DTYPES = ("float32", "float16", "bfloat16")
 EXTEND_METHODS = ("None", "LLAMA3")
@@ -150,12 +151,17 @@ class ParallelConfig:
     also accepted here): each micro-batch is cut into that many parts that run one after another, gradients
     summed - the same update with a smaller activation peak. MindSpore on Ascend also overlaps one part's
     communication with the other's compute; here collectives are synchronous, so there is no overlap."""
-    data_parallel: int = 1
-    model_parallel: int = 1
-    pipeline_stage: int = 1
-    micro_batch_num: int = 1
-    use_seq_parallel: bool = False     # Megatron sequence parallelism over the model_parallel ranks
-    micro_batch_interleave_num: int = 1   # each micro-batch cut in this many parts, run one after another
+    data_parallel: int = _f(1, "data-parallel replicas: each holds the model (split by the other axes) and a share "
+                            "of the batch")
+    model_parallel: int = _f(1, "tensor-parallel ranks (Megatron column/row splits of attention heads, MLP and "
+                             "vocabulary)")
+    pipeline_stage: int = _f(1, "pipeline stages: contiguous layer ranges on successive ranks, 1F1B schedule "
+                             "(training layouts)")
+    micro_batch_num: int = _f(1, "pipeline micro-batches per mini-batch (used when pipeline_stage > 1)")
+    use_seq_parallel: bool = _f(False, "Megatron sequence parallelism over the model_parallel ranks (training "
+                                "layouts; used when model_parallel > 1)")
+    micro_batch_interleave_num: int = _f(1, "each micro-batch cut in this many parts, run one after another, "
+                                         "gradients summed (a smaller activation peak)")
 
     def __post_init__(self):
         self.validate()

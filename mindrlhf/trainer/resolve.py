@@ -143,14 +143,18 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     yamls = list({y.path: y for y in (train_yaml, infer_yaml, ref_yaml) if y is not None}.values())
     for y in yamls:
         if is_hf_folder(y.path):
-            log(f"{y.path}: Hugging Face folder, layout data_parallel={world} (another layout: write a model "
-                f"YAML with python -m mindrlhf.configs.hf_config {y.path} --model_parallel N)")
+            log(f"{y.path}: Hugging Face folder, layout data_parallel={world} (another layout: --train_model_parallel "
+                f"N / --infer_model_parallel N, or a model YAML from python -m mindrlhf.configs.hf_config {y.path} "
+                f"--model_parallel N)")
     for other, flag in ((infer_yaml, "sft_path_infer"), (ref_yaml, "sft_path_ref")):
         if other is not None and train_yaml.model.weight_shapes() != other.model.weight_shapes():
             raise ConfigError(f"{flag} {other.path}: model.model_config describes another model than "
                               f"{run.sft_path_train} (shapes must match; dtypes may differ)")
+    one_file = infer_yaml is train_yaml
+    train_yaml, infer_yaml = (_layout_from_config(cfg, role, y, world, log)
+                              for role, y in (("train", train_yaml), ("infer", infer_yaml)))
     _take_generation_fields(cfg, infer_yaml, log)
-    if infer_yaml.parallel.use_seq_parallel and infer_yaml is not train_yaml:
+    if infer_yaml.parallel.use_seq_parallel and not one_file:
         infer_yaml.ignored.append(("parallel_config.use_seq_parallel", "sequence parallelism applies to the "
                                    "train layout; the rollout keeps whole activations"))
     _report_ignored(cfg, yamls, log)
@@ -200,6 +204,30 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
         log(f"note: load_ref_checkpoint {run.load_ref_checkpoint} is not loaded: rl.beta is 0, so there is no "
             f"KL term and no reference model (set beta > 0 to use it)")
     return resolved
+
+
+def _layout_from_config(cfg: GRPOConfig, role: str, yaml_cfg: ModelYaml, world: int, log) -> ModelYaml:
+    """`yaml_cfg` with the layout sizes the GRPO config or flags give for `role` (parallel.<role>_*) in place of
+    its parallel_config's; data_parallel not given: the ranks the other sizes leave. Each replaced size said."""
+    given = cfg.parallel.given(role)
+    if not given:
+        return yaml_cfg
+    par = yaml_cfg.parallel
+    sizes = dict(given)
+    if "data_parallel" not in sizes:
+        tp, pp = sizes.get("model_parallel", par.model_parallel), sizes.get("pipeline_stage", par.pipeline_stage)
+        if world % (tp * pp):
+            raise ConfigError(f"parallel.{role}_model_parallel x {role}_pipeline_stage = {tp} x {pp} does not divide "
+                              f"the {world} rank(s)")
+        sizes["data_parallel"] = world // (tp * pp)
+    changed = [f"{k} {getattr(par, k)} -> {v}" for k, v in sizes.items() if getattr(par, k) != v]
+    if changed:
+        origins = sorted({cfg.origin.get(f"parallel.{role}_{k}", "the config") for k in given})
+        log(f"{role} layout from parallel.{role}_* ({', '.join(origins)}): {', '.join(changed)} in place of "
+            f"{yaml_cfg.path}'s parallel_config")
+    new = dataclasses.replace(par, **sizes)
+    new.check_model(yaml_cfg.model, f"parallel ({role})")
+    return dataclasses.replace(yaml_cfg, parallel=new, ignored=list(yaml_cfg.ignored))
 
 
 def _take_generation_fields(cfg: GRPOConfig, infer_yaml: ModelYaml, log):
