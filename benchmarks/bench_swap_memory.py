@@ -33,16 +33,16 @@ def child(swap: bool) -> dict:
     from mindrlhf.rollout.engine import GenerationEngine
     from mindrlhf.rollout.sampling import SamplingParams
     from mindrlhf.trainer.optim import AdamW
-    from mindrlhf.trainer.sft import _SFTStep
+    from mindrlhf.trainer.sft import SFTStep
     from mindrlhf.utils import memory
     policy = CausalLM(ModelConfig(**MODEL))
     opt = AdamW(list(policy.trainable_params()))
-    step = _SFTStep(policy, opt, 1.0)
+    step = SFTStep(policy, opt, 1.0)
     ids = np.random.RandomState(0).randint(0, MODEL["vocab_size"], (2, 33))
     batch = (Tensor(ids[:, :-1].astype(np.int32)), Tensor(np.tile(np.arange(32, dtype=np.int32), (2, 1))),
              causal_bias(Tensor(np.ones((2, 32), np.int32))), Tensor(ids[:, 1:].astype(np.int32)),
-             Tensor(np.ones((2, 32), np.float32)), Tensor(np.float32(1e-5)))
-    step(*batch).asnumpy()
+             Tensor(np.ones((2, 32), np.float32)), Tensor(np.float32(64.0)), Tensor(np.float32(1e-5)))
+    step(*batch)[0].asnumpy()
     rollout_model = CausalLM(ModelConfig(**MODEL))
     engine = GenerationEngine(rollout_model, 0, 16)
     prompts, sampling = [[1, 2, 3, 4]] * 4, SamplingParams(max_tokens=16, seed=0)
@@ -65,7 +65,7 @@ def child(swap: bool) -> dict:
     for g in scratch:
         g.offload()
     memory.reset_peak()
-    step(*batch).asnumpy()
+    step(*batch)[0].asnumpy()
     result["train_peak_mb"] = memory.peak_mb()
     result["train_freed_mb"] = sum(g.released_bytes for g in scratch) / 2**20
     return result

@@ -29,17 +29,17 @@ def ours(hf_dir):
     from mindrlhf.models.padding import causal_bias
     from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.trainer.optim import AdamW
-    from mindrlhf.trainer.sft import _SFTStep
+    from mindrlhf.trainer.sft import SFTStep
     ours_kernel_threads()
     model = CausalLM(ModelConfig(**BENCH_MODEL))
     load_weights(model, hf_dir)
-    step = _SFTStep(model, AdamW(list(model.trainable_params()), weight_decay=0.0), max_grad_norm=0.0)
+    step = SFTStep(model, AdamW(list(model.trainable_params()), weight_decay=0.0), max_grad_norm=0.0)
     ids = batch()
     args = (Tensor(ids[:, :-1].astype(np.int32)), Tensor(np.tile(np.arange(SEQ, dtype=np.int32), (BATCH, 1))),
             causal_bias(Tensor(np.ones((BATCH, SEQ), np.int32))), Tensor(ids[:, 1:].astype(np.int32)),
-            Tensor(np.ones((BATCH, SEQ), np.float32)), Tensor(np.float32(1e-5)))
+            Tensor(np.ones((BATCH, SEQ), np.float32)), Tensor(np.float32(BATCH * SEQ)), Tensor(np.float32(1e-5)))
     for _ in range(WARMUP):
-        step(*args).asnumpy()
+        step(*args)[0].asnumpy()
     t0 = time.perf_counter()
     for _ in range(STEPS):
         loss = step(*args)

@@ -10,12 +10,14 @@ from mindrlhf.configs.fields import reference_markdown  # noqa: E402
 from mindrlhf.configs.hf_config import table_markdown as hf_table_markdown  # noqa: E402
 from mindrlhf.configs.model_config import ParallelConfig  # noqa: E402
 from mindrlhf.eval import EvalConfig  # noqa: E402
+from mindrlhf.sft import SFTConfig  # noqa: E402
 from mindrlhf.configs.upstream import defaults_markdown, table_markdown  # noqa: E402
 from mindrlhf.configs.upstream_mindspeed import table_markdown as mindspeed_table_markdown  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 BLOCKS = [(os.path.join(ROOT, "docs", "CONFIG.md"), "config-reference", config_reference_markdown),
           (os.path.join(ROOT, "docs", "CONFIG.md"), "eval-reference", lambda: reference_markdown(EvalConfig)),
+          (os.path.join(ROOT, "docs", "CONFIG.md"), "sft-reference", lambda: reference_markdown(SFTConfig)),
           (os.path.join(ROOT, "docs", "CONFIG.md"), "parallel-reference",
            lambda: reference_markdown(ParallelConfig, "parallel_config.")),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "upstream-table", table_markdown),

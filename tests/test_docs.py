@@ -17,12 +17,13 @@ def test_config_reference_is_current():
     assert m.group(1) == config_reference_markdown(), "run: python scripts/gen_config_reference.py"
 
 
-@pytest.mark.parametrize("marker", ["eval-reference", "parallel-reference"])
+@pytest.mark.parametrize("marker", ["eval-reference", "parallel-reference", "sft-reference"])
 def test_generated_references_are_current(marker):
     from mindrlhf.configs.fields import reference_markdown
     from mindrlhf.configs.model_config import ParallelConfig
     from mindrlhf.eval import EvalConfig
-    want = {"eval-reference": lambda: reference_markdown(EvalConfig),
+    from mindrlhf.sft import SFTConfig
+    want = {"eval-reference": lambda: reference_markdown(EvalConfig), "sft-reference": lambda: reference_markdown(SFTConfig),
             "parallel-reference": lambda: reference_markdown(ParallelConfig, "parallel_config.")}[marker]()
     text = open(CONFIG_DOC, encoding="utf-8").read()
     m = re.search(f"<!-- {marker}:start -->\\n(.*?)\\n<!-- {marker}:end -->", text, flags=re.S)

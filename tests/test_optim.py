@@ -109,17 +109,17 @@ def test_compiled_step_updates_every_parameter_and_moment():
     from mindrlhf.configs import ModelConfig
     from mindrlhf.models.padding import causal_bias
     from mindrlhf.models.qwen2 import CausalLM
-    from mindrlhf.trainer.sft import _SFTStep
+    from mindrlhf.trainer.sft import SFTStep
     model = CausalLM(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, vocab_size=64,
                                  seq_length=16))
     params = list(model.trainable_params())
     opt = AdamW(params, weight_decay=0.1)
-    step = _SFTStep(model, opt, 1.0)
+    step = SFTStep(model, opt, 1.0)
     before = {p.name: p.asnumpy().copy() for p in params}
     ids = np.random.RandomState(0).randint(0, 64, (2, 9))
     step(Tensor(ids[:, :-1].astype(np.int32)), Tensor(np.tile(np.arange(8, dtype=np.int32), (2, 1))),
          causal_bias(Tensor(np.ones((2, 8), np.int32))), Tensor(ids[:, 1:].astype(np.int32)),
-         Tensor(np.ones((2, 8), np.float32)), Tensor(np.float32(1e-2))).asnumpy()
+         Tensor(np.ones((2, 8), np.float32)), Tensor(np.float32(16.0)), Tensor(np.float32(1e-2)))[0].asnumpy()
     assert [p.name for p in params if np.array_equal(p.asnumpy(), before[p.name])] == []
     assert all(m.asnumpy().any() and v.asnumpy().any() for m, v in zip(opt.exp_avg, opt.exp_avg_sq))
     assert int(opt.step.asnumpy()[0]) == 1

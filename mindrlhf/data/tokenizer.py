@@ -47,6 +47,11 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+    def encode_with_offsets(self, text: str):
+        """(ids, [(start, end) character span of each token in `text`])."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

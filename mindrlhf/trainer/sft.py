@@ -1,4 +1,8 @@
-"""Supervised warm-up on MindRecord `pretrain_ids`/`loss_mask` (teaches the answer format before GRPO)."""
+"""Supervised fine-tuning: the next-token loss on the tokens a mask trains (assistant turns, or MindRecord's
+`loss_mask`), the mean over every trained token of the global batch (as GRPO's token mean: each DP rank's
+sum divided by the global count / dp, so the DP gradient mean is the global mean), DP gradient mean, the
+global-norm clip over TP ranks and AdamW in one compiled graph. `sft_warmup` is the demo's single-process
+warm-up before GRPO; `python -m mindrlhf.sft` (mindrlhf/sft.py) is the command."""
 from __future__ import annotations
 
 import time
@@ -9,36 +13,65 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindrlhf.models.padding import causal_bias
-
 from mindrlhf.models.qwen2 import CausalLM
+from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.trainer.optim import AdamW, lr_at
-from mindrlhf.trainer.update.grad_norm import clip_scale
+from mindrlhf.trainer.update.grad_norm import SplitNormSum, clip_scale, tp_split_flags
 
 
-class _SFTLoss(nn.Cell):
+class SFTLoss(nn.Cell):
+    """sum(-log p(label) x mask) / token_norm; (loss, trained tokens on this rank)."""
+
     def __init__(self, model: CausalLM):
         super().__init__(auto_prefix=False)
         self.model = model
 
-    def construct(self, input_ids, position_ids, bias, labels, mask):
+    def construct(self, input_ids, position_ids, bias, labels, mask, token_norm):
         logp, _ = self.model.token_logprobs(input_ids, position_ids, bias, labels)
-        return -ops.sum(logp * mask) / ops.maximum(ops.sum(mask), 1.0)
+        return -ops.sum(logp * mask) / token_norm
 
 
-class _SFTStep(nn.Cell):
+class SFTLossValue(nn.Cell):
+    """SFTLoss without gradient (eval)."""
+
+    def __init__(self, model: CausalLM):
+        super().__init__(auto_prefix=False)
+        self.loss = SFTLoss(model)
+
+    @ms.jit
+    def construct(self, input_ids, position_ids, bias, labels, mask, token_norm):
+        return ops.stop_gradient(self.loss(input_ids, position_ids, bias, labels, mask, token_norm))
+
+
+class SFTStep(nn.Cell):
+    """Loss, gradients, DP mean, clip by the global norm (TP-split parameters summed over TP), AdamW;
+    returns (loss on this rank, gradient norm before clipping)."""
+
     def __init__(self, model: CausalLM, optimizer: AdamW, max_grad_norm: float):
         super().__init__(auto_prefix=False)
-        self.loss = _SFTLoss(model)
+        self.loss = SFTLoss(model)
         self.optimizer = optimizer
         self.grad_fn = ms.value_and_grad(self.loss, None, optimizer.params)
+        self.dp_mean = DPGradMean(model.mesh)
+        self.norm_sum = SplitNormSum(tp_split_flags(model, optimizer.params), model.mesh)
         self.max_grad_norm = max_grad_norm
 
     @ms.jit
-    def construct(self, input_ids, position_ids, bias, labels, mask, lr):
-        loss, grads = self.grad_fn(input_ids, position_ids, bias, labels, mask)
-        scale = clip_scale(grads, self.max_grad_norm)[0]
+    def construct(self, input_ids, position_ids, bias, labels, mask, token_norm, lr):
+        loss, grads = self.grad_fn(input_ids, position_ids, bias, labels, mask, token_norm)
+        grads = self.dp_mean(grads)
+        scale, grad_norm = clip_scale(grads, self.max_grad_norm, self.norm_sum)
         self.optimizer(grads, lr, scale)
-        return loss
+        return loss, grad_norm
+
+
+def sft_inputs(ids: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray) -> tuple:
+    """Right-padded rows (N, W) with `lengths` real tokens -> (input_ids, position_ids, bias, labels, mask) of
+    the next-token loss: inputs are tokens [0, W-1), labels [1, W), a label trained where the mask says."""
+    present = (np.arange(ids.shape[1])[None, :] < np.asarray(lengths)[:, None]).astype(np.int32)
+    pos = np.maximum(np.cumsum(present[:, :-1], 1) - 1, 0)
+    return (Tensor(ids[:, :-1].astype(np.int32)), Tensor(pos.astype(np.int32)), causal_bias(present[:, :-1]),
+            Tensor(ids[:, 1:].astype(np.int32)), Tensor((loss_mask[:, 1:] * present[:, 1:]).astype(np.float32)))
 
 
 def sft_warmup(model: CausalLM, pretrain_ids: np.ndarray, loss_mask: np.ndarray, pad_token_id: int, steps: int,
@@ -49,18 +82,16 @@ def sft_warmup(model: CausalLM, pretrain_ids: np.ndarray, loss_mask: np.ndarray,
     real = (pretrain_ids != pad_token_id) | (loss_mask == 1)
     width = int(real.any(0).nonzero()[0].max()) + 2
     ids, mask = pretrain_ids[:, :width], loss_mask[:, :width]
-    attn = np.maximum(real[:, :width], mask).astype(np.int32)
+    lengths = np.maximum(real[:, :width], mask).astype(np.int64).cumsum(1).argmax(1) + 1
     optimizer = AdamW(list(model.trainable_params()), weight_decay=0.0)
-    step_fn = _SFTStep(model, optimizer, 1.0)
+    step_fn = SFTStep(model, optimizer, 1.0)
     rng = np.random.default_rng(seed)
     losses, t0 = [], time.time()
     for step in range(steps):
         rows = rng.choice(len(ids), batch_size, replace=len(ids) < batch_size)
-        x, m, a = ids[rows], mask[rows], attn[rows]
-        pos = np.maximum(np.cumsum(a[:, :-1], 1) - 1, 0)
-        loss = step_fn(Tensor(x[:, :-1].astype(np.int32)), Tensor(pos.astype(np.int32)),
-                       causal_bias(a[:, :-1]), Tensor(x[:, 1:].astype(np.int32)),
-                       Tensor(m[:, 1:].astype(np.float32)), Tensor(np.float32(lr_at(step, lr, steps // 10, steps))))
+        inputs = sft_inputs(ids[rows], mask[rows], lengths[rows])
+        token_norm = Tensor(np.float32(max(float(inputs[-1].asnumpy().sum()), 1.0)))
+        loss, _ = step_fn(*inputs, token_norm, Tensor(np.float32(lr_at(step, lr, steps // 10, steps))))
         losses.append(float(loss.asnumpy()))
         if log and (step + 1) % max(1, steps // 5) == 0:
             log(f"  sft step {step + 1}/{steps}: loss {np.mean(losses[-20:]):.3f} ({time.time() - t0:.0f} s)")
