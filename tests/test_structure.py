@@ -5,7 +5,8 @@ import os
 
 PACKAGE = os.path.join(os.path.dirname(__file__), "..", "mindrlhf")
 LAYER = {"configs": 0, "utils": 0, "parallel": 1, "models": 2, "data": 3, "reward": 3, "checkpoint": 3,
-         "rollout": 3, "trainer": 4, "cli": 5, "demo": 5, "eval": 5}
+         "rollout": 3, "trainer": 4, "cli": 5, "demo": 5, "eval": 5,
+         "verl_main": 5}
 
 
 def _imports(path):

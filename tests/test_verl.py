@@ -1,7 +1,8 @@
 """Coming from verl: its RL parquet rows (examples/data_preprocess/gsm8k.py's schema) convert with
 rlhf_data.py --dataset_type verl, the prompt rendered by the model folder's chat template as transformers'
 apply_chat_template renders it; bad rows are named by file, row and field; its GRPO quickstart's overrides
-translate to our fields (configs/upstream_verl.py); unknown and refused keys are errors naming the key."""
+translate to our fields (configs/upstream_verl.py); unknown and refused keys are errors naming the key; and
+`python -m mindrlhf.verl_main ...` runs two GRPO steps on the tiny model."""
 import json
 import os
 import subprocess
@@ -236,3 +237,55 @@ def test_unknown_and_refused_keys_are_named(extra, pattern):
 def test_gae_by_default_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match="algorithm.adv_estimator: 'gae' .*verl default"):
         _translate([a for a in QUICKSTART if not a.startswith("algorithm.adv_estimator")])
+
+
+def test_verl_main_runs_two_grpo_steps(tmp_path):
+    model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
+    train = write_parquet(tmp_path / "train.parquet", verl_rows(4))
+    test = write_parquet(tmp_path / "test.parquet", verl_rows(2, split="test", seed=1))
+    out = tmp_path / "ckpt"
+    args = ["algorithm.adv_estimator=grpo", f"data.train_files={train}", f"data.val_files={test}",
+            "data.train_batch_size=2", "data.max_prompt_length=40", "data.max_response_length=8",
+            "data.truncation=left", f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.optim.lr=1e-3",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+            "trainer.total_epochs=1", "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.logger=['console']",
+            f"trainer.default_local_dir={out}",
+            "--progress", "False", "--export_hf", "False", "--share_prompt", "False", "--tensorboard", "False"]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "mindrlhf.verl_main", *args], cwd=str(tmp_path), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    log = proc.stdout.decode(errors="replace")
+    assert proc.returncode == 0, log[-4000:]
+    assert "verl actor_rollout_ref.actor: mapped" in log and "ppo_mini_batch_size -> rl.mini_batch_size = 8" in log
+    assert "verl actor_rollout_ref.rollout: mapped n -> rl.num_generations = 4" in log and "vLLM" in log
+    assert "data_source openai/gsm8k: 4 rows, scored by accuracy_reward" in log
+    with open(out / "metrics.jsonl") as fh:
+        steps = [json.loads(line) for line in fh]
+    assert [r["step"] for r in steps] == [1, 2]                 # 4 prompts, 2 a step, one epoch
+    assert all(np.isfinite(r["loss"]) for r in steps if "loss" in r)
+    import yaml
+    cfg = yaml.safe_load(open(out / "verl_config.yaml"))
+    assert cfg["rl"]["beta"] == 0.001 and cfg["reward"]["verifier_function"] == ["accuracy_reward"]
+    assert cfg["run"]["mind_dataset_dir"] == str(out / "verl_data" / "train.mindrecord")
+
+
+def test_rollout_tensor_parallel_writes_both_layouts_from_the_folder(tmp_path):
+    from mindrlhf.configs.model_config import load_model_yaml
+    from mindrlhf.verl_main import _layout_yamls
+    model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
+    train, infer = _layout_yamls(model, 4, 2, str(tmp_path))
+    t, i = load_model_yaml(train, role="train"), load_model_yaml(infer, role="infer")
+    assert (t.parallel.data_parallel, t.parallel.model_parallel) == (4, 1)      # verl's FSDP actor: all ranks DP
+    assert (i.parallel.data_parallel, i.parallel.model_parallel) == (2, 2)      # rollout replicas of TP 2
+    assert t.model.num_layers == i.model.num_layers == 2 and t.model.vocab_size == 416
+
+
+def test_our_flags_follow_the_overrides_and_config_is_refused():
+    from mindrlhf.verl_main import split_argv
+    assert split_argv(["a.b=1", "c=2", "--seed", "3"]) == (["a.b=1", "c=2"], ["--seed", "3"])
+    with pytest.raises(ConfigError, match="--config: the verl overrides are this run's config"):
+        split_argv(["a.b=1", "--config", "x.yaml"])
