@@ -289,3 +289,18 @@ def test_our_flags_follow_the_overrides_and_config_is_refused():
     assert split_argv(["a.b=1", "c=2", "--seed", "3"]) == (["a.b=1", "c=2"], ["--seed", "3"])
     with pytest.raises(ConfigError, match="--config: the verl overrides are this run's config"):
         split_argv(["a.b=1", "--config", "x.yaml"])
+
+
+def test_other_ranks_take_rank_0s_conversion_and_ignore_a_stale_one(tmp_path, monkeypatch):
+    import time
+    from mindrlhf import verl_main
+    plan = verl.DataPlan(["t.parquet"], [], 40, 8, "error", "prompt", "tok", str(tmp_path))
+    ready = tmp_path / "verl_data" / verl_main.READY
+    ready.parent.mkdir()
+    ready.write_text(json.dumps({"train": "old"}))
+    old = time.time() - 10 * verl_main.STALE_SECONDS
+    os.utime(ready, (old, old))                       # a previous run's: waited past, then replaced
+    monkeypatch.setenv("RANK_ID", "1")
+    import threading
+    threading.Timer(1.0, lambda: ready.write_text(json.dumps({"train": "new", "train_sources": {}}))).start()
+    assert verl_main.prepare_data(plan, False)["train"] == "new"

@@ -37,7 +37,7 @@ A, R, M, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_ro
 # data_source -> (our verifiers, what verl runs for it, how ours differs); sources not here are refused at start-up
 DATA_SOURCES: Dict[str, Tuple[List[str], str, str]] = {
     "openai/gsm8k": (["accuracy_reward"], "gsm8k.compute_score",
-                     "verl takes the last '#### <number>' only and compares strings; ours also reads \\boxed{} or "
+                     "verl reads only '#### <number>' and compares strings; ours also reads \\boxed{} or "
                      "<answer></answer> and compares numbers (72.0 = 72)"),
     "lighteval/MATH": (["accuracy_reward"], "math.compute_score",
                        "verl compares the last \\boxed{} as normalised strings; ours judges equivalence as "

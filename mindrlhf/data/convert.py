@@ -195,6 +195,9 @@ def convert(args) -> ConvertSummary:
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)
     if args.prompt_template is None:
         args.prompt_template = "chat" if args.dataset_type == "verl" else "none"
+    if args.dataset_type == "verl" and args.system_prompt:
+        raise ConfigError("--system_prompt: verl rows carry their own messages (a system turn, if any, is in "
+                          "their prompt column)")
     template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt)
     tok = load_tokenizer(args.vocab_path, args.merges_file_path)
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
