@@ -304,3 +304,26 @@ def test_other_ranks_take_rank_0s_conversion_and_ignore_a_stale_one(tmp_path, mo
     import threading
     threading.Timer(1.0, lambda: ready.write_text(json.dumps({"train": "new", "train_sources": {}}))).start()
     assert verl_main.prepare_data(plan, False)["train"] == "new"
+
+
+@pytest.mark.slow       # ~60 s: two msrun workers
+def test_verl_main_under_msrun_with_a_tensor_parallel_rollout(tmp_path):
+    """Two ranks: rank 0 converts, rank 1 waits for it; verl's rollout TP 2 becomes an infer layout of one replica
+    of 2 while both ranks train data-parallel (as verl's FSDP actor)."""
+    from msrun_util import run_msrun
+    model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
+    train = write_parquet(tmp_path / "train.parquet", verl_rows(8))
+    out, logs = tmp_path / "ckpt", tmp_path / "log"
+    run_msrun(os.path.join(REPO, "mindrlhf", "verl_main.py"), [
+        "algorithm.adv_estimator=grpo", f"data.train_files={train}", "data.train_batch_size=4",
+        "data.max_prompt_length=40", "data.max_response_length=8", "data.truncation=left",
+        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.actor.use_kl_loss=True",
+        "trainer.n_gpus_per_node=2", "trainer.total_epochs=1", f"trainer.default_local_dir={out}",
+        "--progress", "False", "--export_hf", "False"], 2, str(logs))
+    log = open(logs / "worker_0.log", errors="replace").read()
+    assert "train layout dp=2 tp=1; infer layout dp=1 tp=2; 4 prompts x 4 samples per step" in log
+    assert "rl.mini_batch_size: 8 (ppo_mini_batch_size 4 x rollout.n 4 / 2 ranks)" in log
+    with open(out / "metrics.jsonl") as fh:
+        assert [json.loads(line)["step"] for line in fh] == [1, 2]
