@@ -327,3 +327,37 @@ def test_verl_main_under_msrun_with_a_tensor_parallel_rollout(tmp_path):
     assert "rl.mini_batch_size: 8 (ppo_mini_batch_size 4 x rollout.n 4 / 2 ranks)" in log
     with open(out / "metrics.jsonl") as fh:
         assert [json.loads(line)["step"] for line in fh] == [1, 2]
+
+
+# verl's examples/grpo_trainer/run_qwen3-8b_npu.sh (its Ascend GRPO run), overrides as written, shell variables filled in
+NPU_EXAMPLE = """algorithm.adv_estimator=grpo data.train_files=/data/dapo-math-17k.parquet data.val_files=/data/aime-2024.parquet
+data.train_batch_size=256 data.max_prompt_length=512 data.max_response_length=1024 data.filter_overlong_prompts=True
+data.truncation='error' actor_rollout_ref.model.path=/models/Qwen3-8B actor_rollout_ref.actor.optim.lr=1e-6
+actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.ppo_mini_batch_size=64
+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10 actor_rollout_ref.actor.use_kl_loss=True
+actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl
+actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.actor.use_torch_compile=False
+actor_rollout_ref.ref.use_torch_compile=False actor_rollout_ref.model.enable_gradient_checkpointing=True
+actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.ref.fsdp_config.param_offload=True
+algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","wandb"] trainer.project_name=GRPO
+trainer.experiment_name=GRPO-Qwen3-8B-npu trainer.n_gpus_per_node=8 trainer.nnodes=1
+trainer.default_local_dir=/ckpts/GRPO/GRPO-Qwen3-8B-npu trainer.device=npu trainer.resume_mode=auto
+actor_rollout_ref.actor.fsdp_config.forward_prefetch=True actor_rollout_ref.ref.fsdp_config.forward_prefetch=True
+++actor_rollout_ref.actor.entropy_from_logits_with_chunking=True ++actor_rollout_ref.ref.entropy_from_logits_with_chunking=True
+trainer.val_before_train=True trainer.save_freq=5 trainer.test_freq=5 trainer.total_epochs=15""".split()
+
+
+def test_verls_ascend_grpo_example_translates_key_by_key():
+    tr = _translate(NPU_EXAMPLE)
+    s = tr.sections
+    assert (s["rl"]["batch_size"], s["rl"]["mini_batch_size"], s["rl"]["micro_batch_size"]) == (64, 40, 10)
+    assert tr.data.on_long_prompt == "skip" and s["run"]["save_ckpt_dir"] == "/ckpts/GRPO/GRPO-Qwen3-8B-npu"
+    inert = dict(tr.ignored)
+    assert {"trainer.device", "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
+            "actor_rollout_ref.ref.fsdp_config.forward_prefetch", "trainer.val_before_train"} <= set(inert)
+    # its data is DAPO-Math (data_source math_dapo): verl scores it with math_dapo.compute_score, we refuse it
+    with pytest.raises(ConfigError, match="data_source 'math_dapo'"):
+        verl.verifiers_for({"math_dapo": 17917}, "dapo-math-17k.parquet")

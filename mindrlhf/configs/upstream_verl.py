@@ -124,7 +124,7 @@ RENAMES: Dict[str, Tuple[str, str]] = {
     M + "lora_rank": ("lora", "lora_rank"), M + "lora_alpha": ("lora", "lora_alpha"),
     M + "target_modules": ("lora", "target_modules"),
     "trainer.total_epochs": ("run", "epochs"), "trainer.total_training_steps": ("run", "total_steps"),
-    "trainer.default_local_dir": ("run", "save_ckpt_dir"),
+    "trainer.default_local_dir": ("run", "save_ckpt_dir"), "data.seed": ("run", "seed"),
 }
 _mapped({k: f"{s}.{f}" for k, (s, f) in RENAMES.items()})
 _mapped({
