@@ -1,5 +1,6 @@
-"""Rewrite docs/CONFIG.md's config and eval references from their dataclasses, and docs/UPSTREAM.md's tables from
-mindrlhf/configs/upstream.py, upstream_mindspeed.py and hf_config.py (tests/test_docs.py checks all are current)."""
+"""Rewrite docs/CONFIG.md's config, eval, SFT and parallel_config references from their dataclasses, and
+docs/UPSTREAM.md's tables from mindrlhf/configs/upstream.py, upstream_mindspeed.py, upstream_verl.py and
+hf_config.py (tests/test_docs.py checks all are current)."""
 import os
 import re
 import sys
@@ -13,6 +14,7 @@ from mindrlhf.eval import EvalConfig  # noqa: E402
 from mindrlhf.sft import SFTConfig  # noqa: E402
 from mindrlhf.configs.upstream import defaults_markdown, table_markdown  # noqa: E402
 from mindrlhf.configs.upstream_mindspeed import table_markdown as mindspeed_table_markdown  # noqa: E402
+from mindrlhf.configs.upstream_verl import table_markdown as verl_table_markdown  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 BLOCKS = [(os.path.join(ROOT, "docs", "CONFIG.md"), "config-reference", config_reference_markdown),
@@ -23,7 +25,8 @@ BLOCKS = [(os.path.join(ROOT, "docs", "CONFIG.md"), "config-reference", config_r
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "upstream-table", table_markdown),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "defaults-table", lambda: defaults_markdown(field_defaults())),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "hf-config-table", hf_table_markdown),
-          (os.path.join(ROOT, "docs", "UPSTREAM.md"), "mindspeed-table", mindspeed_table_markdown)]
+          (os.path.join(ROOT, "docs", "UPSTREAM.md"), "mindspeed-table", mindspeed_table_markdown),
+          (os.path.join(ROOT, "docs", "UPSTREAM.md"), "verl-table", verl_table_markdown)]
 
 
 def rewrite(path: str, marker: str, content: str):

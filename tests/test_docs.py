@@ -33,7 +33,8 @@ def test_generated_references_are_current(marker):
 
 @pytest.mark.parametrize("marker,module", [("upstream-table", "mindrlhf.configs.upstream"),
                                            ("hf-config-table", "mindrlhf.configs.hf_config"),
-                                           ("mindspeed-table", "mindrlhf.configs.upstream_mindspeed")])
+                                           ("mindspeed-table", "mindrlhf.configs.upstream_mindspeed"),
+                                           ("verl-table", "mindrlhf.configs.upstream_verl")])
 def test_upstream_tables_are_current(marker, module):
     import importlib
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "UPSTREAM.md")

@@ -75,7 +75,7 @@ def test_config_json_maps_to_the_model_config(slice_dir):
 
 def test_model_yaml_written_from_the_folder_reads_back_the_same(slice_dir, tmp_path):
     from mindrlhf.configs.hf_config import main, model_config_from_hf
-    from mindrlhf.configs.model_config import load_model_yaml
+    from mindrlhf.configs.model_source import load_model_yaml
     out = tmp_path / "finetune.yaml"
     assert main([slice_dir, "--data_parallel", "2", "-o", str(out)]) == 0
     spec = load_model_yaml(str(out))

@@ -6,7 +6,7 @@ import os
 
 PACKAGE = os.path.join(os.path.dirname(__file__), "..", "mindrlhf")
 LAYER = {"errors": -2, "utils": -1, "configs": 0, "parallel": 1, "models": 2, "data": 3, "reward": 3, "checkpoint": 3,
-         "rollout": 3, "tools": 3, "trainer": 4, "cli": 5, "demo": 5, "eval": 5, "sft": 5}
+         "rollout": 3, "tools": 3, "trainer": 4, "cli": 5, "demo": 5, "eval": 5, "sft": 5, "verl_main": 5}
 
 
 def _imports(path):

@@ -1,5 +1,5 @@
-"""jsonl / JSON array / parquet (GSM8K, MATH, DeepScaleR, OpenR1-Math, raw) -> GRPO prompt MindRecord. The
-library behind `rlhf_data.py`; the input side is data/sources.py.
+"""jsonl / JSON array / parquet (GSM8K, MATH, DeepScaleR, OpenR1-Math, raw, verl's RL rows) -> GRPO prompt
+MindRecord. The library behind `rlhf_data.py`; the input side is data/sources.py.
 
 Streams: the input is read a line, an item or a parquet batch at a time and rows go to the file one write
 batch at a time, so memory does not grow with the file (a 220k-row file at seq_length 8192 is ~29 GB as
@@ -37,14 +37,17 @@ class ConvertSummary:
     output_bytes: int = 0
     seconds: float = 0.0
     reasons: Dict[str, int] = field(default_factory=dict)
+    data_sources: Dict[str, int] = field(default_factory=dict)     # verl rows: data_source -> rows written
 
     def lines(self, path: str) -> List[str]:
+        from mindrlhf.configs.upstream_verl import data_source_line
         return [f"rows read:        {self.rows_in}",
                 f"rows written:     {self.rows_written}  -> {path} (+ .db)",
                 f"prompts > max_prompt_length: {self.prompts_truncated} truncated, {self.prompts_skipped} skipped",
                 f"answers cut at seq_length:   {self.answers_truncated}",
                 f"output size:      {self.output_bytes / 1e6:.2f} MB",
-                f"time:             {self.seconds:.1f} s ({self.rows_in / max(self.seconds, 1e-9):.0f} rows/s)"]
+                f"time:             {self.seconds:.1f} s ({self.rows_in / max(self.seconds, 1e-9):.0f} rows/s)"] + \
+            [data_source_line(name, n) for name, n in sorted(self.data_sources.items())]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,13 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "--dataset_type reads, renamed (MindSpeed-RL's 'prompt'/'response' keys work too)")
     p.add_argument("--is_dataset_gsm8k", nargs="?", const="True", default=None,
                    help="MindRLHF's earlier flag: True means --dataset_type gsm8k")
-    p.add_argument("--prompt_template", default="none",
+    p.add_argument("--prompt_template", default=None,
                    help=f"chat (the chat template of the model folder given as --vocab_path), one of "
-                        f"{sorted(PROMPT_TEMPLATES)}, or a text file containing '{{question}}'")
+                        f"{sorted(PROMPT_TEMPLATES)}, or a text file containing '{{question}}' (default: none; "
+                        f"chat for --dataset_type verl, whose prompts are chat messages)")
     p.add_argument("--system_prompt", default="", help="with --prompt_template chat: a system message before "
                                                        "each question (default: the template's own, if any)")
-    p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip"],
-                   help="what to do with prompts longer than --max_prompt_length (truncate keeps the end)")
+    p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip", "error"],
+                   help="what to do with prompts longer than --max_prompt_length (truncate keeps the end, as verl's "
+                        "data.truncation=left; skip is verl's filter_overlong_prompts; error names the row, as "
+                        "verl's default data.truncation=error)")
     p.add_argument("--workers", type=int, default=0, help="tokenizer threads (0: all cores)")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     return p
@@ -115,16 +121,42 @@ def resolve_upstream(args) -> List[str]:
     return notes
 
 
-def resolve_template(name: str, vocab_path: str = "", system_prompt: str = "") -> Callable[[str], str]:
-    """question -> prompt text: a named template, a text file with '{question}', or `chat` (the model
-    folder's own chat template, data/chat_template.py)."""
-    if name == "chat":
+class _ChatPrompt:
+    """`--prompt_template chat`: question -> prompt text, and a row's own messages (verl) -> prompt text, both
+    through the model folder's chat template with the generation prompt added (as verl's RLHFDataset)."""
+
+    def __init__(self, folder: str, system_prompt: str):
         from mindrlhf.data.chat_template import ChatTemplate
+        self.chat, self.system_prompt = ChatTemplate(folder), system_prompt
+
+    def __call__(self, question: str) -> str:
+        return self.chat.prompt(question, self.system_prompt)
+
+    def render_messages(self, messages) -> str:
+        return self.chat.render(messages)
+
+
+def prompt_text(template: Callable[[str], str], example: Example) -> str:
+    """The prompt of one row: its chat messages rendered (verl rows), else the template around its question."""
+    if example.messages is None:
+        return template(example.question)
+    render = getattr(template, "render_messages", None)
+    if render is None:
+        raise ConfigError(f"{example.where}: the prompt is a list of chat messages (dataset_type verl); they are "
+                          f"rendered by the model folder's chat template: give --prompt_template chat and the "
+                          f"folder as --vocab_path")
+    return render(example.messages)
+
+
+def resolve_template(name: Optional[str], vocab_path: str = "", system_prompt: str = "") -> Callable[[str], str]:
+    """question -> prompt text: a named template, a text file with '{question}', or `chat` (the model
+    folder's own chat template, data/chat_template.py, which also renders verl's message lists)."""
+    name = name or "none"
+    if name == "chat":
         if not vocab_path or not os.path.isdir(vocab_path):
             raise ConfigError(f"--prompt_template chat: renders the model folder's chat template; give the folder "
                               f"as --vocab_path (got {vocab_path!r})")
-        chat = ChatTemplate(vocab_path)
-        return lambda question: chat.prompt(question, system_prompt)
+        return _ChatPrompt(vocab_path, system_prompt)
     if system_prompt:
         raise ConfigError("--system_prompt: only --prompt_template chat has a system message")
     if name in PROMPT_TEMPLATES:
@@ -161,6 +193,11 @@ def convert(args) -> ConvertSummary:
                  if source.skipped else ""))
     if args.workers:
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)
+    if args.prompt_template is None:
+        args.prompt_template = "chat" if args.dataset_type == "verl" else "none"
+    if args.dataset_type == "verl" and args.system_prompt:
+        raise ConfigError("--system_prompt: verl rows carry their own messages (a system turn, if any, is in "
+                          "their prompt column)")
     template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt)
     tok = load_tokenizer(args.vocab_path, args.merges_file_path)
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
@@ -205,9 +242,13 @@ def tokenized_rows(examples: Iterator[Example], template: Callable[[str], str], 
             return
         summary.rows_in += len(part)
         # one tokenizer call per chunk (prompts then answers): the Rust side parallelises across both
-        ids = tok.encode_batch([template(e.question) for e in part] + [" " + e.answer_text for e in part])
+        ids = tok.encode_batch([prompt_text(template, e) for e in part] + [" " + e.answer_text for e in part])
         for ex, p_ids, a_ids in zip(part, ids[:len(part)], ids[len(part):]):
             if len(p_ids) > max_prompt_length:
+                if on_long_prompt == "error":
+                    raise ConfigError(f"{ex.where}: the prompt is {len(p_ids)} tokens, over --max_prompt_length="
+                                      f"{max_prompt_length} (--on_long_prompt error, as verl's data.truncation="
+                                      f"error; truncate or skip it instead)")
                 if on_long_prompt == "skip":
                     summary.prompts_skipped += 1
                     continue
@@ -217,6 +258,8 @@ def tokenized_rows(examples: Iterator[Example], template: Callable[[str], str], 
             if seq_length is not None and len(full) > seq_length:
                 summary.answers_truncated += 1
                 full = full[:seq_length]
+            if ex.data_source:
+                summary.data_sources[ex.data_source] = summary.data_sources.get(ex.data_source, 0) + 1
             yield p_ids, full, ex.solution
         if progress:
             progress.update(len(part))

@@ -1,8 +1,10 @@
 """rlhf_data.py's input: jsonl, a JSON array, parquet, or a directory of them, read a piece at a time, and
 the dataset types that turn one row into (prompt text, worked answer, reference answer).
 
-Users arrive with GSM8K's train.jsonl (MindRLHF's tutorial), DeepScaleR's deepscaler.json (one JSON array)
-and Hugging Face parquet shards (MATH, OpenR1-Math), so all of these are read as they are downloaded.
+Users arrive with GSM8K's train.jsonl (MindRLHF's tutorial), DeepScaleR's deepscaler.json (one JSON array),
+Hugging Face parquet shards (MATH, OpenR1-Math) and verl's RL parquet (what its examples/data_preprocess/*.py
+write: `prompt` as chat messages, `reward_model.ground_truth`), so all of these are read as they are
+downloaded.
 
 A bad row is named where a user can find it: jsonl `file:LINE` (from 1, as editors count), a JSON array
 `file:item N (line L)` and parquet `file:row N` (N from 0, as `json.load(f)[N]` and pandas' `iloc[N]`).
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from mindrlhf.configs.errors import ConfigError
 
@@ -26,6 +28,9 @@ class Example:
     question: str
     answer_text: str   # what an SFT target would be (full worked answer)
     solution: str      # the final answer the verifier compares against
+    messages: Optional[List[Dict[str, str]]] = None   # verl: the prompt as chat messages (the chat template renders them)
+    data_source: str = ""                             # verl: which scorer verl would pick (configs/upstream_verl.py)
+    where: str = ""                                   # file and line/item/row, for errors found later (too long)
 
 
 # ---------------------------------------------------------------------------------------------- dataset types
@@ -40,16 +45,19 @@ class DatasetType:
     worked: Optional[str] = None         # optional worked solution (the SFT target when present)
     fallback: Optional[str] = None       # raw only: the reference's second choice of column
     reference_optional: bool = False
-    extract: str = "whole"               # how the final answer comes out of the reference: whole, gsm8k, boxed
+    extract: str = "whole"               # how the final answer comes out of the reference: whole, gsm8k, boxed,
+                                         # verl (the reference is {style, ground_truth}; the question is messages)
+    source: Optional[str] = None         # verl: the data_source column (required)
     about: str = ""
 
     @property
     def fields(self) -> Tuple[str, ...]:
-        return tuple(f for f in (self.question, self.reference, self.worked, self.fallback) if f)
+        return tuple(f for f in (self.question, self.reference, self.worked, self.fallback, self.source) if f)
 
     @property
     def required(self) -> Tuple[str, ...]:
-        return (self.question,) if self.reference_optional else (self.question, self.reference)
+        base = (self.question,) if self.reference_optional else (self.question, self.reference)
+        return base + ((self.source,) if self.source else ())
 
 
 DATASET_TYPES: Dict[str, DatasetType] = {t.name: t for t in (
@@ -63,7 +71,12 @@ DATASET_TYPES: Dict[str, DatasetType] = {t.name: t for t in (
                 about="'problem', 'answer' (the reference), optional 'solution'"),
     DatasetType("raw", "prompt", "answer", fallback="solution", reference_optional=True,
                 about="'prompt', optional 'answer' (else 'solution') taken whole"),
+    DatasetType("verl", "prompt", "reward_model", worked="extra_info", extract="verl", source="data_source",
+                about="verl's RL parquet: 'prompt' (chat messages [{role, content}], rendered by the model folder's "
+                      "chat template), 'reward_model' {style: rule, ground_truth} (the reference), 'data_source' "
+                      "(picks the verifier), optional 'extra_info' {answer} (the SFT target)"),
 )}
+VERL_ROLES = ("system", "user", "assistant", "tool")
 
 # MindSpeed-RL's map_keys names (its field -> the file's column) and the field each one means here
 MINDSPEED_KEYS = {"prompt": "question", "response": "reference"}
@@ -152,6 +165,8 @@ class RowSpec:
 
     def example(self, obj: dict, where: str) -> Example:
         kind, col = self.kind, self.column
+        if kind.extract == "verl":
+            return self._verl_example(obj, where)
         question = self._text(obj, col[kind.question], where, required=True)
         ref_col = col[kind.reference]
         if ref_col not in obj and self._fallback and col[kind.fallback] in obj:
@@ -169,6 +184,44 @@ class RowSpec:
         worked = self._text(obj, col[kind.worked], where, required=False) if kind.worked else ""
         return Example(question, worked or reference, solution)
 
+    def _verl_example(self, obj: dict, where: str) -> Example:
+        """A row as verl's RLHFDataset reads it: the messages of `prompt`, `reward_model.ground_truth`
+        (verl's reward function gets it as is), `data_source`; `extra_info.answer`, when given, is the
+        worked answer. Each bad field is named by its path in the row."""
+        kind, col = self.kind, self.column
+        for key in (col[kind.question], col[kind.reference], col[kind.source]):
+            if obj.get(key) is None:
+                raise self.missing(where, key, [k for k, v in obj.items() if v is not None])
+        messages = _verl_messages(obj[col[kind.question]], where, col[kind.question])
+        reward = obj[col[kind.reference]]
+        ref = col[kind.reference]
+        if not isinstance(reward, dict):
+            raise ConfigError(f"{where}: {ref!r} must be a mapping {{style, ground_truth}}, got "
+                              f"{type(reward).__name__} ({self.describe()})")
+        style = reward.get("style", "rule")
+        if style not in ("rule", None):
+            raise ConfigError(f"{where}: {ref}.style: {style!r} is not supported (rule: the ground truth is scored "
+                              f"by a verifier; a reward model is not)")
+        truth = reward.get("ground_truth")
+        if isinstance(truth, (int, float)) and not isinstance(truth, bool):
+            truth = str(truth)
+        if not isinstance(truth, str):
+            got = "missing" if truth is None else f"a {type(truth).__name__}, not a string"
+            raise ConfigError(f"{where}: {ref}.ground_truth: {got} (the reference answer the verifier compares "
+                              f"against)")
+        if not truth.strip():
+            raise ConfigError(f"{where}: {ref}.ground_truth is empty (a row without a reference answer cannot be "
+                              f"scored)")
+        source = obj[col[kind.source]]
+        if not isinstance(source, str) or not source:
+            raise ConfigError(f"{where}: {col[kind.source]!r} must be a non-empty string (verl picks the row's "
+                              f"scorer by it), got {source!r}")
+        extra = obj.get(col[kind.worked]) if kind.worked else None
+        worked = extra.get("answer") if isinstance(extra, dict) else None
+        question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+        return Example(question, worked if isinstance(worked, str) and worked else truth, truth.strip(),
+                       messages=messages, data_source=source, where=where)
+
     def _text(self, obj: dict, key: str, where: str, required: bool, scalar: bool = False) -> str:
         if key not in obj or (obj[key] is None and not required):
             if required:
@@ -181,6 +234,27 @@ class RowSpec:
             return str(value)          # a numeric final answer column
         got = "null" if value is None else type(value).__name__
         raise ConfigError(f"{where}: key {key!r} must be a string, got {got} ({self.describe()})")
+
+
+def _verl_messages(value: Any, where: str, key: str) -> List[Dict[str, str]]:
+    """verl's `prompt`: a non-empty list of {role, content} string pairs (parquet gives a list of structs)."""
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if isinstance(value, list) else type(value).__name__
+        raise ConfigError(f"{where}: {key!r} must be a list of chat messages [{{role, content}}, ...], got {got}")
+    out = []
+    for i, msg in enumerate(value):
+        if not isinstance(msg, dict):
+            raise ConfigError(f"{where}: {key}[{i}]: expected a message {{role, content}}, got {type(msg).__name__}")
+        for part in ("role", "content"):
+            if not isinstance(msg.get(part), str):
+                got = "missing" if msg.get(part) is None else f"a {type(msg[part]).__name__}, not a string"
+                raise ConfigError(f"{where}: {key}[{i}].{part}: {got}")
+        if msg["role"] not in VERL_ROLES:
+            raise ConfigError(f"{where}: {key}[{i}].role: {msg['role']!r} is not one of {', '.join(VERL_ROLES)}")
+        out.append({"role": msg["role"], "content": msg["content"]})
+    return out
 
 
 def _gsm8k_final(answer: str, where: str, key: str) -> str:
@@ -265,9 +339,14 @@ class Source:
     """--file_path's rows as Examples, one file after another, never a whole file in memory (except a JSON
     array's current item)."""
 
-    def __init__(self, path: str, dataset_type: str, map_keys: Optional[Dict[str, str]] = None):
+    def __init__(self, path: Union[str, Sequence[str]], dataset_type: str, map_keys: Optional[Dict[str, str]] = None):
+        """`path`: one file or directory, or a list of them (verl's data.train_files), read in that order."""
         self.spec = RowSpec(dataset_type, map_keys)
-        self.files, self.skipped = input_files(path)
+        self.files, self.skipped = [], []
+        for one in [path] if isinstance(path, str) else path:
+            files, skipped = input_files(one)
+            self.files += files
+            self.skipped += skipped
         self.formats = [file_format(f) for f in self.files]
 
     def count(self) -> int:
@@ -289,7 +368,9 @@ class Source:
             count = 0
             for where, obj in rows(path):
                 count += 1
-                yield self.spec.example(obj, where)
+                example = self.spec.example(obj, where)
+                example.where = where
+                yield example
             if not count:
                 raise ConfigError(f"{path}: the file has no rows")
 

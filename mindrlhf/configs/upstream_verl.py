@@ -1,0 +1,674 @@
+"""verl's GRPO command line in one table: every dotted override of its `ppo_trainer.yaml` this reads, and what
+each does here. `python -m mindrlhf.verl_main key=value ...` (mindrlhf/verl_main.py) runs it.
+
+Read from github.com/volcengine/verl for facts only:
+  - the names and their defaults: verl/trainer/config/_generated_ppo_trainer.yaml (ppo_trainer.yaml flattened by
+    its scripts/generate_trainer_config.sh; commit 035682e) - `data`, `actor_rollout_ref.{model,actor,ref,
+    rollout}`, `critic`, `reward_model`, `custom_reward_function`, `algorithm`, `trainer`, `global_profiler`,
+    `ray_kwargs`;
+  - how its GRPO runs are written: examples/grpo_trainer/run_qwen2-7b.sh and the GSM8K quickstart's overrides;
+  - the data: examples/data_preprocess/gsm8k.py (`data_source` openai/gsm8k, `prompt` [{role: user, content:
+    question + instruction}], `ability`, `reward_model` {style: rule, ground_truth}, `extra_info` {split, index,
+    answer, question}); the prompt is rendered with the tokenizer's chat template, add_generation_prompt on
+    (verl/utils/dataset/rl_dataset.py);
+  - the scorer of a row: verl/utils/reward_score/__init__.py default_compute_score (by data_source).
+
+Statuses as in configs/upstream.py: mapped (our field, with any conversion), inert (reported at start-up with
+the reason), checked (an error unless the value is one we implement; `default` is verl's value when the key is
+absent, checked too, because that is what verl would run). A key in no table is an error naming it; a row
+`prefix.*` covers every key under the prefix.
+
+Units: verl's data.train_batch_size and actor.ppo_mini_batch_size count prompts over the whole job, its
+ppo_micro_batch_size_per_gpu counts sequences on one GPU; ours count prompts per rollout replica (rl.batch_size),
+sequences per train data-parallel rank (rl.mini_batch_size, rl.micro_batch_size). Every rank of our job trains
+(data-parallel, as verl's FSDP actor) and the rollout replicas are ranks / rollout.tensor_model_parallel_size.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.upstream import CHECKED, INERT, MAPPED, Key
+
+_ABSENT = object()      # a checked key with no default to check when it is absent
+A, R, M, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "actor_rollout_ref.ref."
+
+# data_source -> (our verifiers, what verl runs for it, how ours differs); sources not here are refused at start-up
+DATA_SOURCES: Dict[str, Tuple[List[str], str, str]] = {
+    "openai/gsm8k": (["accuracy_reward"], "gsm8k.compute_score",
+                     "verl reads only '#### <number>' and compares strings; ours also reads \\boxed{} or "
+                     "<answer></answer> and compares numbers (72.0 = 72)"),
+    "lighteval/MATH": (["accuracy_reward"], "math.compute_score",
+                       "verl compares the last \\boxed{} as normalised strings; ours judges equivalence as "
+                       "math-verify does"),
+    "DigitalLearningGmbH/MATH-lighteval": (["accuracy_reward"], "math.compute_score",
+                                           "verl compares the last \\boxed{} as normalised strings; ours judges "
+                                           "equivalence as math-verify does"),
+}
+
+
+def data_source_line(name: str, rows: int) -> str:
+    """rlhf_data.py's (and verl_main's) line for one data_source of verl rows: the verifier it gets here."""
+    if name in DATA_SOURCES:
+        ours, theirs, note = DATA_SOURCES[name]
+        return f"data_source {name}: {rows} rows, scored by {', '.join(ours)} (verl: {theirs}; {note})"
+    return (f"data_source {name}: {rows} rows, no verifier here stands for verl's scorer of it: "
+            f"mindrlhf.verl_main refuses it unless --verifier_function names yours (--reward_module)")
+
+
+def verifiers_for(sources: Dict[str, int], where: str) -> List[str]:
+    """The verifier_function for a run over these data sources (one list scores every row here)."""
+    unknown = [s for s in sources if s not in DATA_SOURCES]
+    if unknown:
+        raise ConfigError(f"{where}: data_source {unknown[0]!r} ({sources[unknown[0]]} rows): verl scores it with "
+                          f"its own function (verl.utils.reward_score) and no verifier here is its equivalent "
+                          f"(we have one for {', '.join(DATA_SOURCES)}); give --verifier_function with your "
+                          f"verifier (--reward_module) to score it, or leave those rows out")
+    chosen = {tuple(DATA_SOURCES[s][0]) for s in sources}
+    if len(chosen) > 1:
+        raise ConfigError(f"{where}: data sources {', '.join(sources)} need different verifiers; one list scores "
+                          f"every row here: give --verifier_function")
+    return list(next(iter(chosen))) if chosen else ["accuracy_reward"]
+
+
+TABLE: Dict[str, Key] = {}
+# key -> (ok(value, all overrides), what we implement, verl's default when absent or _ABSENT)
+CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {}
+
+
+def _mapped(rows: Dict[str, str]):
+    TABLE.update({k: Key(k, MAPPED, v) for k, v in rows.items()})
+
+
+def _inert(names: str, reason: str, prefix: str = ""):
+    TABLE.update({prefix + n: Key(prefix + n, INERT, reason) for n in names.split()})
+
+
+def _checked(rows: Dict[str, tuple]):
+    CHECKS.update(rows)
+    TABLE.update({k: Key(k, CHECKED, expected) for k, (_, expected, _) in rows.items()})
+
+
+def _null(v, ns) -> bool:
+    return v in (None, "", "null", "None")
+
+
+def _false(v, ns) -> bool:
+    return v is False or str(v).lower() == "false"
+
+
+def _true(v, ns) -> bool:
+    return v is True or str(v).lower() == "true"
+
+
+def _empty(v, ns) -> bool:
+    return v in (None, {}, [], "", "{}")
+
+
+# ---- renames: key -> (section, field), same meaning and unit ----------------------------------------------
+RENAMES: Dict[str, Tuple[str, str]] = {
+    A + "optim.lr": ("optim", "lr"), A + "optim.weight_decay": ("optim", "weight_decay"),
+    A + "grad_clip": ("optim", "max_grad_norm"), A + "optim.clip_grad": ("optim", "max_grad_norm"),
+    A + "ppo_epochs": ("rl", "num_iterations"), A + "ppo_micro_batch_size_per_gpu": ("rl", "micro_batch_size"),
+    A + "use_dynamic_bsz": ("rl", "sequence_packing"),
+    A + "policy_loss.loss_mode": ("rl", "loss_mode"), A + "policy_loss.clip_cov_ratio": ("rl", "clip_cov_ratio"),
+    A + "policy_loss.clip_cov_lb": ("rl", "clip_cov_lb"), A + "policy_loss.clip_cov_ub": ("rl", "clip_cov_ub"),
+    A + "policy_loss.kl_cov_ratio": ("rl", "kl_cov_ratio"), A + "policy_loss.ppo_kl_coef": ("rl", "ppo_kl_coef"),
+    A + "fsdp_config.param_offload": ("swap", "offload_train_param"),
+    A + "fsdp_config.optimizer_offload": ("swap", "offload_train_optimizer"),
+    F + "fsdp_config.param_offload": ("swap", "offload_ref_param"),
+    R + "n": ("rl", "num_generations"), R + "temperature": ("sampling", "temperature"),
+    R + "top_p": ("sampling", "top_p"), R + "max_num_seqs": ("run", "max_num_seqs"),
+    "algorithm.norm_adv_by_std_in_grpo": ("rl", "adv_norm_std"),
+    M + "lora_rank": ("lora", "lora_rank"), M + "lora_alpha": ("lora", "lora_alpha"),
+    M + "target_modules": ("lora", "target_modules"),
+    "trainer.total_epochs": ("run", "epochs"), "trainer.total_training_steps": ("run", "total_steps"),
+    "trainer.default_local_dir": ("run", "save_ckpt_dir"), "data.seed": ("run", "seed"),
+}
+_mapped({k: f"{s}.{f}" for k, (s, f) in RENAMES.items()})
+_mapped({
+    "data.train_files": "converted at start-up (verl rows -> <default_local_dir>/verl_data/train.mindrecord, "
+                        "rlhf_data.py --dataset_type verl) -> run.mind_dataset_dir; a list is read in order",
+    "data.val_files": "converted likewise -> run.eval_dataset (greedy accuracy, every row: run.eval_prompts)",
+    "data.max_prompt_length": "the prompt column's width in the converted file",
+    "data.max_response_length": "sampling.max_tokens",
+    "data.train_batch_size": "rl.batch_size = train_batch_size / rollout replicas (prompts per step over the "
+                             "job -> per rollout replica)",
+    "data.tokenizer": "run.vocab_path (default: actor_rollout_ref.model.path)",
+    "data.prompt_key": "the column of chat messages (rlhf_data.py --map_keys '{\"prompt\": <column>}')",
+    "data.filter_overlong_prompts": "true: longer prompts are left out (--on_long_prompt skip)",
+    "data.truncation": "error (verl's default) -> a longer prompt is an error naming its row; left -> truncate "
+                       "(keeps the end); right and middle are refused",
+    M + "path": "run.sft_path_train (a Hugging Face folder: its weights and tokenizer; chat template for "
+                "the prompts)",
+    A + "ppo_mini_batch_size": "rl.mini_batch_size = ppo_mini_batch_size x rollout.n / ranks (prompts per update "
+                               "over the job -> sequences per update on one train data-parallel rank)",
+    A + "ppo_micro_batch_size": "rl.micro_batch_size = ppo_micro_batch_size / ranks (verl's deprecated global "
+                                "form)",
+    A + "use_kl_loss": "false (verl's default): rl.beta = 0 (no reference model); true: rl.beta = kl_loss_coef",
+    A + "kl_loss_coef": "rl.beta (with use_kl_loss)",
+    A + "kl_loss_type": "rl.kl_estimator: kl/k1 -> k1, mse/k2 -> k2, low_var_kl/k3 -> k3 (verl also clamps k3 to "
+                        "+-10; equal below); abs and the '+' straight-through forms are refused",
+    A + "clip_ratio": "rl.clip_low and rl.clip_high",
+    A + "clip_ratio_low": "rl.clip_low", A + "clip_ratio_high": "rl.clip_high",
+    A + "loss_agg_mode": "rl.loss_agg: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm "
+                         "(seq-mean-token-sum is refused)",
+    A + "optim.warmup_style": "optim.lr_schedule: constant -> constant (transformers' constant_with_warmup, as "
+                              "verl), cosine -> cosine",
+    A + "optim.lr_scheduler_type": "as optim.warmup_style (its newer name)",
+    A + "optim.lr_warmup_steps": "optim.warmup_steps = lr_warmup_steps x updates per step (verl steps its "
+                                 "scheduler once per step, we once per update); -1: lr_warmup_steps_ratio",
+    A + "optim.lr_warmup_steps_ratio": "optim.warmup_steps = ratio x the run's updates",
+    A + "optim.min_lr_ratio": "optim.min_lr = lr x min_lr_ratio (cosine)",
+    A + "optim.betas": "optim.beta1, optim.beta2",
+    R + "tensor_model_parallel_size": "the rollout layout's model_parallel; its replicas are ranks / this (with "
+                                      "> 1 model YAMLs of both layouts are written from the HF folder)",
+    R + "top_k": "sampling.top_k (-1 = off -> 0)",
+    R + "response_length": "sampling.max_tokens (when data.max_response_length is not given)",
+    R + "max_model_len": "run.max_model_len (null -> 0: the model's)",
+    "algorithm.adv_estimator": "rl.adv_estimator: grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline "
+                               "(gae needs a critic and is refused; absent, verl runs gae: refused)",
+    "algorithm.filter_groups.enable": "rl.dynamic_sampling (DAPO's group filter)",
+    "algorithm.filter_groups.max_num_gen_batches": "rl.max_num_gen_batches (0, verl's 'no limit', is refused)",
+    "trainer.n_gpus_per_node": "ranks of the job = nnodes x n_gpus_per_node (msrun's workers; run.use_parallel "
+                               "when > 1); absent: 1 (the job's size is msrun's here, not verl's default 8)",
+    "trainer.nnodes": "ranks of the job = nnodes x n_gpus_per_node",
+    "trainer.save_freq": "run.save_steps (-1 -> 0: we still save once at the end)",
+    "trainer.test_freq": "run.eval_steps (-1 -> 0: off)",
+    "trainer.max_actor_ckpt_to_keep": "run.keep_checkpoints (null: verl keeps all; ours keeps 2)",
+    "trainer.project_name": "default_local_dir's default checkpoints/<project_name>/<experiment_name>",
+    "trainer.experiment_name": "default_local_dir's default checkpoints/<project_name>/<experiment_name>",
+    "trainer.rollout_data_dir": "run.rollout_log_file = <dir>/rollouts.mindrecord (every sample, as a MindRecord)",
+    "trainer.resume_mode": "disable -> a fresh run; auto -> a fresh run too (say --resume True on a restart: "
+                           "a fresh run refuses a directory holding another run); resume_path is refused",
+})
+
+# ---- checked: only the value we implement (verl's default, when absent, is checked too) ---------------------
+_checked({
+    A + "entropy_coeff": (lambda v, ns: float(v) == 0.0, "0 (no entropy bonus)", 0),
+    A + "shuffle": (_false, "false (mini-batches in rollout order)", False),
+    A + "ulysses_sequence_parallel_size": (lambda v, ns: int(v) == 1, "1 (rl.sequence_packing and the model "
+                                                                      "YAML's use_seq_parallel instead)", 1),
+    A + "optim.num_cycles": (lambda v, ns: float(v) == 0.5, "0.5 (one half-cosine)", 0.5),
+    A + "optim.total_training_steps": (lambda v, ns: int(v) == -1, "-1 (verl's trainer fills it in)", -1),
+    M + "custom_chat_template": (_null, "null (the model folder's chat template renders the prompts)", None),
+    M + "external_lib": (_null, "null (the built-in Qwen2/Llama decoder)", None),
+    M + "override_config": (_empty, "{} (the folder's config.json is the model)", {}),
+    M + "exclude_modules": (_null, "null (lora.target_modules names the adapted layers)", None),
+    F + "model": (_null, "null (the reference is the initial policy)", None),
+    R + "do_sample": (_true, "true (rollouts sample)", True),
+    R + "ignore_eos": (_false, "false", False),
+    R + "over_sample_rate": (lambda v, ns: float(v) == 0, "0", 0),
+    R + "skip_rollout": (_false, "false", False),
+    R + "multi_turn.enable": (_false, "false (single-turn rollouts)", False),
+    R + "val_kwargs.do_sample": (_false, "false (our eval is greedy)", False),
+    R + "val_kwargs.temperature": (lambda v, ns: float(v) == 0, "0 (greedy eval)", 0),
+    R + "val_kwargs.n": (lambda v, ns: int(v) == 1, "1 (one greedy answer per prompt)", 1),
+    "actor_rollout_ref.hybrid_engine": (_true, "true (every rank holds the policy and the rollout model)", True),
+    "data.shuffle": (_true, "true (prompts shuffled by run.seed)", True),
+    "data.reward_fn_key": (lambda v, ns: v == "data_source", "data_source", "data_source"),
+    "data.custom_cls.path": (_null, "null (the verl row schema)", None),
+    "data.sampler.class_path": (_null, "null (shuffled by run.seed)", None),
+    "data.datagen.path": (_null, "null", None),
+    "data.apply_chat_template_kwargs": (_empty, "{} (the template renders with its defaults)", {}),
+    "critic.enable": (lambda v, ns: not _true(v, ns), "null/false (GRPO has no critic)", None),
+    "reward_model.enable": (_false, "false (rewards are rule-based: the data_source's verifier)", False),
+    "reward_model.reward_manager": (lambda v, ns: v == "naive", "naive (each sample scored by its row's rule)",
+                                    "naive"),
+    "custom_reward_function.path": (_null, "null: verl's compute_score(data_source, solution_str, ground_truth, "
+                                           "extra_info) is not called here; register a verifier (completion, "
+                                           "solution) and give --reward_module and --verifier_function", None),
+    "algorithm.use_kl_in_reward": (_false, "false (the KL term is in the loss: actor.use_kl_loss)", False),
+    "algorithm.use_pf_ppo": (_false, "false", False),
+    "trainer.default_hdfs_dir": (_null, "null (checkpoints stay in default_local_dir)", None),
+    "trainer.resume_from_path": (_null, "null (--resume continues from default_local_dir's newest checkpoint)",
+                                 None),
+    "trainer.val_only": (_false, "false (mindrlhf.eval evaluates a policy)", False),
+})
+
+# ---- inert -------------------------------------------------------------------------------------------------
+_inert("strategy", "training backend (FSDP / Megatron); here MindSpore's layouts, same update", A)
+_inert("strategy", "backend of the reference pass; same log-probs", F)
+_inert("fsdp_config.*", "FSDP wrapping / resharding / prefetch; same update", A)
+_inert("fsdp_config.*", "FSDP wrapping of the reference; same log-probs", F)
+_inert("use_torch_compile use_fused_kernels entropy_from_logits_with_chunking entropy_checkpointing "
+       "use_remove_padding", "kernel / memory choice; same values", A)
+_inert("use_torch_compile entropy_from_logits_with_chunking entropy_checkpointing ulysses_sequence_parallel_size",
+       "kernel / memory choice of the reference pass; same log-probs", F)
+_inert("log_prob_micro_batch_size log_prob_micro_batch_size_per_gpu log_prob_use_dynamic_bsz "
+       "log_prob_max_token_len_per_gpu", "batching of the reference pass; same log-probs", F)
+_inert("log_prob_micro_batch_size log_prob_micro_batch_size_per_gpu log_prob_use_dynamic_bsz "
+       "log_prob_max_token_len_per_gpu", "batching of the old-policy log-prob pass; same log-probs", R)
+_inert("ppo_max_token_len_per_gpu", "use_dynamic_bsz's token budget; packed micro-batches here hold one padded "
+       "row's width of tokens unless --max_packing_token_size is given", A)
+_inert("clip_ratio_c", "verl's dual clip bounds a negative-advantage token's loss at clip_ratio_c x |A|; not "
+       "implemented: it acts only where a ratio exceeds clip_ratio_c (3), never on one on-policy pass", A)
+_inert("checkpoint.*", "what a checkpoint holds: here always the model, optimizer and run state", A)
+_inert("profiler.*", "profiling", A)
+_inert("profiler.*", "profiling", F)
+_inert("profiler.*", "profiling", R)
+_inert("global_profiler.*", "profiling")
+_inert("ray_kwargs.*", "Ray start-up; msrun launches the ranks here")
+_inert("optim._target_", "the optimizer class: AdamW here (decoupled decay, none on norms and biases)", A)
+_inert("_target_", "config class name", A)
+_inert("policy_loss._target_", "config class name", A)
+_inert("name mode", "the rollout engine (vLLM / SGLang); here the built-in MindSpore engine (run.rollout_backend), "
+       "same samples for the same weights and seed", R)
+_inert("gpu_memory_utilization enforce_eager cudagraph_capture_sizes free_cache_engine max_num_batched_tokens "
+       "disable_log_stats multi_stage_wake_up engine_kwargs.* enable_chunked_prefill load_format layered_summon "
+       "update_weights_bucket_megabytes _target_ agent.* trace.* skip_dump_dir calculate_log_probs",
+       "inference-engine knob; same samples", R)
+_inert("dtype", "vLLM's weight dtype; the rollout here computes in the policy's float32 (bf16 approximates it)", R)
+_inert("prompt_length", "data.max_prompt_length is read (Hydra interpolates this from it)", R)
+_inert("val_kwargs.top_k val_kwargs.top_p val_kwargs._target_", "sampling of a greedy eval; unused", R)
+_inert("multi_turn.*", "multi-turn rollouts; multi_turn.enable is false", R)
+_inert("enable_gradient_checkpointing enable_activation_offload use_remove_padding use_liger use_fused_kernels "
+       "fused_kernel_options.* use_shm trust_remote_code", "memory / kernel / loading choice; same model", M)
+_inert("actor_rollout_ref.nccl_timeout", "collective timeout; run.watchdog_timeout bounds a stuck phase here")
+_inert("use_shm trust_remote_code dataloader_num_workers filter_overlong_prompts_workers return_raw_input_ids "
+       "return_raw_chat return_full_prompt return_multi_modal_inputs image_key video_key custom_cls.name "
+       "sampler.class_name datagen.name", "data loading detail; the converted MindRecord holds the same prompts",
+       "data.")
+_inert("data.val_batch_size", "batching of validation; every validation row is evaluated")
+_inert("data.validation_shuffle", "order of validation; accuracy is over every row")
+_inert("critic.*", "the critic (PPO's GAE); GRPO has none")
+_inert("reward_model.*", "the reward-model worker; reward_model.enable is false")
+_inert("custom_reward_function.name", "custom_reward_function.path is null")
+_inert("algorithm.gamma algorithm.lam", "GAE discounting; grpo-type estimators do not use it")
+_inert("algorithm.kl_penalty algorithm.kl_ctrl.*", "the in-reward KL; algorithm.use_kl_in_reward is false (the KL "
+       "weight is actor.kl_loss_coef)")
+_inert("algorithm.pf_ppo.* algorithm._target_", "unused here (use_pf_ppo is false)")
+_inert("algorithm.filter_groups.metric algorithm.filter_groups._target_",
+       "filter_groups drops groups whose rewards are all equal (the reward is the metric here)")
+_inert("trainer.logger trainer.log_val_generations trainer.validation_data_dir",
+       "logging backend; metrics.jsonl and TensorBoard in default_local_dir here")
+_inert("trainer.balance_batch", "reorders sequences between data-parallel ranks to even their tokens")
+_inert("trainer.critic_warmup", "critic only")
+_inert("trainer.val_before_train", "our eval runs at the start and end whenever test_freq > 0")
+_inert("trainer.device trainer.use_legacy_worker_impl trainer.ray_wait_register_center_timeout "
+       "trainer.esi_redundant_time trainer.del_local_ckpt_after_load trainer.max_critic_ckpt_to_keep",
+       "verl's worker / device / elastic setting; none here")
+
+KL_TYPES = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+LOSS_MODES = ("vanilla", "gspo", "kl_cov", "clip_cov")
+
+# Our defaults are MindRLHF's (configs/upstream.RUN_DEFAULTS); where a verl command leaves a field out, verl's own
+# default applies when it differs: (section, field) -> (value, whose default).
+ABSENT_DEFAULTS = {
+    ("optim", "lr"): (1e-6, "verl's actor.optim.lr default"),
+    ("optim", "lr_schedule"): ("constant", "verl's optim.warmup_style default"),
+    ("optim", "warmup_steps"): (0, "verl's default: no warm-up"),
+    ("optim", "min_lr"): (0.0, "verl's min_lr_ratio default 0"),
+    ("optim", "beta2"): (0.999, "verl's AdamW betas (0.9, 0.999)"),
+    ("optim", "max_grad_norm"): (1.0, "verl's actor.grad_clip default"),
+    ("rl", "loss_agg"): ("token-mean", "verl's actor.loss_agg_mode default"),
+    ("rl", "ref_sync_steps"): (0, "verl never re-syncs its reference"),
+    ("rl", "ppo_kl_coef"): (0.1, "verl's policy_loss.ppo_kl_coef default"),
+    ("run", "epochs"): (30, "verl's trainer.total_epochs default"),
+    ("run", "save_steps"): (0, "verl's save_freq default -1 (we save once at the end)"),
+    ("run", "eval_steps"): (0, "verl's test_freq default -1"),
+    ("reward", "verifier_weight"): ([1.0], "one verl score per row"),
+}
+
+
+def lookup(key: str) -> Key:
+    """The table's row for a dotted key: its own, else the nearest `prefix.*` above it."""
+    if key in TABLE:
+        return TABLE[key]
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        row = TABLE.get(".".join(parts[:i]) + ".*")
+        if row is not None:
+            return row
+    raise ConfigError(f"{key}: unknown verl key (neither in verl's ppo_trainer.yaml as this reads it nor ours; "
+                      f"docs/UPSTREAM.md's verl table lists every accepted name)")
+
+
+def parse_overrides(args: List[str]) -> Dict[str, Any]:
+    """Hydra's `key=value` overrides -> {key: value}, values read as YAML (true, null, [a,b], 1e-6 stays a string
+    for coerce()); `+key=` and `++key=` (Hydra's add / force-add) as `key=`; `~key` is refused."""
+    import yaml
+    out: Dict[str, Any] = {}
+    for arg in args:
+        if arg.startswith("~"):
+            raise ConfigError(f"{arg}: Hydra's delete override is not supported (leave the key out)")
+        if "=" not in arg:
+            raise ConfigError(f"{arg}: expected a verl override key=value (then our --flags)")
+        key, text = arg.split("=", 1)
+        key = key.lstrip("+")
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        out[key] = value
+    return out
+
+
+@dataclasses.dataclass
+class DataPlan:
+    """What verl_main converts at start-up: verl's parquet -> prompt MindRecords."""
+    train_files: List[str]
+    val_files: List[str]
+    max_prompt_length: int
+    max_response_length: int
+    on_long_prompt: str
+    prompt_key: str
+    tokenizer: str
+    out_dir: str
+
+
+@dataclasses.dataclass
+class Translation:
+    sections: Dict[str, Dict[str, Any]]
+    mapped: List[Tuple[str, str]]        # (verl key, what it set here)
+    ignored: List[Tuple[str, str]]       # (verl key, reason)
+    derived: List[str]
+    data: DataPlan
+    world: int
+    infer_tp: int
+
+
+def _files(value) -> List[str]:
+    if value is None or value == "":
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Field]) -> Translation:
+    """verl's overrides -> our sections, what each key did, and the data to convert. Keys the command does not
+    give keep our defaults, except where verl's own default differs (ABSENT_DEFAULTS, said at start-up)."""
+    from mindrlhf.configs.coerce import coerce
+    rows = {k: lookup(k) for k in ov}
+    for key, (ok, expected, default) in CHECKS.items():
+        given = key in ov
+        if not given and default is _ABSENT:
+            continue
+        value = ov[key] if given else default
+        try:
+            good = ok(value, ov)
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            what = f"{value!r} is not supported" if given else \
+                f"not given, so verl would run its default {value!r}, which is not supported"
+            raise ConfigError(f"{key}: {what} (we implement {expected})")
+
+    sections: Dict[str, Dict[str, Any]] = {}
+    mapped: List[Tuple[str, str]] = []
+    derived: List[str] = []
+
+    def put(sec: str, fld: str, value, key: str):
+        sections.setdefault(sec, {})[fld] = coerce(value, field_of(sec, fld), key)
+        mapped.append((key, f"{sec}.{fld} = {sections[sec][fld]!r}"))
+
+    def num(key: str, kind: str, default=None):
+        value = ov.get(key, default)
+        return coerce(value, _KIND[kind], key)
+
+    def flag(key: str, default: bool) -> bool:
+        return coerce(ov.get(key, default), _KIND["flag"], key)
+
+    # the job: ranks and the rollout layout
+    nodes = num("trainer.nnodes", "integer", 1)
+    per_node = num("trainer.n_gpus_per_node", "integer", 1)
+    infer_tp = num(R + "tensor_model_parallel_size", "integer", 1)
+    for key, v in (("trainer.nnodes", nodes), ("trainer.n_gpus_per_node", per_node),
+                   (R + "tensor_model_parallel_size", infer_tp)):
+        if v <= 0:
+            raise ConfigError(f"{key}: expected a positive integer, got {v}")
+    world = nodes * per_node
+    if world % infer_tp:
+        raise ConfigError(f"{R}tensor_model_parallel_size: {world} ranks (nnodes x n_gpus_per_node) do not split "
+                          f"into rollout replicas of {infer_tp}")
+    replicas = world // infer_tp
+    if world > 1:
+        put("run", "use_parallel", True, "trainer.n_gpus_per_node")
+    if "trainer.n_gpus_per_node" not in ov:
+        derived.append("ranks: 1 (trainer.n_gpus_per_node not given; verl's default is 8 GPUs, the job's size is "
+                       "msrun's here)")
+
+    for key, (sec, fld) in RENAMES.items():
+        if ov.get(key) is not None:          # null: verl's "unset", our default stands
+            put(sec, fld, ov[key], key)
+
+    # the model, its tokenizer and where the run writes
+    if M + "path" not in ov:
+        raise ConfigError(f"{M}path: missing (the Hugging Face folder of the policy)")
+    model = str(ov[M + "path"])
+    put("run", "sft_path_train", model, M + "path")
+    tokenizer = str(ov.get("data.tokenizer") or model)
+    put("run", "vocab_path", tokenizer, "data.tokenizer" if ov.get("data.tokenizer") else M + "path")
+    if "trainer.default_local_dir" not in ov:
+        out = f"checkpoints/{ov.get('trainer.project_name', 'verl_examples')}/" \
+              f"{ov.get('trainer.experiment_name', 'gsm8k')}"
+        put("run", "save_ckpt_dir", out, "trainer.default_local_dir")
+        derived.append(f"run.save_ckpt_dir: {out} (verl's default_local_dir: checkpoints/<project_name>/"
+                       f"<experiment_name>)")
+    out_dir = sections["run"]["save_ckpt_dir"]
+
+    # data
+    train = _files(ov.get("data.train_files"))
+    if not train:
+        raise ConfigError("data.train_files: missing (verl's RL parquet: examples/data_preprocess/gsm8k.py writes it)")
+    val = _files(ov.get("data.val_files"))
+    truncation = str(ov.get("data.truncation", "error"))
+    if truncation not in ("error", "left"):
+        raise ConfigError(f"data.truncation: {truncation!r} is not supported (we implement error and left: a "
+                          f"prompt keeps its end)")
+    on_long = "skip" if flag("data.filter_overlong_prompts", False) else \
+        {"error": "error", "left": "truncate"}[truncation]
+    prompt_len = num("data.max_prompt_length", "integer", 512)
+    response_len = num("data.max_response_length", "integer", ov.get(R + "response_length", 512))
+    plan = DataPlan(train, val, prompt_len, response_len, on_long, str(ov.get("data.prompt_key", "prompt")),
+                    tokenizer, out_dir)
+    put("sampling", "max_tokens", response_len,
+        "data.max_response_length" if "data.max_response_length" in ov or R + "response_length" not in ov
+        else R + "response_length")
+    if val:
+        test_freq = num("trainer.test_freq", "integer", -1)
+        if test_freq <= 0:
+            derived.append("data.val_files converted but not evaluated: trainer.test_freq is -1 (verl's default)")
+    for key, fld in (("trainer.test_freq", "eval_steps"), ("trainer.save_freq", "save_steps")):
+        if key in ov:
+            put("run", fld, max(num(key, "integer"), 0), key)
+    if ov.get("trainer.max_actor_ckpt_to_keep") not in (None, ""):
+        put("run", "keep_checkpoints", ov["trainer.max_actor_ckpt_to_keep"], "trainer.max_actor_ckpt_to_keep")
+    if ov.get("trainer.rollout_data_dir"):
+        put("run", "rollout_log_file", f"{ov['trainer.rollout_data_dir']}/rollouts.mindrecord",
+            "trainer.rollout_data_dir")
+    mode = str(ov.get("trainer.resume_mode", "auto"))
+    if mode not in ("auto", "disable"):
+        raise ConfigError(f"trainer.resume_mode: {mode!r} is not supported (auto or disable; --resume True "
+                          f"continues from default_local_dir's newest checkpoint)")
+
+    # batch sizes: verl's prompts over the job -> ours per rank
+    n = num(R + "n", "integer", 1)
+    if n < 2:
+        raise ConfigError(f"{R}n: {n} sample(s) per prompt{'' if R + 'n' in ov else ' (verl default)'}; GRPO "
+                          f"compares a prompt's samples with each other: give actor_rollout_ref.rollout.n >= 2")
+    tbs = num("data.train_batch_size", "integer", 1024)
+    if tbs <= 0 or tbs % replicas:
+        raise ConfigError(f"data.train_batch_size: {tbs} prompts do not split over the {replicas} rollout replicas "
+                          f"(ranks / rollout.tensor_model_parallel_size)")
+    put("rl", "batch_size", tbs // replicas, "data.train_batch_size")
+    derived.append(f"rl.batch_size: {tbs // replicas} (data.train_batch_size {tbs} / {replicas} rollout replicas)")
+    mini = num(A + "ppo_mini_batch_size", "integer", 256)
+    if mini <= 0 or tbs % mini:
+        raise ConfigError(f"{A}ppo_mini_batch_size: {mini}{'' if A + 'ppo_mini_batch_size' in ov else ' (verl default)'}"
+                          f" must divide data.train_batch_size {tbs} (as verl asserts)")
+    if mini * n % world:
+        raise ConfigError(f"{A}ppo_mini_batch_size: {mini} prompts x rollout.n {n} do not split over {world} ranks")
+    put("rl", "mini_batch_size", mini * n // world, A + "ppo_mini_batch_size")
+    derived.append(f"rl.mini_batch_size: {mini * n // world} (ppo_mini_batch_size {mini} x rollout.n {n} / "
+                   f"{world} ranks)")
+    if A + "ppo_micro_batch_size" in ov and ov[A + "ppo_micro_batch_size"] is not None:
+        micro = num(A + "ppo_micro_batch_size", "integer")
+        if micro % world:
+            raise ConfigError(f"{A}ppo_micro_batch_size: {micro} sequences do not split over {world} ranks")
+        put("rl", "micro_batch_size", micro // world, A + "ppo_micro_batch_size")
+
+    # the loss
+    if flag(A + "use_kl_loss", False):
+        put("rl", "beta", ov.get(A + "kl_loss_coef", 0.001), A + "kl_loss_coef")
+        kl_type = str(ov.get(A + "kl_loss_type", "low_var_kl"))
+        if kl_type not in KL_TYPES:
+            raise ConfigError(f"{A}kl_loss_type: {kl_type!r} is not supported (we implement "
+                              f"{', '.join(KL_TYPES)})")
+        put("rl", "kl_estimator", KL_TYPES[kl_type], A + "kl_loss_type")
+    else:
+        put("rl", "beta", 0.0, A + "use_kl_loss")
+        derived.append("rl.beta: 0 (actor.use_kl_loss is false, verl's default: no KL term, no reference model)")
+    estimator = str(ov.get("algorithm.adv_estimator", "gae"))
+    if estimator not in ESTIMATORS:
+        given = "algorithm.adv_estimator" in ov
+        raise ConfigError(f"algorithm.adv_estimator: {estimator!r}{'' if given else ' (verl default: not given)'} is "
+                          f"not supported (we implement {', '.join(ESTIMATORS)}; gae needs a critic)")
+    put("rl", "adv_estimator", estimator, "algorithm.adv_estimator")
+    if A + "loss_agg_mode" in ov:
+        if ov[A + "loss_agg_mode"] not in LOSS_AGG:
+            raise ConfigError(f"{A}loss_agg_mode: {ov[A + 'loss_agg_mode']!r} is not supported (we implement "
+                              f"{', '.join(LOSS_AGG)})")
+        put("rl", "loss_agg", ov[A + "loss_agg_mode"], A + "loss_agg_mode")
+    if ov.get(A + "policy_loss.loss_mode", "vanilla") not in LOSS_MODES:
+        raise ConfigError(f"{A}policy_loss.loss_mode: {ov[A + 'policy_loss.loss_mode']!r} is not supported (we "
+                          f"implement {', '.join(LOSS_MODES)})")
+    clip = ov.get(A + "clip_ratio", 0.2)
+    for side, fld in (("low", "clip_low"), ("high", "clip_high")):
+        key = A + f"clip_ratio_{side}"
+        put("rl", fld, ov.get(key, clip), key if key in ov else A + "clip_ratio")
+
+    # sampling
+    if R + "top_k" in ov:
+        top_k = num(R + "top_k", "integer")
+        if top_k < -1:
+            raise ConfigError(f"{R}top_k: expected -1 (off) or >= 0, got {top_k}")
+        put("sampling", "top_k", max(top_k, 0), R + "top_k")
+    if ov.get(R + "max_model_len") not in (None, ""):
+        put("run", "max_model_len", ov[R + "max_model_len"], R + "max_model_len")
+
+    # the learning-rate schedule: verl steps it once per step, we once per optimizer update
+    _schedule(ov, put, derived, num, tbs, mini, sections)
+
+    # dynamic sampling (DAPO)
+    if flag("algorithm.filter_groups.enable", False):
+        put("rl", "dynamic_sampling", True, "algorithm.filter_groups.enable")
+        if "algorithm.filter_groups.max_num_gen_batches" in ov:
+            batches = num("algorithm.filter_groups.max_num_gen_batches", "integer")
+            if batches <= 0:
+                raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches: {batches} (verl's 'no limit') is "
+                                  f"not supported; give a positive bound")
+            put("rl", "max_num_gen_batches", batches, "algorithm.filter_groups.max_num_gen_batches")
+
+    ignored = [(k, row.ours) for k, row in rows.items() if row.status == INERT]
+    reported = {k for k, _ in mapped}
+    for k, row in rows.items():          # every given key is said at start-up, the ones read above by their row
+        if row.status == MAPPED and k not in reported and k not in ("data.train_files", "data.val_files",
+                                                                    "data.max_prompt_length"):
+            mapped.append((k, f"{ov[k]!r}: {row.ours}"))
+        elif row.status == CHECKED:
+            mapped.append((k, f"{ov[k]!r} (checked: we implement {row.ours})"))
+    for (sec, fld), (value, why) in ABSENT_DEFAULTS.items():
+        if fld not in sections.get(sec, {}):
+            sections.setdefault(sec, {})[fld] = coerce(value, field_of(sec, fld), why)
+            derived.append(f"{sec}.{fld}: {value!r} ({why}; the command leaves it out)")
+    return Translation(sections, mapped, ignored, derived, plan, world, infer_tp)
+
+
+def _schedule(ov, put, derived, num, tbs, mini, sections):
+    lr = num(A + "optim.lr", "number", 1e-6)
+    style = str(ov.get(A + "optim.lr_scheduler_type", ov.get(A + "optim.warmup_style", "constant")))
+    key = A + ("optim.lr_scheduler_type" if A + "optim.lr_scheduler_type" in ov else "optim.warmup_style")
+    if style not in ("constant", "cosine"):
+        raise ConfigError(f"{key}: {style!r} is not supported (we implement constant and cosine)")
+    if key in ov:
+        put("optim", "lr_schedule", style, key)
+    epochs = max(num(A + "ppo_epochs", "integer", 1), 1)
+    per_step = tbs // mini * epochs
+    steps = num(A + "optim.lr_warmup_steps", "integer", -1)
+    ratio = num(A + "optim.lr_warmup_steps_ratio", "number", 0.0)
+    if steps > 0:
+        put("optim", "warmup_steps", steps * per_step, A + "optim.lr_warmup_steps")
+        derived.append(f"optim.warmup_steps: {steps * per_step} updates (lr_warmup_steps {steps} x {per_step} updates "
+                       f"a step; verl holds the lr within a step, we move it every update)")
+    elif ratio > 0:
+        raise ConfigError(f"{A}optim.lr_warmup_steps_ratio: {ratio} needs the run's length in updates, which is "
+                          f"known only once the data is read; give optim.lr_warmup_steps (in steps) instead")
+    if A + "optim.min_lr_ratio" in ov and ov[A + "optim.min_lr_ratio"] is not None:
+        put("optim", "min_lr", lr * num(A + "optim.min_lr_ratio", "number"), A + "optim.min_lr_ratio")
+    if A + "optim.betas" in ov:
+        betas = ov[A + "optim.betas"]
+        if not isinstance(betas, list) or len(betas) != 2:
+            raise ConfigError(f"{A}optim.betas: expected [beta1, beta2], got {betas!r}")
+        put("optim", "beta1", betas[0], A + "optim.betas")
+        put("optim", "beta2", betas[1], A + "optim.betas")
+
+
+@dataclasses.dataclass
+class _Kinds:
+    """The value kinds the translation reads; coerce() gives each its one rule."""
+    number: float = 0.0
+    integer: int = 0
+    flag: bool = False
+
+
+_KIND = {f.name: f for f in dataclasses.fields(_Kinds)}
+
+GROUPS = ("data", "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.ref",
+          "actor_rollout_ref.rollout", "actor_rollout_ref", "algorithm", "trainer", "critic", "reward_model",
+          "custom_reward_function", "global_profiler", "ray_kwargs")
+
+
+def group_of(key: str) -> str:
+    return next(g for g in GROUPS if key == g or key.startswith(g + "."))
+
+
+def startup_lines(tr: Translation) -> List[str]:
+    """One line per key group: what its keys became here, and the inert ones with their reasons."""
+    lines = []
+    for group in GROUPS:
+        done = [(k, what) for k, what in tr.mapped if group_of(k) == group]
+        idle = [(k, why) for k, why in tr.ignored if group_of(k) == group]
+        if not done and not idle:
+            continue
+        parts = []
+        if done:
+            parts.append("mapped " + ", ".join(f"{k[len(group) + 1:]} -> {what}" for k, what in done))
+        if idle:
+            by_reason: Dict[str, List[str]] = {}
+            for k, why in idle:
+                by_reason.setdefault(why, []).append(k[len(group) + 1:])
+            parts.append("inert " + "; ".join(f"{', '.join(ks)} ({why})" for why, ks in by_reason.items()))
+        lines.append(f"verl {group}: " + " | ".join(parts))
+    return lines
+
+
+def table_markdown() -> str:
+    """docs/UPSTREAM.md's verl table (generated: scripts/gen_config_reference.py; tests/test_docs.py)."""
+    n = counts()
+    out = [f"{n[MAPPED]} mapped, {n[CHECKED]} checked, {n[INERT]} inert; any other key is an error naming it.", ""]
+    for group in GROUPS:
+        keys = [k for k in TABLE.values() if group_of(k.name.rstrip("*").rstrip(".")) == group]
+        if not keys:
+            continue
+        out += [f"#### {group}", "", "| key | status | here |", "| --- | --- | --- |"]
+        for k in sorted(keys, key=lambda k: ({MAPPED: 0, CHECKED: 1, INERT: 2}[k.status], k.name)):
+            text = k.ours
+            if k.name in CHECKS and CHECKS[k.name][2] not in (_ABSENT, None):
+                text += f"; verl's default {CHECKS[k.name][2]!r} is checked when absent"
+            out.append(f"| `{k.name[len(group) + 1:] or k.name}` | {k.status} | {text} |")
+        out.append("")
+    out += ["#### data_source (the verifier of a row)", "", "| data_source | here | verl | how ours differs |",
+            "| --- | --- | --- | --- |"]
+    out += [f"| `{s}` | {', '.join(v)} | {theirs} | {note} |" for s, (v, theirs, note) in DATA_SOURCES.items()]
+    out += ["| any other | refused at start-up | its own function | give --verifier_function (and --reward_module) |"]
+    return "\n".join(out)
+
+
+def counts() -> Dict[str, int]:
+    out = {MAPPED: 0, INERT: 0, CHECKED: 0}
+    for k in TABLE.values():
+        out[k.status] += 1
+    return out

@@ -1,0 +1,363 @@
+"""Coming from verl: its RL parquet rows (examples/data_preprocess/gsm8k.py's schema) convert with
+rlhf_data.py --dataset_type verl, the prompt rendered by the model folder's chat template as transformers'
+apply_chat_template renders it; bad rows are named by file, row and field; its GRPO quickstart's overrides
+translate to our fields (configs/upstream_verl.py); unknown and refused keys are errors naming the key; and
+`python -m mindrlhf.verl_main ...` runs two GRPO steps on the tiny model."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from data_helpers import arithmetic_rows, make_tokenizer_files
+from mindrlhf.configs import ConfigError
+from mindrlhf.configs import upstream_verl as verl
+from mindrlhf.configs.grpo_config import _field_of
+from mindrlhf.data.convert import build_parser, convert
+from mindrlhf.data.mindrecord_io import read_mindrecord
+from mindrlhf.data.tokenizer import load_qwen2_tokenizer, load_tokenizer
+
+REPO = os.path.join(os.path.dirname(__file__), "..")
+# a Qwen2.5-style template (a default system turn unless the messages open with one)
+CHAT_TEMPLATE = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+                 "<|im_start|>system\nBe brief.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+                 "{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+                 "<|im_start|>assistant\n{% endif %}")
+INSTRUCTION = "Answer after ####."
+
+
+def make_model_folder(folder, weights=False):
+    """A model folder as verl's actor_rollout_ref.model.path: tokenizer.json, tokenizer_config.json with a chat
+    template, and (weights) a tiny Qwen2 with random weights."""
+    os.makedirs(folder, exist_ok=True)
+    vocab, merges = make_tokenizer_files(os.path.join(folder, "bpe"), vocab_size=400)
+    load_qwen2_tokenizer(vocab, merges)._tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as fh:
+        json.dump({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                   "tokenizer_class": "PreTrainedTokenizerFast"}, fh)
+    if weights:
+        from hf_reference import make_hf_model
+        make_hf_model(str(folder), vocab=416)
+    return str(folder)
+
+
+def verl_rows(n, split="train", source="openai/gsm8k", seed=0):
+    """Rows as verl's examples/data_preprocess/gsm8k.py writes them."""
+    rows = []
+    for i, r in enumerate(arithmetic_rows(n, seed)):
+        truth = r["answer"].split("####")[1].strip()
+        rows.append({"data_source": source,
+                     "prompt": [{"role": "user", "content": r["question"] + " " + INSTRUCTION}],
+                     "ability": "math", "reward_model": {"style": "rule", "ground_truth": truth},
+                     "extra_info": {"split": split, "index": i, "answer": r["answer"], "question": r["question"]}})
+    return rows
+
+
+def write_parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.Table.from_pylist(rows), str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_model_folder(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def _convert(folder, src, out, *extra):
+    return convert(build_parser().parse_args(["--vocab_path", folder, "--file_path", str(src), "--output_path",
+                                              str(out), "--dataset_type", "verl", "--max_prompt_length", "64",
+                                              "--seq_length", "160", "--no_progress", *extra]))
+
+
+def test_verl_parquet_converts_with_the_chat_template_as_transformers_renders_it(tmp_path, folder):
+    from transformers import PreTrainedTokenizerFast
+    rows = verl_rows(5)
+    rows[1]["prompt"] = [{"role": "system", "content": "Think first."}, rows[1]["prompt"][0]]
+    src = write_parquet(tmp_path / "train.parquet", rows)
+    summary = _convert(folder, src, tmp_path / "train.mindrecord")
+    assert summary.rows_written == 5 and summary.data_sources == {"openai/gsm8k": 5}
+    hf = PreTrainedTokenizerFast.from_pretrained(folder)
+    tok = load_tokenizer(folder)
+    table = read_mindrecord(str(tmp_path / "train.mindrecord"))
+    for i, row in enumerate(rows):
+        text = hf.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        assert text.endswith("<|im_start|>assistant\n") and row["prompt"][-1]["content"] in text
+        n = int(table["prompt_length"][i])
+        assert table["prompt_ids"][i, :n].tolist() == tok.encode(text)
+        assert table["solution"][i] == str(row["reward_model"]["ground_truth"])
+        answer = tok.decode(table["pretrain_ids"][i][table["loss_mask"][i] == 1].tolist())
+        assert answer.strip() == row["extra_info"]["answer"]          # the worked answer is the SFT target
+    assert "Think first." in tok.decode(table["prompt_ids"][1, :int(table["prompt_length"][1])].tolist())
+    from mindrlhf.data.sources import RowSpec
+    numeric = dict(rows[0], reward_model={"style": "rule", "ground_truth": 42})   # a number is read as its text
+    assert RowSpec("verl").example(numeric, "x:row 0").solution == "42"
+
+
+def test_the_conversion_names_each_data_source_and_its_verifier(tmp_path, folder, capsys):
+    rows = verl_rows(3) + verl_rows(2, source="math_dapo")
+    src = write_parquet(tmp_path / "mixed.parquet", rows)
+    out = str(tmp_path / "out.mindrecord")
+    from mindrlhf.data.convert import main
+    assert main(["--vocab_path", folder, "--file_path", src, "--output_path", out, "--dataset_type", "verl",
+                 "--max_prompt_length", "64", "--seq_length", "160", "--no_progress"]) == 0
+    text = capsys.readouterr().out
+    assert "data_source openai/gsm8k: 3 rows, scored by accuracy_reward (verl: gsm8k.compute_score" in text
+    assert "data_source math_dapo: 2 rows, no verifier here stands for verl's scorer" in text
+    with pytest.raises(ConfigError, match="data_source 'math_dapo' \\(2 rows\\)"):
+        verl.verifiers_for({"openai/gsm8k": 3, "math_dapo": 2}, "mixed.parquet")
+
+
+@pytest.mark.parametrize("row,pattern", [
+    ({"prompt": "What is 1 + 1?"}, r"row 1: 'prompt' must be a list of chat messages"),
+    ({"prompt": []}, r"row 1: 'prompt' must be a list of chat messages .* got an empty list"),
+    ({"prompt": [{"role": "user"}]}, r"row 1: prompt\[0\]\.content: missing"),
+    ({"prompt": [{"role": "robot", "content": "hi"}]}, r"row 1: prompt\[0\]\.role: 'robot' is not one of"),
+    ({"reward_model": {"style": "rule"}}, r"row 1: reward_model\.ground_truth: missing"),
+    ({"reward_model": {"style": "model", "ground_truth": "2"}}, r"row 1: reward_model\.style: 'model' is not"),
+    ({"reward_model": {"style": "rule", "ground_truth": " "}}, r"row 1: reward_model\.ground_truth is empty"),
+    ({"data_source": None}, r"row 1: missing key 'data_source'"),
+])
+def test_malformed_verl_rows_are_named_by_file_row_and_field(tmp_path, folder, row, pattern):
+    rows = verl_rows(3)
+    rows[1].update(row)
+    # one row at a time through the jsonl reader (parquet would need one type per column)
+    src = tmp_path / "bad.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match=pattern.replace("row 1", "bad.jsonl:2")):
+        _convert(folder, src, tmp_path / "bad.mindrecord")
+    if "prompt" in row and isinstance(row["prompt"], list) or "reward_model" in row:
+        path = write_parquet(tmp_path / "bad.parquet", rows)
+        with pytest.raises(ConfigError, match=pattern.replace("row 1", "bad.parquet:row 1")):
+            _convert(folder, path, tmp_path / "bad2.mindrecord")
+
+
+def test_verl_rows_need_a_chat_template_and_long_prompts_follow_the_truncation_rule(tmp_path, folder):
+    src = write_parquet(tmp_path / "train.parquet", verl_rows(3))
+    with pytest.raises(ConfigError, match="train.parquet:row 0: the prompt is a list of chat messages"):
+        _convert(folder, src, tmp_path / "a.mindrecord", "--prompt_template", "plain")
+    args = ["--max_prompt_length", "8", "--seq_length", "160"]
+    with pytest.raises(ConfigError, match="train.parquet:row 0: the prompt is .* tokens, over --max_prompt_length=8"):
+        _convert(folder, src, tmp_path / "b.mindrecord", *args, "--on_long_prompt", "error")
+    with pytest.raises(ConfigError, match="every row was skipped"):
+        _convert(folder, src, tmp_path / "c.mindrecord", *args, "--on_long_prompt", "skip")
+
+
+QUICKSTART = [
+    "algorithm.adv_estimator=grpo", "data.train_files=/data/gsm8k/train.parquet",
+    "data.val_files=/data/gsm8k/test.parquet", "data.train_batch_size=1024", "data.max_prompt_length=512",
+    "data.max_response_length=1024", "data.filter_overlong_prompts=True", "data.truncation=error",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct", "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.logger=['console','wandb']",
+    "trainer.project_name=verl_grpo_example_gsm8k", "trainer.experiment_name=qwen2_5_3b_function_rm",
+    "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=5",
+    "trainer.default_local_dir=/ckpt/gsm8k", "trainer.total_epochs=15"]
+
+
+def _translate(args):
+    return verl.translate(verl.parse_overrides(args), _field_of)
+
+
+def test_the_grpo_quickstart_translates_to_our_fields():
+    tr = _translate(QUICKSTART)
+    s = tr.sections
+    assert (tr.world, tr.infer_tp) == (8, 2)
+    assert s["rl"]["batch_size"] == 1024 // 4              # prompts over the job / 4 rollout replicas of TP 2
+    assert s["rl"]["mini_batch_size"] == 256 * 5 // 8      # prompts per update x n -> sequences per rank
+    assert s["rl"]["micro_batch_size"] == 16 and s["rl"]["num_generations"] == 5
+    assert (s["rl"]["beta"], s["rl"]["kl_estimator"], s["rl"]["adv_estimator"]) == (0.001, "k3", "grpo")
+    assert (s["rl"]["clip_low"], s["rl"]["clip_high"], s["rl"]["loss_agg"]) == (0.2, 0.2, "token-mean")
+    assert s["rl"]["ref_sync_steps"] == 0
+    assert s["optim"] == {"lr": 1e-6, "lr_schedule": "constant", "warmup_steps": 0, "min_lr": 0.0, "beta2": 0.999,
+                          "max_grad_norm": 1.0}
+    assert s["sampling"] == {"max_tokens": 1024}
+    assert s["swap"] == {"offload_train_param": False, "offload_train_optimizer": False, "offload_ref_param": True}
+    assert {k: s["run"][k] for k in ("sft_path_train", "vocab_path", "save_ckpt_dir", "epochs", "save_steps",
+                                     "eval_steps", "use_parallel")} == {
+        "sft_path_train": "Qwen/Qwen2.5-3B-Instruct", "vocab_path": "Qwen/Qwen2.5-3B-Instruct",
+        "save_ckpt_dir": "/ckpt/gsm8k", "epochs": 15, "save_steps": 20, "eval_steps": 5, "use_parallel": True}
+    plan = tr.data
+    assert (plan.train_files, plan.val_files, plan.max_prompt_length, plan.on_long_prompt) == \
+        (["/data/gsm8k/train.parquet"], ["/data/gsm8k/test.parquet"], 512, "skip")
+    inert = dict(tr.ignored)
+    assert "vLLM" in inert["actor_rollout_ref.rollout.name"] and "critic" in inert["trainer.critic_warmup"]
+    assert "actor_rollout_ref.actor.fsdp_config.param_offload" not in inert    # mapped: swap.offload_train_param
+    lines = verl.startup_lines(tr)
+    assert len(lines) == len({line.split(":")[0] for line in lines})           # one line per key group
+    actor = next(line for line in lines if line.startswith("verl actor_rollout_ref.actor:"))
+    assert "ppo_mini_batch_size -> rl.mini_batch_size = 160" in actor
+    rollout = next(line for line in lines if line.startswith("verl actor_rollout_ref.rollout:"))
+    assert "inert" in rollout and "gpu_memory_utilization" in rollout
+
+
+def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
+    tr = _translate(["algorithm.adv_estimator=grpo", "data.train_files=t.parquet", "actor_rollout_ref.model.path=m",
+                     "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
+    s = tr.sections
+    assert s["rl"]["beta"] == 0.0                           # use_kl_loss false: no KL term
+    assert s["run"]["save_ckpt_dir"] == "checkpoints/verl_examples/gsm8k"
+    assert s["run"]["epochs"] == 30 and s["sampling"]["max_tokens"] == 512
+    assert tr.data.on_long_prompt == "error" and tr.world == 1 and "use_parallel" not in s["run"]
+    assert s["rl"]["batch_size"] == 8 and s["rl"]["mini_batch_size"] == 16
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    (["trainer.not_a_key=1"], r"trainer\.not_a_key: unknown verl key"),
+    (["actor_rollout_ref.actor.entropy_coeff=0.01"], r"actor_rollout_ref\.actor\.entropy_coeff: 0\.01 is not supported"),
+    (["reward_model.enable=True"], r"reward_model\.enable: True is not supported"),
+    (["algorithm.adv_estimator=gae"], r"algorithm\.adv_estimator: 'gae' is not supported"),
+    (["algorithm.use_kl_in_reward=True"], r"algorithm\.use_kl_in_reward: True is not supported"),
+    (["actor_rollout_ref.actor.kl_loss_type=abs"], r"actor_rollout_ref\.actor\.kl_loss_type: 'abs' is not supported"),
+    (["custom_reward_function.path=my_reward.py"], r"custom_reward_function\.path: 'my_reward\.py' is not supported"),
+    (["data.truncation=right"], r"data\.truncation: 'right' is not supported"),
+    (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"], r"loss_agg_mode: 'seq-mean-token-sum' is not"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=300"], r"ppo_mini_batch_size: 300 must divide data\.train_batch"),
+    (["~trainer.logger"], r"~trainer\.logger: Hydra's delete override is not supported"),
+])
+def test_unknown_and_refused_keys_are_named(extra, pattern):
+    base = [a for a in QUICKSTART if not any(a.startswith(e.split("=")[0].lstrip("~") + "=") for e in extra)]
+    with pytest.raises(ConfigError, match=pattern):
+        _translate(base + extra)
+
+
+def test_gae_by_default_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="algorithm.adv_estimator: 'gae' .*verl default"):
+        _translate([a for a in QUICKSTART if not a.startswith("algorithm.adv_estimator")])
+
+
+def test_verl_main_runs_two_grpo_steps(tmp_path):
+    model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
+    train = write_parquet(tmp_path / "train.parquet", verl_rows(4))
+    test = write_parquet(tmp_path / "test.parquet", verl_rows(2, split="test", seed=1))
+    out = tmp_path / "ckpt"
+    args = ["algorithm.adv_estimator=grpo", f"data.train_files={train}", f"data.val_files={test}",
+            "data.train_batch_size=2", "data.max_prompt_length=40", "data.max_response_length=8",
+            "data.truncation=left", f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.optim.lr=1e-3",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+            "trainer.total_epochs=1", "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.logger=['console']",
+            f"trainer.default_local_dir={out}",
+            "--progress", "False", "--export_hf", "False", "--share_prompt", "False", "--tensorboard", "False"]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "mindrlhf.verl_main", *args], cwd=str(tmp_path), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    log = proc.stdout.decode(errors="replace")
+    assert proc.returncode == 0, log[-4000:]
+    assert "verl actor_rollout_ref.actor: mapped" in log and "ppo_mini_batch_size -> rl.mini_batch_size = 8" in log
+    assert "verl actor_rollout_ref.rollout: mapped n -> rl.num_generations = 4" in log and "vLLM" in log
+    assert "data_source openai/gsm8k: 4 rows, scored by accuracy_reward" in log
+    with open(out / "metrics.jsonl") as fh:
+        steps = [json.loads(line) for line in fh]
+    assert [r["step"] for r in steps] == [1, 2]                 # 4 prompts, 2 a step, one epoch
+    assert all(np.isfinite(r["loss"]) for r in steps if "loss" in r)
+    import yaml
+    cfg = yaml.safe_load(open(out / "verl_config.yaml"))
+    assert cfg["rl"]["beta"] == 0.001 and cfg["reward"]["verifier_function"] == ["accuracy_reward"]
+    assert cfg["run"]["mind_dataset_dir"] == str(out / "verl_data" / "train.mindrecord")
+
+
+def test_rollout_tensor_parallel_writes_both_layouts_from_the_folder(tmp_path):
+    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.verl_main import _layout_yamls
+    model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
+    train, infer = _layout_yamls(model, 4, 2, str(tmp_path))
+    t, i = load_model_yaml(train, role="train"), load_model_yaml(infer, role="infer")
+    assert (t.parallel.data_parallel, t.parallel.model_parallel) == (4, 1)      # verl's FSDP actor: all ranks DP
+    assert (i.parallel.data_parallel, i.parallel.model_parallel) == (2, 2)      # rollout replicas of TP 2
+    assert t.model.num_layers == i.model.num_layers == 2 and t.model.vocab_size == 416
+
+
+def test_our_flags_follow_the_overrides_and_config_is_refused():
+    from mindrlhf.verl_main import split_argv
+    assert split_argv(["a.b=1", "c=2", "--seed", "3"]) == (["a.b=1", "c=2"], ["--seed", "3"])
+    with pytest.raises(ConfigError, match="--config: the verl overrides are this run's config"):
+        split_argv(["a.b=1", "--config", "x.yaml"])
+
+
+def test_other_ranks_take_rank_0s_conversion_and_ignore_a_stale_one(tmp_path, monkeypatch):
+    import time
+    from mindrlhf import verl_main
+    plan = verl.DataPlan(["t.parquet"], [], 40, 8, "error", "prompt", "tok", str(tmp_path))
+    ready = tmp_path / "verl_data" / verl_main.READY
+    ready.parent.mkdir()
+    ready.write_text(json.dumps({"train": "old"}))
+    old = time.time() - 10 * verl_main.STALE_SECONDS
+    os.utime(ready, (old, old))                       # a previous run's: waited past, then replaced
+    monkeypatch.setenv("RANK_ID", "1")
+    import threading
+    threading.Timer(1.0, lambda: ready.write_text(json.dumps({"train": "new", "train_sources": {}}))).start()
+    assert verl_main.prepare_data(plan, False)["train"] == "new"
+
+
+@pytest.mark.slow       # ~60 s: two msrun workers
+def test_verl_main_under_msrun_with_a_tensor_parallel_rollout(tmp_path):
+    """Two ranks: rank 0 converts, rank 1 waits for it; verl's rollout TP 2 becomes an infer layout of one replica
+    of 2 while both ranks train data-parallel (as verl's FSDP actor)."""
+    from msrun_util import run_msrun
+    model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
+    train = write_parquet(tmp_path / "train.parquet", verl_rows(8))
+    out, logs = tmp_path / "ckpt", tmp_path / "log"
+    run_msrun(os.path.join(REPO, "mindrlhf", "verl_main.py"), [
+        "algorithm.adv_estimator=grpo", f"data.train_files={train}", "data.train_batch_size=4",
+        "data.max_prompt_length=40", "data.max_response_length=8", "data.truncation=left",
+        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.actor.use_kl_loss=True",
+        "trainer.n_gpus_per_node=2", "trainer.total_epochs=1", f"trainer.default_local_dir={out}",
+        "--progress", "False", "--export_hf", "False"], 2, str(logs))
+    log = open(logs / "worker_0.log", errors="replace").read()
+    assert "train layout dp=2 tp=1; infer layout dp=1 tp=2; 4 prompts x 4 samples per step" in log
+    assert "rl.mini_batch_size: 8 (ppo_mini_batch_size 4 x rollout.n 4 / 2 ranks)" in log
+    with open(out / "metrics.jsonl") as fh:
+        assert [json.loads(line)["step"] for line in fh] == [1, 2]
+
+
+# verl's examples/grpo_trainer/run_qwen3-8b_npu.sh (its Ascend GRPO run), overrides as written, shell variables filled in
+NPU_EXAMPLE = """algorithm.adv_estimator=grpo data.train_files=/data/dapo-math-17k.parquet data.val_files=/data/aime-2024.parquet
+data.train_batch_size=256 data.max_prompt_length=512 data.max_response_length=1024 data.filter_overlong_prompts=True
+data.truncation='error' actor_rollout_ref.model.path=/models/Qwen3-8B actor_rollout_ref.actor.optim.lr=1e-6
+actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.ppo_mini_batch_size=64
+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10 actor_rollout_ref.actor.use_kl_loss=True
+actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl
+actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.actor.use_torch_compile=False
+actor_rollout_ref.ref.use_torch_compile=False actor_rollout_ref.model.enable_gradient_checkpointing=True
+actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.ref.fsdp_config.param_offload=True
+algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","wandb"] trainer.project_name=GRPO
+trainer.experiment_name=GRPO-Qwen3-8B-npu trainer.n_gpus_per_node=8 trainer.nnodes=1
+trainer.default_local_dir=/ckpts/GRPO/GRPO-Qwen3-8B-npu trainer.device=npu trainer.resume_mode=auto
+actor_rollout_ref.actor.fsdp_config.forward_prefetch=True actor_rollout_ref.ref.fsdp_config.forward_prefetch=True
+++actor_rollout_ref.actor.entropy_from_logits_with_chunking=True ++actor_rollout_ref.ref.entropy_from_logits_with_chunking=True
+trainer.val_before_train=True trainer.save_freq=5 trainer.test_freq=5 trainer.total_epochs=15""".split()
+
+
+def test_verls_ascend_grpo_example_translates_key_by_key():
+    tr = _translate(NPU_EXAMPLE)
+    s = tr.sections
+    assert (s["rl"]["batch_size"], s["rl"]["mini_batch_size"], s["rl"]["micro_batch_size"]) == (64, 40, 10)
+    assert tr.data.on_long_prompt == "skip" and s["run"]["save_ckpt_dir"] == "/ckpts/GRPO/GRPO-Qwen3-8B-npu"
+    inert = dict(tr.ignored)
+    assert {"trainer.device", "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
+            "actor_rollout_ref.ref.fsdp_config.forward_prefetch", "trainer.val_before_train"} <= set(inert)
+    # its data is DAPO-Math (data_source math_dapo): verl scores it with math_dapo.compute_score, we refuse it
+    with pytest.raises(ConfigError, match="data_source 'math_dapo'"):
+        verl.verifiers_for({"math_dapo": 17917}, "dapo-math-17k.parquet")
