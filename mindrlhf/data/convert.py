@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{sorted(PROMPT_TEMPLATES)}, or a text file containing '{{question}}'")
     p.add_argument("--system_prompt", default="", help="with --prompt_template chat: a system message before "
                                                        "each question (default: the template's own, if any)")
+    p.add_argument("--enable_thinking", default=None, type=_flag,
+                   help="with --prompt_template chat: the template's enable_thinking (Qwen3: false closes an empty "
+                        "<think> block in each prompt; default: unset, the template's own default)")
     p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip"],
                    help="what to do with prompts longer than --max_prompt_length (truncate keeps the end)")
     p.add_argument("--workers", type=int, default=0, help="tokenizer threads (0: all cores)")
@@ -115,16 +118,27 @@ def resolve_upstream(args) -> List[str]:
     return notes
 
 
-def resolve_template(name: str, vocab_path: str = "", system_prompt: str = "") -> Callable[[str], str]:
+def _flag(text: str) -> bool:
+    if text.strip().lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
+def resolve_template(name: str, vocab_path: str = "", system_prompt: str = "",
+                     enable_thinking: Optional[bool] = None) -> Callable[[str], str]:
     """question -> prompt text: a named template, a text file with '{question}', or `chat` (the model
-    folder's own chat template, data/chat_template.py)."""
+    folder's own chat template, data/chat_template.py; `enable_thinking` None leaves the variable unset,
+    as apply_chat_template without it)."""
+    if enable_thinking is not None and name != "chat":
+        raise ConfigError("--enable_thinking: a chat template variable; give --prompt_template chat")
     if name == "chat":
         from mindrlhf.data.chat_template import ChatTemplate
         if not vocab_path or not os.path.isdir(vocab_path):
             raise ConfigError(f"--prompt_template chat: renders the model folder's chat template; give the folder "
                               f"as --vocab_path (got {vocab_path!r})")
         chat = ChatTemplate(vocab_path)
-        return lambda question: chat.prompt(question, system_prompt)
+        variables = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        return lambda question: chat.prompt(question, system_prompt, **variables)
     if system_prompt:
         raise ConfigError("--system_prompt: only --prompt_template chat has a system message")
     if name in PROMPT_TEMPLATES:
@@ -161,7 +175,7 @@ def convert(args) -> ConvertSummary:
                  if source.skipped else ""))
     if args.workers:
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)
-    template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt)
+    template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt, args.enable_thinking)
     tok = load_tokenizer(args.vocab_path, args.merges_file_path)
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
     if pad is None:
