@@ -319,3 +319,30 @@ def test_grpo_trains_a_qwen3_hf_folder(tmp_path):
     back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "hf_policy"), dtype=torch.float32)
     assert type(back).__name__ == "Qwen3ForCausalLM"
     assert back.model.layers[0].self_attn.q_norm.weight.shape == (QWEN3_HEAD_DIM,)
+
+
+def test_qwen3_layerwise_update_equals_the_one_graph_update(tmp_path):
+    """run.layerwise_update copies each layer's weights into a template DecoderLayer by name: the q/k norms
+    travel with them, and two GRPO steps give the one-graph update's losses, gradient norms and weights."""
+    from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
+    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    from mindrlhf.utils.params import param_as_f32
+    assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
+    assets["sft_path_train"] = model_yaml(str(tmp_path / "qwen3.yaml"), qkv_has_bias=False, qk_layernorm=True,
+                                          head_dim=QWEN3_HEAD_DIM)
+    runs = []
+    for layerwise in (False, True):
+        cfg = load_grpo_config(None, grpo_overrides(assets, str(tmp_path / str(layerwise)), beta=0.04,
+                                                    verifier_function="digit_fraction_test", share_prompt=True,
+                                                    micro_batch_size=4, layerwise_update=layerwise))
+        trainer = GRPOTrainer(cfg, log=lambda *a: None)
+        history = [trainer.train_one_step() for _ in range(2)]
+        runs.append((history, {p.name: param_as_f32(p).copy() for p in trainer.policy.get_parameters()}))
+    (h1, w1), (h2, w2) = runs
+    assert "model.layers.1.attention.k_layernorm.weight" in w1 and all(h["grad_norm"] > 1e-3 for h in h1)
+    for a, b in zip(h1, h2):
+        for key in ("loss", "kl", "grad_norm", "entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    moved = sum(np.linalg.norm(w1[n] - w2[n]) ** 2 for n in w1) ** 0.5
+    assert moved <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5
