@@ -346,3 +346,45 @@ def test_qwen3_layerwise_update_equals_the_one_graph_update(tmp_path):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     moved = sum(np.linalg.norm(w1[n] - w2[n]) ** 2 for n in w1) ** 0.5
     assert moved <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5
+
+
+def test_mindspeed_qwen3_8b_grpo_file_writes_its_strategy_files(tmp_path):
+    """MindSpeed-RL's Qwen3-8B GRPO file as shipped, with one edit: its `finetune: false` beside `load` is
+    refused here (a Megatron resume; we take load as the initial weights with finetune true), so it is set
+    true. --only_save_strategy then writes the train layout (tp2 x pp2 x dp4, sequence parallel: 18 layers per
+    stage, the q/k norms replicated) and the infer layout (dp16) for its 16 NPUs."""
+    import shutil
+    import subprocess
+    import sys
+    from msrun_util import REPO
+    from mindrlhf.parallel.strategy import read_strategy
+    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "upstream", "mindspeed")
+    shutil.copytree(os.path.join(fixture, "model"), str(tmp_path / "model"))
+    with open(os.path.join(fixture, "grpo_qwen3_8b_A3.yaml")) as fh:
+        doc = yaml.safe_load(fh)
+    with pytest.raises(ConfigError, match="actor_config.finetune: False is not supported"):
+        load_model_yaml(_write_yaml(tmp_path / "as_shipped.yaml", doc))
+    doc["actor_config"]["finetune"] = True
+    path = _write_yaml(tmp_path / "grpo.yaml", doc)
+    train = load_model_yaml(path)
+    assert train.model.qk_layernorm and train.model.head_dim == 128 and train.model.num_layers == 36
+    par = train.parallel
+    assert (par.data_parallel, par.model_parallel, par.pipeline_stage, par.use_seq_parallel) == (4, 2, 2, True)
+    r = subprocess.run([sys.executable, os.path.join(REPO, "examples/grpo/qwen_grpo_tutorial/grpo_one_stage.py"),
+                        "--config", path, "--only_save_strategy", "True", "--save_ckpt_dir", str(tmp_path / "out")],
+                       env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    strategy = tmp_path / "out" / "strategy"
+    assert len([f for f in os.listdir(strategy / "train_strategy") if f.endswith(".ckpt")]) == 16
+    assert len([f for f in os.listdir(strategy / "infer_strategy") if f.endswith(".ckpt")]) == 16
+    for rank in (0, 15):
+        entries = read_strategy(str(strategy / "train_strategy" / f"ckpt_strategy_rank_{rank}.ckpt"))
+        layers = {int(n.split(".")[2]) for n in entries if n.startswith("model.layers.")}
+        assert layers == set(range(18) if rank < 8 else range(18, 36)), rank
+        norm = entries[f"model.layers.{min(layers)}.attention.q_layernorm.weight"]
+        assert set(norm.tensor_map) == {-1}                       # replicated over the TP ranks
+
+
+def _write_yaml(path, doc):
+    path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    return str(path)
