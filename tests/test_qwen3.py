@@ -388,3 +388,22 @@ def test_mindspeed_qwen3_8b_grpo_file_writes_its_strategy_files(tmp_path):
 def _write_yaml(path, doc):
     path.write_text(yaml.safe_dump(doc, allow_unicode=True))
     return str(path)
+
+
+def test_qwen3_convert_weight_flags_round_trip(qwen3, tmp_path):
+    """convert_weight.py --model qwen3: HF -> a MindSpore checkpoint checked against the model YAML (q/k norms
+    under our names), and --reversed back to the same HF tensors bit for bit."""
+    from mindrlhf.checkpoint.convert import mindformers_main
+    from mindrlhf.checkpoint.model_io import read_checkpoint
+    from mindrlhf.configs.hf_config import main as write_yaml
+    folder = qwen3[0]
+    yaml_path = str(tmp_path / "qwen3.yaml")
+    assert write_yaml([folder, "-o", yaml_path]) == 0
+    ckpt = str(tmp_path / "w.ckpt")
+    assert mindformers_main(["--model", "qwen3", "--input_path", folder, "--output_path", ckpt,
+                             "--config_path", yaml_path]) == 0
+    assert read_checkpoint(ckpt)["model.layers.1.attention.k_layernorm.weight"].shape == (QWEN3_HEAD_DIM,)
+    assert mindformers_main(["--reversed", "--input_path", ckpt, "--output_path", str(tmp_path / "back"),
+                             "--config_path", yaml_path]) == 0
+    a, b = _tensors(folder), _tensors(str(tmp_path / "back"))
+    assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
