@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{sorted(PROMPT_TEMPLATES)} or a file with '{{question}}' (rlhf_data.py's flag; use the one "
                    f"the training data was converted with)")
     p.add_argument("--system_prompt", default="", help="with --prompt_template chat: a system message")
+    p.add_argument("--enable_thinking", default=None, type=_true_false,
+                   help="with --prompt_template chat: the template's enable_thinking (rlhf_data.py's flag)")
     p.add_argument("--max_prompt_length", type=int, default=256, help="jsonl/JSON/parquet input: prompt tokens "
                    "kept (rlhf_data.py's flag; the prompt bucket the rollout pads to)")
     p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip"],
@@ -247,7 +249,7 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log) -> Dict[
     from mindrlhf.data.convert import ConvertSummary, resolve_template, tokenized_rows
     from mindrlhf.data.sources import Source, parse_map_keys
     source = Source(path, args.dataset_type, parse_map_keys(args.map_keys))
-    template = resolve_template(args.prompt_template, tokenizer_dir, args.system_prompt)
+    template = resolve_template(args.prompt_template, tokenizer_dir, args.system_prompt, args.enable_thinking)
     summary = ConvertSummary()
     rows = tokenized_rows(source.examples(), template, tokenizer, args.max_prompt_length, args.on_long_prompt, None,
                           summary)
