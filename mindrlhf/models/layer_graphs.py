@@ -183,8 +183,12 @@ def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, pr
                          "stages, no sequence parallelism")
     tokens, cos, sin, bias_p, bias_r = layer_inputs(decoder, input_ids, position_ids, bias, group, prompt_len)
     x = embed(decoder, tokens)
-    for layer in decoder.graphs.shared_prompt:
-        x = layer(x, cos, sin, bias_p, bias_r)
+    if decoder.reuse_layers:
+        for layer in decoder.graphs.shared_prompt:
+            x = layer(x, cos, sin, bias_p, bias_r)
+    else:                               # compiled layer by layer (DecoderModel.reuse_layers says why)
+        for layer in decoder.layers:
+            x = shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r)
     return final_hidden(decoder, x, input_ids.shape[0], group, prompt_len)
 
 

@@ -234,6 +234,12 @@ class DecoderModel(nn.Cell):
                                                          _std(cfg, random_init))
         self.layers = nn.CellList([DecoderLayer(cfg, mesh, lora, random_init) for _ in self.layer_ids])
         object.__setattr__(self, "graphs", LayerGraphs(self.layers))     # outside the cell tree: layer_graphs.py
+        # A layer that sums a weight's gradient over the TP ranks inside it (a copy_to_tp on the weight: the
+        # norms under sequence parallelism, Qwen3's q/k norms under TP) compiles on its own in the passes that
+        # are differentiated: in the reused subgraph the compiled train step's gradients came out wrong (Qwen3
+        # train tp2: grad norm 0.4% off, tests/test_qwen3_msrun.py; sequence parallelism dp2 x tp2: 1.4%,
+        # tests/test_pipeline.py, slow). Prefill and decode, forward only, keep the reuse.
+        self.reuse_layers = not (mesh.tp > 1 and (mesh.seq_parallel or cfg.qk_layernorm))
         if self.last:
             self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type],
                                     mesh)
@@ -263,9 +269,7 @@ class DecoderModel(nn.Cell):
         if self.first:
             x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H); under SP (B, T/tp, H)
         cos, sin = self.rope(position_ids)
-        # under sequence parallelism each layer compiles on its own: with the reused subgraph, the one-graph
-        # train step (dp2 x tp2) gave a global gradient norm 1.4% off (tests/test_pipeline.py, slow)
-        for layer in (self.layers if self.sp_pad != 1 else self.graphs.whole_rows):
+        for layer in (self.graphs.whole_rows if self.reuse_layers else self.layers):     # see reuse_layers
             x = layer(x, cos, sin, bias)
         return self.norm_out(x) if self.last else x
 
