@@ -86,8 +86,9 @@ def phase_flops(model_dir: str) -> dict:
     with open(os.path.join(model_dir, "config.json")) as fh:
         c = json.load(fh)
     h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
-    kv = h * c["num_key_value_heads"] // c["num_attention_heads"]
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i
+    hd = c.get("head_dim") or h // c["num_attention_heads"]        # Qwen3's is not always hidden / heads
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    per_layer = 2 * h * q + 2 * h * kv + 3 * h * i                  # q and o, k and v, the MLP
     body, head = layers * per_layer, v * h
     rows, prompt_tokens = PROMPTS * G, PROMPTS * PROMPT_WIDTH
     rollout = 2 * body * (prompt_tokens + rows * NEW) + 2 * head * (PROMPTS + rows * NEW)

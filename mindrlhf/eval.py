@@ -82,6 +82,9 @@ class EvalConfig:
                               f"with '{{question}}' (rlhf_data.py's flag; use the one the training data was "
                               f"converted with)")
     system_prompt: str = _f("", "with --prompt_template chat: a system message")
+    enable_thinking: str = _f("", "with --prompt_template chat: the template's enable_thinking, true or false "
+                              "(rlhf_data.py's flag; empty: unset, the template's own default)",
+                              choices=("", "true", "false"))
     max_prompt_length: int = _f(CONVERT_DEFAULTS["max_prompt_length"][0], "jsonl/JSON/parquet input: prompt "
                                 "tokens kept (rlhf_data.py's flag; the prompt bucket the rollout pads to)")
     on_long_prompt: str = _f("truncate", "jsonl/JSON/parquet input: prompts longer than --max_prompt_length "
@@ -120,8 +123,9 @@ def build_parser():
 
 def config_from_argv(argv=None) -> EvalConfig:
     ns = build_parser().parse_args(argv)
-    if ns.dataset_type:
-        ns.dataset_type = ns.dataset_type.lower()
+    for flag in ("dataset_type", "enable_thinking"):
+        if getattr(ns, flag):
+            setattr(ns, flag, getattr(ns, flag).lower())
     return from_flags(EvalConfig, ns)
 
 
@@ -224,7 +228,8 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log) -> Dict[
     from mindrlhf.data.convert import ConvertSummary, resolve_template, tokenized_rows
     from mindrlhf.data.sources import Source, parse_map_keys
     source = Source(path, args.dataset_type, parse_map_keys(args.map_keys))
-    template = resolve_template(args.prompt_template, tokenizer_dir, args.system_prompt)
+    thinking = {"": None, "true": True, "false": False}[args.enable_thinking]
+    template = resolve_template(args.prompt_template, tokenizer_dir, args.system_prompt, thinking)
     summary = ConvertSummary()
     rows = tokenized_rows(source.examples(), template, tokenizer, args.max_prompt_length, args.on_long_prompt, None,
                           summary)

@@ -14,7 +14,6 @@ def tiny_model_kwargs(qkv_bias=True, tie=False, n_kv_heads=2, vocab=160, layers=
 
 def make_hf_model(out_dir, qkv_bias=True, tie=False, n_kv_heads=2, vocab=160, layers=2, seed=0):
     """Build a Qwen2ForCausalLM (qkv bias) or LlamaForCausalLM (no bias) with every weight random."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     common = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=n_kv_heads,
                   intermediate_size=96, vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=10000.0,
@@ -23,6 +22,31 @@ def make_hf_model(out_dir, qkv_bias=True, tie=False, n_kv_heads=2, vocab=160, la
         model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+    return _randomised_and_saved(model, out_dir, seed)
+
+
+# Qwen3 tiny: head_dim 24 is not hidden / heads (64 / 4 = 16), as Qwen3-0.6B's 128 is not 1024 / 16:
+# every place that assumed hidden / heads shows here
+QWEN3_HEAD_DIM = 24
+
+
+def qwen3_model_kwargs(tie=False, n_kv_heads=2, vocab=160, layers=2):
+    """Our ModelConfig fields for make_qwen3_model's model."""
+    return dict(tiny_model_kwargs(False, tie, n_kv_heads, vocab, layers), head_dim=QWEN3_HEAD_DIM, qk_layernorm=True)
+
+
+def make_qwen3_model(out_dir, tie=False, n_kv_heads=2, vocab=160, layers=2, seed=0):
+    """A Qwen3ForCausalLM with every weight random (q/k norms too), saved as an HF folder."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    cfg = Qwen3Config(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=n_kv_heads,
+                      head_dim=QWEN3_HEAD_DIM, intermediate_size=96, vocab_size=vocab, rms_norm_eps=1e-6,
+                      rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=tie, attention_bias=False,
+                      use_sliding_window=False, torch_dtype="float32")
+    return _randomised_and_saved(Qwen3ForCausalLM(cfg), out_dir, seed)
+
+
+def _randomised_and_saved(model, out_dir, seed):
+    import torch
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -32,6 +32,8 @@ _LAYER_MAP = [  # (our suffix, HF suffix) inside model.layers.N.
     ("attention.wk.bias", "self_attn.k_proj.bias"),
     ("attention.wv.bias", "self_attn.v_proj.bias"),
     ("attention.wo.weight", "self_attn.o_proj.weight"),
+    ("attention.q_layernorm.weight", "self_attn.q_norm.weight"),     # Qwen3 (qk_layernorm)
+    ("attention.k_layernorm.weight", "self_attn.k_norm.weight"),
     ("feed_forward.w1.weight", "mlp.gate_proj.weight"),
     ("feed_forward.w3.weight", "mlp.up_proj.weight"),
     ("feed_forward.w2.weight", "mlp.down_proj.weight"),
@@ -66,7 +68,7 @@ def hf_to_ms_name(name: str) -> Optional[str]:
         return f"model.layers.{m.group(1)}.{_TO_MS[m.group(2)]}"
     if name.endswith("rotary_emb.inv_freq"):
         return None
-    raise CheckpointError(f"tensor {name}: not a Qwen2/Llama parameter name")
+    raise CheckpointError(f"tensor {name}: not a Qwen2/Qwen3/Llama parameter name")
 
 
 def hf_weight_files(path: str) -> List[str]:

@@ -22,7 +22,10 @@ import yaml
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+# architecture -> (its model_type, the ModelConfig fields it fixes that config.json does not state): Qwen2's
+# q/k/v always carry a bias (transformers' Qwen2Attention ignores attention_bias), Qwen3 norms q and k per head
+ARCHITECTURES = {"LlamaForCausalLM": ("llama", {}), "Qwen2ForCausalLM": ("qwen2", {"qkv_has_bias": True}),
+                 "Qwen3ForCausalLM": ("qwen3", {"qk_layernorm": True})}
 # config.json key -> ModelConfig field
 HF_MAPPED = {
     "hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
@@ -30,7 +33,7 @@ HF_MAPPED = {
     "rms_norm_eps": "rms_norm_eps", "rope_theta": "theta", "attention_bias": "qkv_has_bias",
     "tie_word_embeddings": "tie_word_embeddings", "max_position_embeddings": "max_position_embedding",
     "bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pad_token_id": "pad_token_id",
-    "initializer_range": "initializer_range",
+    "initializer_range": "initializer_range", "head_dim": "head_dim (default: hidden_size / num_attention_heads)",
     "rope_scaling": "extend_method / scaling_factor (rope_type default or llama3)",
     "rope_parameters": "theta, extend_method / scaling_factor (transformers 5's spelling of rope_theta + "
                        "rope_scaling)",
@@ -54,8 +57,6 @@ HF_CHECKED = {
     "mlp_bias": (lambda v, raw: not v, "false"),
     "use_sliding_window": (lambda v, raw: not v, "false"),
     "rope_interleaved": (lambda v, raw: not v, "false (rotate-half RoPE)"),
-    "head_dim": (lambda v, raw: v is None or int(v) * int(raw["num_attention_heads"]) == int(raw["hidden_size"]),
-                 "hidden_size / num_attention_heads"),
     "layer_types": (lambda v, raw: all(t == "full_attention" for t in v), "full_attention in every layer"),
 }
 ROPE_TYPES = ("default", "llama3")
@@ -110,9 +111,10 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides)
     if len(arch) != 1 or arch[0] not in ARCHITECTURES:
         raise ConfigError(f"{cfg_path}: architectures {arch!r} is not supported (supported: "
                           f"{', '.join(ARCHITECTURES)})")
-    if raw.get("model_type") != ARCHITECTURES[arch[0]]:
+    model_type, fixed = ARCHITECTURES[arch[0]]
+    if raw.get("model_type") != model_type:
         raise ConfigError(f"{cfg_path}: model_type {raw.get('model_type')!r} does not match {arch[0]} "
-                          f"(expected {ARCHITECTURES[arch[0]]!r})")
+                          f"(expected {model_type!r})")
     for key, value in raw.items():
         if key in HF_MAPPED or key in ("architectures", "model_type"):     # checked above
             continue
@@ -132,8 +134,7 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
         if key not in raw:
             raise ConfigError(f"{cfg_path}: {key}: missing")
-    is_qwen = raw["model_type"] == "qwen2"
-    eos = raw.get("eos_token_id", 2)
+    eos = raw.get("eos_token_id") if raw.get("eos_token_id") is not None else 2    # transformers 5 writes null
     gen_path = os.path.join(folder, "generation_config.json")
     if os.path.isfile(gen_path):
         generation = read_json_object(gen_path)
@@ -148,13 +149,14 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides)
         n_kv_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"],
         intermediate_size=raw["intermediate_size"], vocab_size=raw["vocab_size"],
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        qkv_has_bias=bool(is_qwen or raw.get("attention_bias", False)),
+        qkv_has_bias=bool(raw.get("attention_bias", False)), head_dim=raw.get("head_dim"),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         max_position_embedding=positions, seq_length=min(positions, 4096),
         eos_token_id=eos, bos_token_id=raw.get("bos_token_id") if raw.get("bos_token_id") is not None else 1,
         pad_token_id=pad if isinstance(pad, int) else 0,
         initializer_range=float(raw.get("initializer_range", 0.02)),
         **_rope(raw, cfg_path))
+    kwargs.update(fixed)
     kwargs.update(overrides)
     try:
         return ModelConfig(**kwargs)
@@ -180,6 +182,10 @@ def model_yaml_text(model: ModelConfig, parallel: ParallelConfig, source: str) -
     if fields.get("extend_method", "None") == "None":
         fields.pop("extend_method", None)
         fields.pop("scaling_factor", None)
+    if model.head_dim_is_derived:          # the YAML of a model without the fields stays as it was
+        fields.pop("head_dim")
+    if not model.qk_layernorm:
+        fields.pop("qk_layernorm")
     body = {"model": {"model_config": fields},
             "parallel_config": {"data_parallel": parallel.data_parallel, "model_parallel": parallel.model_parallel,
                                 "pipeline_stage": parallel.pipeline_stage}}
@@ -187,8 +193,8 @@ def model_yaml_text(model: ModelConfig, parallel: ParallelConfig, source: str) -
 
 
 def hf_config_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict:
-    """A Qwen2 (qkv bias) or Llama (no bias) config.json for our model config (what model_config_from_hf
-    reads back to the same config)."""
+    """A Qwen3 (qk_layernorm), Qwen2 (qkv bias) or Llama (neither) config.json for our model config (what
+    model_config_from_hf reads back to the same config)."""
     common = {
         "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.n_kv_heads,
@@ -200,6 +206,11 @@ def hf_config_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict:
     }
     if cfg.extend_method == "LLAMA3":
         common["rope_scaling"] = {"rope_type": "llama3", **cfg.scaling_factor}
+    if not cfg.head_dim_is_derived:
+        common["head_dim"] = cfg.head_dim
+    if cfg.qk_layernorm:
+        return {**common, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": cfg.head_dim,
+                "attention_bias": cfg.qkv_has_bias, "use_sliding_window": False, "pad_token_id": cfg.pad_token_id}
     if cfg.qkv_has_bias:
         return {**common, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                 "use_sliding_window": False}
@@ -212,7 +223,8 @@ def table_markdown() -> str:
     out = ["| key | status | here |", "| --- | --- | --- |"]
     out += [f"| `{k}` | mapped | {v} |" for k, v in HF_MAPPED.items()]
     out += [f"| `architectures` | checked | must be one of {', '.join(ARCHITECTURES)} |",
-            "| `model_type` | checked | must match architectures (llama, qwen2) |"]
+            f"| `model_type` | checked | must match architectures "
+            f"({', '.join(t for t, _ in ARCHITECTURES.values())}) |"]
     out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in HF_CHECKED.items()]
     out += [f"| `{k}` | inert | {why} |" for k, why in HF_INERT.items()]
     out += ["| any other key | refused | an error naming it: it may change the model |"]

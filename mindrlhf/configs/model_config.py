@@ -52,6 +52,8 @@ class ModelConfig:
     offset: Union[int, List[int]] = 0      # MindFormers' layer split between pipeline stages (layer_split)
     extend_method: str = "None"            # RoPE scaling: "None" or "LLAMA3" (MindFormers' names)
     scaling_factor: Optional[Dict[str, float]] = None   # LLAMA3: factor, low/high_freq_factor, original_max_...
+    head_dim: Optional[int] = None         # per-head width (MindFormers' Qwen3Config); None: hidden_size / num_heads
+    qk_layernorm: bool = False             # RMSNorm on each head of q and k before RoPE (Qwen3; MindFormers' name)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -60,16 +62,22 @@ class ModelConfig:
             self.max_position_embedding = self.seq_length
         if self.extend_method in ("", "none", None):      # MindFormers writes "None"; YAML may give null
             self.extend_method = "None"
+        if self.head_dim is None and isinstance(self.num_heads, int) and self.num_heads > 0:
+            if isinstance(self.hidden_size, int) and self.hidden_size % self.num_heads:
+                raise ConfigError(f"model.model_config.hidden_size: {self.hidden_size} is not divisible by "
+                                  f"num_heads={self.num_heads} (or give head_dim)")
+            self.head_dim = self.hidden_size // self.num_heads
         self.validate()
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def head_dim_is_derived(self) -> bool:
+        """head_dim is hidden_size / num_heads (what a config without the field means)."""
+        return self.head_dim * self.num_heads == self.hidden_size
 
     def weight_shapes(self) -> tuple:
         """What fixes the weights' shapes (two configs that agree here can hold the same weights)."""
         return (self.hidden_size, self.num_layers, self.num_heads, self.n_kv_heads, self.intermediate_size,
-                self.vocab_size, self.qkv_has_bias, self.tie_word_embeddings)
+                self.vocab_size, self.qkv_has_bias, self.tie_word_embeddings, self.head_dim, self.qk_layernorm)
 
     @property
     def eos_token_ids(self) -> List[int]:
@@ -77,18 +85,15 @@ class ModelConfig:
 
     def validate(self, where: str = "model.model_config"):
         for name in ("hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
-                     "vocab_size", "seq_length", "max_position_embedding"):
+                     "vocab_size", "seq_length", "max_position_embedding", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{where}.{name}: expected a positive integer, got {value!r}")
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(f"{where}.hidden_size: {self.hidden_size} is not divisible by "
-                              f"num_heads={self.num_heads}")
         if self.num_heads % self.n_kv_heads:
             raise ConfigError(f"{where}.n_kv_heads: num_heads={self.num_heads} is not a multiple of "
                               f"n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
-            raise ConfigError(f"{where}.hidden_size: head_dim {self.head_dim} must be even for RoPE")
+            raise ConfigError(f"{where}.head_dim: {self.head_dim} must be even for RoPE")
         for name in ("compute_dtype", "param_init_type", "layernorm_compute_type", "softmax_compute_type",
                      "rotary_dtype"):
             if getattr(self, name) not in DTYPES:

@@ -273,8 +273,9 @@ for _names, _why in (
 # keys that would change the model if they differed from what we implement: name -> (check(value, cfg), expected)
 MODEL_CHECKED = {
     "rotary_pct": (lambda v, raw: float(v) == 1.0, "1.0 (RoPE on the whole head)"),
-    "kv_channels": (lambda v, raw: int(v) * int(raw.get("num_heads", 0) or 1) == int(raw.get("hidden_size", 0)),
-                    "hidden_size / num_heads"),
+    "kv_channels": (lambda v, raw: int(v) == int(raw.get("head_dim") or int(raw.get("hidden_size", 0)) //
+                                                  int(raw.get("num_heads", 0) or 1)),
+                    "head_dim (default hidden_size / num_heads): Megatron's name for the head width"),
     "rotary_emb_base": (lambda v, raw: "theta" not in raw or float(v) == float(raw["theta"]), "theta"),
     "pet_config": (lambda v, raw: not v, "unset: LoRA is the GRPO config's lora section (lora_rank, lora_alpha, "
                    "target_modules, which takes pet_config's '.*wq|.*wv' form)"),

@@ -78,6 +78,8 @@ MODEL_MAPPED = {
     "high_freq_factor": "scaling_factor.high_freq_factor (llama3)",
     "original_max_position_embeddings": "scaling_factor.original_max_position_embeddings (llama3)",
     "num_layer_list": "offset: layers per pipeline stage, e.g. \"4,4,4,4\" (with pipeline_model_parallel_size > 1)",
+    "qk_layernorm": "qk_layernorm (Qwen3's per-head RMSNorm on q and k before RoPE)",
+    "kv_channels": "head_dim (Megatron's default: hidden_size / num_attention_heads)",
 }
 MODEL_REQUIRED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
                   "seq_length")
@@ -127,11 +129,8 @@ MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
     "swiglu": (lambda v, ns: v is True, "true (SwiGLU MLP)", False),
     "disable_bias_linear": (lambda v, ns: v is True, "true (no bias but add_qkv_bias's)", False),
     "attention_bias": (lambda v, ns: v is False, "false (only add_qkv_bias's q/k/v bias)", False),
-    "qk_layernorm": (lambda v, ns: v is False, "false", False),
     "multi_latent_attention": (lambda v, ns: v is False, "false", False),
     "num_experts": (lambda v, ns: v in (None, 0), "unset (dense models)", None),
-    "kv_channels": (lambda v, ns: v is None or int(v) * int(ns["num_attention_heads"]) == int(ns["hidden_size"]),
-                    "hidden_size / num_attention_heads", None),
     "attention_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
     "hidden_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
     "lora_target_modules": (lambda v, ns: not v, "unset (MindSpeed-RL's Megatron LoRA keys are not translated; "
@@ -520,6 +519,9 @@ def _model_config(values: Dict[str, Any], origin: Dict[str, str], name: str, pp:
         max_position_embedding=_as("integer", values.get("max_position_embeddings") or num["seq_length"],
                                    where("max_position_embeddings")),
         qkv_has_bias=_as("flag", values.get("add_qkv_bias", False), where("add_qkv_bias")),
+        qk_layernorm=_as("flag", values.get("qk_layernorm", False), where("qk_layernorm")),
+        head_dim=_as("integer", values["kv_channels"], where("kv_channels")) if values.get("kv_channels") is not None
+        else None,
         tie_word_embeddings=not _as("flag", values.get("untie_embeddings_and_output_weights", False),
                                     where("untie_embeddings_and_output_weights")),
         **_token_ids(values.get("tokenizer_name_or_path")))

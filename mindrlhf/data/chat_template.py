@@ -43,7 +43,8 @@ def _template_source(folder: str) -> Optional[str]:
 
 class ChatTemplate:
     """`render(messages)`: the prompt text for a list of {"role", "content"} messages, ending with the
-    assistant's turn opener (add_generation_prompt)."""
+    assistant's turn opener (add_generation_prompt). Keyword arguments reach the template as variables, as
+    apply_chat_template's do (Qwen3's `enable_thinking`)."""
 
     def __init__(self, folder: str):
         source = _template_source(folder) if os.path.isdir(folder) else None
@@ -75,18 +76,18 @@ class ChatTemplate:
                 self.special_tokens[key] = value
         self.folder = folder
 
-    def render(self, messages: List[Dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: List[Dict[str, str]], add_generation_prompt: bool = True, **variables) -> str:
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=None, documents=None, **self.special_tokens)
+                                         tools=None, documents=None, **self.special_tokens, **variables)
         except jinja2.exceptions.TemplateError as err:
             raise ConfigError(f"{self.folder}: the chat template failed to render ({err})") from None
 
-    def prompt(self, question: str, system_prompt: str = "") -> str:
+    def prompt(self, question: str, system_prompt: str = "", **variables) -> str:
         """The text for one user question (after an optional system message)."""
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
             [{"role": "user", "content": question}]
-        return self.render(messages)
+        return self.render(messages, **variables)
 
 
 class _GenerationBlock(jinja2.ext.Extension):

@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"chat for --dataset_type verl, whose prompts are chat messages)")
     p.add_argument("--system_prompt", default="", help="with --prompt_template chat: a system message before "
                                                        "each question (default: the template's own, if any)")
+    p.add_argument("--enable_thinking", default=None, type=_flag,
+                   help="with --prompt_template chat: the template's enable_thinking (Qwen3: false closes an empty "
+                        "<think> block in each prompt; default: unset, the template's own default)")
     p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip", "error"],
                    help="what to do with prompts longer than --max_prompt_length (truncate keeps the end, as verl's "
                         "data.truncation=left; skip is verl's filter_overlong_prompts; error names the row, as "
@@ -121,19 +124,26 @@ def resolve_upstream(args) -> List[str]:
     return notes
 
 
+def _flag(text: str) -> bool:
+    if text.strip().lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
 class _ChatPrompt:
     """`--prompt_template chat`: question -> prompt text, and a row's own messages (verl) -> prompt text, both
-    through the model folder's chat template with the generation prompt added (as verl's RLHFDataset)."""
+    through the model folder's chat template with the generation prompt added (as verl's RLHFDataset);
+    `variables` (enable_thinking) reach the template."""
 
-    def __init__(self, folder: str, system_prompt: str):
+    def __init__(self, folder: str, system_prompt: str, variables: dict):
         from mindrlhf.data.chat_template import ChatTemplate
-        self.chat, self.system_prompt = ChatTemplate(folder), system_prompt
+        self.chat, self.system_prompt, self.variables = ChatTemplate(folder), system_prompt, variables
 
     def __call__(self, question: str) -> str:
-        return self.chat.prompt(question, self.system_prompt)
+        return self.chat.prompt(question, self.system_prompt, **self.variables)
 
     def render_messages(self, messages) -> str:
-        return self.chat.render(messages)
+        return self.chat.render(messages, **self.variables)
 
 
 def prompt_text(template: Callable[[str], str], example: Example) -> str:
@@ -148,15 +158,20 @@ def prompt_text(template: Callable[[str], str], example: Example) -> str:
     return render(example.messages)
 
 
-def resolve_template(name: Optional[str], vocab_path: str = "", system_prompt: str = "") -> Callable[[str], str]:
+def resolve_template(name: Optional[str], vocab_path: str = "", system_prompt: str = "",
+                     enable_thinking: Optional[bool] = None) -> Callable[[str], str]:
     """question -> prompt text: a named template, a text file with '{question}', or `chat` (the model
-    folder's own chat template, data/chat_template.py, which also renders verl's message lists)."""
+    folder's own chat template, data/chat_template.py, which also renders verl's message lists;
+    `enable_thinking` None leaves the variable unset, as apply_chat_template without it)."""
     name = name or "none"
+    if enable_thinking is not None and name != "chat":
+        raise ConfigError("--enable_thinking: a chat template variable; give --prompt_template chat")
     if name == "chat":
         if not vocab_path or not os.path.isdir(vocab_path):
             raise ConfigError(f"--prompt_template chat: renders the model folder's chat template; give the folder "
                               f"as --vocab_path (got {vocab_path!r})")
-        return _ChatPrompt(vocab_path, system_prompt)
+        return _ChatPrompt(vocab_path, system_prompt,
+                           {} if enable_thinking is None else {"enable_thinking": enable_thinking})
     if system_prompt:
         raise ConfigError("--system_prompt: only --prompt_template chat has a system message")
     if name in PROMPT_TEMPLATES:
@@ -198,7 +213,7 @@ def convert(args) -> ConvertSummary:
     if args.dataset_type == "verl" and args.system_prompt:
         raise ConfigError("--system_prompt: verl rows carry their own messages (a system turn, if any, is in "
                           "their prompt column)")
-    template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt)
+    template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt, args.enable_thinking)
     tok = load_tokenizer(args.vocab_path, args.merges_file_path)
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
     if pad is None:

@@ -56,8 +56,8 @@ def shared_prompt_attention(attn, x, cos, sin, bias_p, bias_r, split):
     attend among themselves, each sample's response tokens to its group's prompt keys and its own.
     x (M, H), cos/sin (M, 1, hd), bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T) -> (M, H)."""
     m = x.shape[0]
-    q = attn.rotary(ops.reshape(attn.wq(x), (m, attn.nh, attn.hd)), cos, sin)
-    k = attn.rotary(ops.reshape(attn.wk(x), (m, attn.nkv, attn.hd)), cos, sin)
+    q = attn.rotary(attn.q_layernorm(ops.reshape(attn.wq(x), (m, attn.nh, attn.hd))), cos, sin)
+    k = attn.rotary(attn.k_layernorm(ops.reshape(attn.wk(x), (m, attn.nkv, attn.hd))), cos, sin)
     v = ops.reshape(attn.wv(x), (m, attn.nkv, attn.hd))
     cut = split.prompt_tokens
     k_p, v_p = split.prompt_heads(take(k, 0, 0, cut)), split.prompt_heads(take(v, 0, 0, cut))
@@ -183,8 +183,12 @@ def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, pr
                          "stages, no sequence parallelism")
     tokens, cos, sin, bias_p, bias_r = layer_inputs(decoder, input_ids, position_ids, bias, group, prompt_len)
     x = embed(decoder, tokens)
-    for layer in decoder.graphs.shared_prompt:
-        x = layer(x, cos, sin, bias_p, bias_r)
+    if decoder.reuse_layers:
+        for layer in decoder.graphs.shared_prompt:
+            x = layer(x, cos, sin, bias_p, bias_r)
+    else:                               # compiled layer by layer (DecoderModel.reuse_layers says why)
+        for layer in decoder.layers:
+            x = shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r)
     return final_hidden(decoder, x, input_ids.shape[0], group, prompt_len)
 
 

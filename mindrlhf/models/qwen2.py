@@ -1,8 +1,10 @@
-"""Qwen2 / Qwen2.5 / Llama decoder with explicit tensor parallelism.
+"""Qwen2 / Qwen2.5 / Qwen3 / Llama decoder with explicit tensor parallelism.
 
-One architecture covers all three: Qwen2 has q/k/v biases (`qkv_has_bias`), Llama does not; both use
-GQA, RoPE (rotate-half convention, as Hugging Face), RMSNorm and a SwiGLU MLP. Parameter names follow
-MindFormers (`model.layers.0.attention.wq.weight`, ...) so checkpoints travel between the projects.
+One architecture covers all four: Qwen2 has q/k/v biases (`qkv_has_bias`), Llama and Qwen3 do not; Qwen3
+RMS-normalises each head of q and k before RoPE (`qk_layernorm`) and sets its head width apart from
+hidden / heads (`head_dim`); all use GQA, RoPE (rotate-half convention, as Hugging Face), RMSNorm and a
+SwiGLU MLP. Parameter names follow MindFormers (`model.layers.0.attention.wq.weight`, ...) so checkpoints
+travel between the projects.
 
 Shapes: B batch, T query length, S key length, H hidden, nh/nkv local heads on this TP rank, hd head dim,
 Vl = vocab/tp. The residual stream (B, T, H) is replicated across TP ranks.
@@ -52,14 +54,18 @@ def _std(cfg: ModelConfig, random_init: bool) -> Optional[float]:
 
 class RMSNorm(nn.Cell):
     """`sequence_parallel_mesh`: under sequence parallelism each TP rank normalises its part of the sequence,
-    so its weight gradient is partial; the weight enters through copy_to_tp, whose backward sums them."""
+    so its weight gradient is partial; the weight enters through copy_to_tp, whose backward sums them.
+    `split_rows_mesh`: the same for a norm whose rows are always split over TP ranks (q/k norms: each rank
+    normalises its own heads with the replicated weight)."""
 
-    def __init__(self, dim, eps, param_dtype, compute_dtype=ms.float32, sequence_parallel_mesh=None):
+    def __init__(self, dim, eps, param_dtype, compute_dtype=ms.float32, sequence_parallel_mesh=None,
+                 split_rows_mesh=None):
         super().__init__()
         self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
         self.norm = RMSNormFunction(eps, compute_dtype)
         sp = sequence_parallel_mesh is not None and sequence_parallel_mesh.seq_parallel
-        self.enter_weight = copy_to_tp(sequence_parallel_mesh) if sp else Identity()
+        mesh = sequence_parallel_mesh if sp else split_rows_mesh
+        self.enter_weight = copy_to_tp(mesh) if mesh is not None else Identity()
 
     def construct(self, x):
         return self.norm(x, self.enter_weight(self.weight))
@@ -112,7 +118,7 @@ class Attention(nn.Cell):
     def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None, random_init: bool = True):
         super().__init__()
         pdt, cdt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.compute_dtype]
-        self.hd = cfg.head_dim
+        self.hd = cfg.head_dim          # not always hidden / heads (Qwen3-8B: 4096 hidden, 32 heads of 128)
         self.nh = cfg.num_heads // mesh.tp
         self.nkv = cfg.n_kv_heads // mesh.tp
         self.rep = self.nh // self.nkv
@@ -125,16 +131,22 @@ class Attention(nn.Cell):
         self.wv = ColumnParallelLinear(cfg.hidden_size, cfg.n_kv_heads * self.hd, mesh, cfg.qkv_has_bias,
                                        pdt, cdt, std, on("wv"))
         self.wo = RowParallelLinear(cfg.num_heads * self.hd, cfg.hidden_size, mesh, False, pdt, cdt, std, on("wo"))
+        # Qwen3: each head of q and k RMS-normed over hd before RoPE, one (hd,) weight each, replicated over TP
+        ndt = MS_DTYPES[cfg.layernorm_compute_type]
+        self.q_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, pdt, ndt, split_rows_mesh=mesh) \
+            if cfg.qk_layernorm else Identity()
+        self.k_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, pdt, ndt, split_rows_mesh=mesh) \
+            if cfg.qk_layernorm else Identity()
         self.scale = 1.0 / float(np.sqrt(self.hd))
         self.rotate = HalfRotation(rope_swap(self.hd)[0])
         self.softmax_dtype = MS_DTYPES[cfg.softmax_compute_type]
         self.softmax = LastAxisSoftmax()
 
     def project_qkv(self, x, cos, sin):
-        """x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd), RoPE applied to q and k."""
+        """x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd), q/k normed (qk_layernorm), RoPE applied."""
         b, t, _ = x.shape
-        q = swap_middle(ops.reshape(self.wq(x), (b, t, self.nh, self.hd)))
-        k = swap_middle(ops.reshape(self.wk(x), (b, t, self.nkv, self.hd)))
+        q = swap_middle(self.q_layernorm(ops.reshape(self.wq(x), (b, t, self.nh, self.hd))))
+        k = swap_middle(self.k_layernorm(ops.reshape(self.wk(x), (b, t, self.nkv, self.hd))))
         v = swap_middle(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)))
         cos = ops.cast(cos, q.dtype)
         sin = ops.cast(sin, q.dtype)
@@ -222,6 +234,12 @@ class DecoderModel(nn.Cell):
                                                          _std(cfg, random_init))
         self.layers = nn.CellList([DecoderLayer(cfg, mesh, lora, random_init) for _ in self.layer_ids])
         object.__setattr__(self, "graphs", LayerGraphs(self.layers))     # outside the cell tree: layer_graphs.py
+        # A layer that sums a weight's gradient over the TP ranks inside it (a copy_to_tp on the weight: the
+        # norms under sequence parallelism, Qwen3's q/k norms under TP) compiles on its own in the passes that
+        # are differentiated: in the reused subgraph the compiled train step's gradients came out wrong (Qwen3
+        # train tp2: grad norm 0.4% off, tests/test_qwen3_msrun.py; sequence parallelism dp2 x tp2: 1.4%,
+        # tests/test_pipeline.py, slow). Prefill and decode, forward only, keep the reuse.
+        self.reuse_layers = not (mesh.tp > 1 and (mesh.seq_parallel or cfg.qk_layernorm))
         if self.last:
             self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, MS_DTYPES[cfg.layernorm_compute_type],
                                     mesh)
@@ -251,9 +269,7 @@ class DecoderModel(nn.Cell):
         if self.first:
             x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H); under SP (B, T/tp, H)
         cos, sin = self.rope(position_ids)
-        # under sequence parallelism each layer compiles on its own: with the reused subgraph, the one-graph
-        # train step (dp2 x tp2) gave a global gradient norm 1.4% off (tests/test_pipeline.py, slow)
-        for layer in (self.layers if self.sp_pad != 1 else self.graphs.whole_rows):
+        for layer in (self.graphs.whole_rows if self.reuse_layers else self.layers):     # see reuse_layers
             x = layer(x, cos, sin, bias)
         return self.norm_out(x) if self.last else x
 

@@ -31,6 +31,9 @@ def param_specs(cfg: ModelConfig, lora: Optional[LoraSpec] = None) -> Dict[str, 
             specs[p + "attention.wk.bias"] = ((cfg.n_kv_heads * hd,), TP_ROWS)
             specs[p + "attention.wv.bias"] = ((cfg.n_kv_heads * hd,), TP_ROWS)
         specs[p + "attention.wo.weight"] = ((h, cfg.num_heads * hd), TP_COLS)
+        if cfg.qk_layernorm:
+            specs[p + "attention.q_layernorm.weight"] = ((hd,), REPLICATED)
+            specs[p + "attention.k_layernorm.weight"] = ((hd,), REPLICATED)
         specs[p + "ffn_norm.weight"] = ((h,), REPLICATED)
         specs[p + "feed_forward.w1.weight"] = ((i, h), TP_ROWS)
         specs[p + "feed_forward.w3.weight"] = ((i, h), TP_ROWS)
