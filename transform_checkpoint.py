@@ -14,10 +14,15 @@ spawned worker processes (each imports MindSpore and reads the source: for large
 cores); --transform_by_rank is accepted and changes nothing (the output is the same).
 """
 import argparse
+import errno
 import sys
 
 from mindrlhf.checkpoint.slicing import transform
 from mindrlhf.configs.errors import CheckpointError, ConfigError
+
+
+# the disk or quota is full, a file too large, a read-only filesystem: said in one line, not a traceback
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
 def main(argv=None) -> int:
@@ -56,6 +61,12 @@ def main(argv=None) -> int:
                            overwrite=args.overwrite)
     except (CheckpointError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno not in _WRITE_ERRORS:
+            raise
+        print(f"error: {args.dst_checkpoint}: writing the output failed: {err}; the destination is as it was (it "
+              f"is replaced only once complete)", file=sys.stderr)
         return 2
     finally:
         if bar is not None:

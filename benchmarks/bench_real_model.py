@@ -10,7 +10,10 @@ temperature 0.5, beta 0 (no reference model), token-mean loss (TRL's "dapo"), cl
 constant after 3 warm-up updates, weight decay 0, gradient clip 1.0, one update per rollout. mindrlhf runs
 each update one decoder layer at a time over the whole batch, the loss and LM head in micro-batches of one
 group (rl.micro_batch_size 8: the same update); TRL runs its default, the whole batch in one pass
-(per_device_train_batch_size 32). Held-out
+(per_device_train_batch_size 32), with TRL's gradient checkpointing as --trl_gradient_checkpointing says: on by
+default (TRL's own default and the setting every figure in docs/BENCHMARKS.md was measured with, unset then:
+less memory, "~20% slower" by TRL's docs), off for TRL's faster, larger setting; both JSON lines of TRL say
+which ("trl_gradient_checkpointing"). Held-out
 accuracy is greedy on the first 64 test prompts (never trained on), before step 1 and every --eval_every
 steps; evaluation time counts in the wall time, not in the step time.
 
@@ -134,7 +137,8 @@ def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict
 
 
 # ---- TRL (the --trl_python) ---------------------------------------------------------------------------------
-def child_trl(work: str, inputs: dict, steps: int, eval_every: int, seed: int = 1) -> dict:
+def child_trl(work: str, inputs: dict, steps: int, eval_every: int, seed: int = 1,
+              gradient_checkpointing: bool = True) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -174,7 +178,9 @@ def child_trl(work: str, inputs: dict, steps: int, eval_every: int, seed: int = 
                       warmup_steps=WARMUP, beta=0.0, loss_type="dapo", num_iterations=1, temperature=TEMPERATURE,
                       top_p=1.0, epsilon=0.2, epsilon_high=0.28, max_steps=steps, logging_steps=1,
                       save_strategy="no", report_to=[], use_cpu=True, seed=seed, weight_decay=0.0, max_grad_norm=1.0,
-                      dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False)
+                      dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False,
+                      gradient_checkpointing=gradient_checkpointing)
+    assert args.gradient_checkpointing is gradient_checkpointing
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(train),
                           processing_class=tok)
     state = {"step_times": [], "curve": [], "gen": []}
@@ -259,15 +265,18 @@ def main():
                    help="mindrlhf systems with the compile cache, each run twice: cold, then warm")
     p.add_argument("--seed", type=int, default=1,
                    help="both systems' seed (data order, sampling; run.seed and TRL's seed)")
+    p.add_argument("--trl_gradient_checkpointing", choices=("on", "off"), default="on",
+                   help="TRL's GRPOConfig.gradient_checkpointing: on (TRL's default: less memory, slower) or off")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
+    trl_gc = args.trl_gradient_checkpointing == "on"
     steps, eval_every = (10, 0) if args.quick else (args.steps, args.eval_every)
     if args.child:
         which, work = args.child
         with open(os.path.join(work, "inputs.json")) as fh:
             inputs = json.load(fh)
         if which == "trl":
-            result = child_trl(work, inputs, steps, eval_every, args.seed)
+            result = child_trl(work, inputs, steps, eval_every, args.seed, trl_gc)
         else:
             extra = dict(ONE_GRAPH) if which == "mindrlhf_one_graph" else {}
             if args.warm_cache:
@@ -284,11 +293,15 @@ def main():
     rate = matmul_gflops()
     child_args = ["--quick"] if args.quick else ["--steps", str(steps), "--eval_every", str(eval_every)]
     child_args += ["--seed", str(args.seed)] + (["--warm_cache"] if args.warm_cache else [])
+    child_args += ["--trl_gradient_checkpointing", args.trl_gradient_checkpointing]
     results = {}
     for system in args.systems.split(","):
         python = args.trl_python if system == "trl" else sys.executable
         results[system] = run_child(os.path.abspath(__file__), system, work, *child_args, python=python)
-        print(json.dumps(summary(system, results[system], steps, args.seed)), flush=True)
+        line = summary(system, results[system], steps, args.seed)
+        if system == "trl":
+            line["trl_gradient_checkpointing"] = trl_gc
+        print(json.dumps(line), flush=True)
         if args.warm_cache and system != "trl":
             warm = run_child(os.path.abspath(__file__), system, work, *child_args, python=python)
             results[system + "_warm"] = warm
@@ -310,7 +323,7 @@ def main():
             line["heldout_gain"] = round(ours["curve"][-1][1] - ours["curve"][0][1], 4)
         if "trl" in results:
             ref = results["trl"]
-            line.update(ratio=round(ref["step_s"] / ours["step_s"], 3),
+            line.update(ratio=round(ref["step_s"] / ours["step_s"], 3), trl_gradient_checkpointing=trl_gc,
                         peak_rss_ratio=round(ours["peak_rss_mb"] / ref["peak_rss_mb"], 3))
             if ours["curve"] and ref["curve"]:
                 line["heldout_gap_vs_trl"] = round(ours["curve"][-1][1] - ref["curve"][-1][1], 4)

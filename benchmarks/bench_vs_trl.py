@@ -9,6 +9,11 @@ then on both sides); beta 0.04 (k3 KL to the initial weights), lr 1e-4 constant,
 temperature 1, the same dense reward (share of digits in the completion), no TensorBoard on either side (TRL's
 report_to=[]; importing torch for ours would add ~200 MB). 20 steps; medians of steps 3..20.
 
+TRL's gradient checkpointing (GRPOConfig.gradient_checkpointing, TRL's default on: lower memory, "~20% slower"
+by its docs) is set explicitly by --trl_gradient_checkpointing, default on (TRL's default, and the setting every
+figure in docs/BENCHMARKS.md was measured with, unset then); off is TRL's faster, larger setting. The JSON line
+says which ("trl_gradient_checkpointing"). mindrlhf keeps every activation (no recomputation) either way.
+
 The TRL side runs in the Python given by --trl_python (default: this one), because trl's dependencies may
 want numpy 2 beside mindspore's numpy < 2. A second environment that worked here:
     python -m venv --system-site-packages trl_venv && trl_venv/bin/pip install trl
@@ -142,7 +147,7 @@ def child_ours(work: str, inputs: dict, dims: dict) -> dict:
 
 
 # ---- TRL side (the --trl_python) ------------------------------------------------------------------------
-def child_trl(work: str, inputs: dict, dims: dict) -> dict:
+def child_trl(work: str, inputs: dict, dims: dict, gradient_checkpointing: bool = True) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
@@ -161,7 +166,9 @@ def child_trl(work: str, inputs: dict, dims: dict) -> dict:
                       beta=BETA, loss_type="dapo", num_iterations=1, temperature=1.0, max_steps=STEPS,
                       logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0, weight_decay=0.0,
                       max_grad_norm=1.0, generation_kwargs={"min_new_tokens": NEW}, warmup_steps=0,
-                      dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False)
+                      dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False,
+                      gradient_checkpointing=gradient_checkpointing)
+    assert args.gradient_checkpointing is gradient_checkpointing
     data = Dataset.from_list([{"prompt": p} for p in inputs["prompts"]])
     t_setup = time.perf_counter()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
@@ -227,20 +234,23 @@ def main():
     p.add_argument("--rounds", type=int, default=1,
                    help="interleaved rounds of (ours, ours re-run, TRL), each from a cold compile; the ratios "
                         "printed last are the medians over the rounds (this machine's speed drifts between runs)")
+    p.add_argument("--trl_gradient_checkpointing", choices=("on", "off"), default="on",
+                   help="TRL's GRPOConfig.gradient_checkpointing: on (TRL's default: less memory, slower) or off")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     dims = SCALE if args.scale else SMALL
+    trl_gc = args.trl_gradient_checkpointing == "on"
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.child:
         which, work = args.child
         with open(os.path.join(work, "inputs.json")) as fh:
             inputs = json.load(fh)
-        out = child_ours(work, inputs, dims) if which == "ours" else child_trl(work, inputs, dims)
+        out = child_ours(work, inputs, dims) if which == "ours" else child_trl(work, inputs, dims, trl_gc)
         print(json.dumps(out), flush=True)      # the last line: common.run_child reads it
         return
     work = tempfile.mkdtemp(prefix="bench_vs_trl_")
-    scale_flag = ["--scale"] if args.scale else []
+    scale_flag = (["--scale"] if args.scale else []) + ["--trl_gradient_checkpointing", args.trl_gradient_checkpointing]
     rounds = []
     try:
         inputs = prepare(work, dims)
@@ -254,10 +264,10 @@ def main():
                                                        ("trl", "trl", args.trl_python))})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report(rounds, args.scale)
+    report(rounds, args.scale, trl_gc)
 
 
-def report(rounds: list, scale: bool):
+def report(rounds: list, scale: bool, trl_gradient_checkpointing: bool = True):
     """Per-phase table of the median round (by step-time ratio), every round's ratios, then the JSON line:
     ratio and peak_rss_ratio are medians over the rounds."""
     ratios = [r["trl"]["step_s"] / r["ours"]["step_s"] for r in rounds]
@@ -265,6 +275,7 @@ def report(rounds: list, scale: bool):
     mid = sorted(range(len(rounds)), key=lambda i: ratios[i])[len(rounds) // 2]
     ours, rerun, ref = rounds[mid]["ours"], rounds[mid]["ours_rerun"], rounds[mid]["trl"]
     title = f"phase (median, steps 3..{STEPS})" + (f", round {mid + 1} of {len(rounds)}" if len(rounds) > 1 else "")
+    print(f"TRL's gradient checkpointing: {'on' if trl_gradient_checkpointing else 'off'}")
     print(f"{title:34s} {'TRL':>10s} {'mindrlhf':>10s}")
     print(f"{'whole step':34s} {ref['step_s']:10.3f} {ours['step_s']:10.3f}")
     for name in ("generation", "old-policy log-probs", "reference log-probs", "policy fwd+bwd+AdamW", "weight sync"):
@@ -286,7 +297,8 @@ def report(rounds: list, scale: bool):
                       "startup_ours": round(ours["startup_s"], 2), "startup_reference": round(ref["startup_s"], 2),
                       "rerun_startup_ours": round(rerun["startup_s"], 2),
                       "rerun_peak_rss_ratio": round(rerun["peak_rss_mb"] / ref["peak_rss_mb"], 3),
-                      "rerun_ratio": round(ref["step_s"] / rerun["step_s"], 3)}))
+                      "rerun_ratio": round(ref["step_s"] / rerun["step_s"], 3),
+                      "trl_gradient_checkpointing": trl_gradient_checkpointing}))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """Fault injection: a job that meets a fault ends with a named error within a bound, the last good checkpoint
-stays loadable, and resuming gives the uninterrupted run's trajectory.
+stays loadable, and resuming gives the uninterrupted run's trajectory: the same metrics and, bit for bit, the
+same final policy weights and optimizer moments.
 
 The 2-worker faults run the tiny model (train dp2, infer dp2; 3 steps, a checkpoint each step) under msrun
-through tests/workers/grpo_worker.py's MINDRLHF_TEST_FAULT. Each test prints one row of the table
-(fault | outcome | seconds to fail | data kept); `-s` shows them.
+through tests/workers/grpo_worker.py's MINDRLHF_TEST_FAULT. The schedule is a constant lr without warm-up, so
+every update moves the weights: step 1's checkpoint, which every fault (in step 2) resumes from, holds a policy
+that differs from the initial one, and a resume that lost the policy or the moments ends elsewhere. Each test
+prints one row of the table (fault | outcome | seconds to fail | data kept); `-s` shows them.
 """
 import io
 import os
@@ -17,6 +20,7 @@ import pytest
 
 from grpo_helpers import WORKER, cli_args, make_grpo_assets, model_yaml
 from msrun_util import REPO, free_port
+from mindrlhf.checkpoint.model_io import rank_dir, read_checkpoint
 from mindrlhf.parallel.watchdog import EXIT_CODE, Watchdog
 from mindrlhf.trainer import checkpointing
 from mindrlhf.trainer.metrics import read_metrics
@@ -107,10 +111,14 @@ def job(tmp_path_factory):
                  vocab_path=assets["vocab_path"], merges_file_path=assets["merges_file_path"],
                  mind_dataset_dir=assets["mind_dataset_dir"], total_steps=STEPS, save_steps=1, keep_checkpoints=2,
                  max_tokens=6, num_generations=4, batch_size=2, progress=False, export_hf=False, lr=1e-3,
-                 verifier_function="digit_fraction_test", watchdog_timeout=15, share_prompt=False)
+                 verifier_function="digit_fraction_test", watchdog_timeout=15, share_prompt=False,
+                 # every update moves the weights (the package default warms up from lr 0: update 1 would not)
+                 lr_schedule="constant", warmup_steps=0)
     reference = str(root / "reference")
     code, logs, _ = _launch(flags, reference)
     assert code == 0, logs[0][-3000:]
+    rows = read_metrics(os.path.join(reference, "metrics.jsonl"))
+    assert all(r["lr"] == pytest.approx(1e-3) and r["grad_norm"] > 0 for r in rows), rows   # every update moves it
     return flags, reference
 
 
@@ -133,8 +141,25 @@ def _computed(rows):
             for r in rows]
 
 
+def _tensors(path):
+    return {name: (a.dtype.str, a.shape, a.tobytes()) for name, a in read_checkpoint(path).items()}
+
+
+def _same_final_state(out, reference):
+    """The last step's policy weights and optimizer state (moments, step counter), every rank's shard, equal
+    the uninterrupted run's bit for bit."""
+    for rank in range(2):
+        for name in (checkpointing.POLICY_FILE, "optimizer.safetensors"):
+            got, want = (_tensors(os.path.join(rank_dir(checkpointing.step_dir(root, STEPS), rank), name))
+                         for root in (out, reference))
+            assert got.keys() == want.keys(), (rank, name)
+            differ = [k for k in want if got[k] != want[k]]
+            assert not differ, (rank, name, differ[:5])
+
+
 def _survives(job, out, fault, outcome, seconds):
-    """The last good checkpoint loads and the resumed run's metrics equal the uninterrupted run's."""
+    """The last good checkpoint loads and the resumed run's metrics, final weights and moments equal the
+    uninterrupted run's."""
     flags, reference = job
     kept = checkpointing.complete_steps(out)
     assert kept and kept[-1] >= 1, kept
@@ -146,7 +171,8 @@ def _survives(job, out, fault, outcome, seconds):
     for a, b in zip(_computed(got), _computed(want)):
         assert a.keys() == b.keys()
         for k in a:
-            assert a[k] == pytest.approx(b[k], rel=0, abs=1e-6, nan_ok=True), (a["step"], k)
+            assert a[k] == pytest.approx(b[k], rel=0, abs=0, nan_ok=True), (a["step"], k)   # the same floats
+    _same_final_state(out, reference)
     _row(fault, outcome, seconds, f"steps {kept} complete; resumed to the uninterrupted trajectory")
 
 

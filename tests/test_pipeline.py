@@ -285,13 +285,19 @@ def test_shipped_tutorial_layout_writes_its_strategy_files(tmp_path):
 
 
 # ---- micro_batch_interleave_num: the same update in parts -------------------------------------------------
-@pytest.mark.parametrize("agg", ["token-mean",        # the sequence mean's weights ~40 s more: slow
-                                 pytest.param("seq-mean-token-mean", marks=pytest.mark.slow)])
-def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg):
+@pytest.mark.parametrize("agg, cuts", [("token-mean", ("parts", "micro_batch_size")),
+                                       # the sequence mean's parts weigh 1/m: one cut in the default run (~20 s),
+                                       # both with -m slow
+                                       ("seq-mean-token-mean", ("micro_batch_size",)),
+                                       pytest.param("seq-mean-token-mean", ("parts", "micro_batch_size"),
+                                                    marks=pytest.mark.slow)],
+                         ids=["token-mean", "seq-mean-micro_batch_size", "seq-mean-both-cuts"])
+def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg, cuts):
     """micro_batch_interleave_num 2 (MindFormers' top-level key) cuts each update's mini-batch in two parts run
     one after another: 2 GRPO steps give the same losses, gradient norms and weights as whole mini-batches
-    (<= 1e-5), for the token mean and for a sequence mean (whose parts weigh 1/2 each); each part runs its
-    group's prompt once (run.share_prompt), the whole mini-batch its two groups'."""
+    (<= 1e-5), for the token mean and for a sequence mean (whose parts weigh 1/2 each: summed, the loss and
+    gradient double); each part runs its group's prompt once (run.share_prompt), the whole mini-batch its two
+    groups'."""
     import yaml
     from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
     from mindrlhf.configs.grpo_config import load_grpo_config
@@ -313,7 +319,7 @@ def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg):
     # the same cut asked for by the GRPO config: rl.micro_batch_size 4 rows of the mini-batch's 8
     variants = (("whole", assets["sft_path_train"], {}), ("parts", path, {}),
                 ("micro_batch_size", assets["sft_path_train"], {"micro_batch_size": 4}))
-    for name, yaml_path, extra in variants:
+    for name, yaml_path, extra in (v for v in variants if v[0] == "whole" or v[0] in cuts):
         cfg = load_grpo_config(None, grpo_overrides(dict(assets, sft_path_train=yaml_path), str(tmp_path / name),
                                                     loss_agg=agg, beta=0.04, load_sft_checkpoint_train=init,
                                                     verifier_function="digit_fraction_test", share_prompt=True,
@@ -325,7 +331,7 @@ def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg):
         results[name] = (history, {p.name: param_as_f32(p).copy() for p in trainer.policy.get_parameters()})
     h1, w1 = results["whole"]
     assert all(h["grad_norm"] > 1e-3 for h in h1)          # a real gradient in every step
-    for name in ("parts", "micro_batch_size"):
+    for name in cuts:
         h2, w2 = results[name]
         for a, b in zip(h1, h2):
             for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean"):

@@ -338,6 +338,39 @@ def test_a_separate_rollout_model_receives_every_update(assets, tmp_path):
     assert moved > 0
 
 
+def test_resume_syncs_a_separate_rollout_model_from_the_restored_policy(assets, tmp_path):
+    """An fp16 rollout model is a separate object: after a resume it must hold the restored policy (rounded to
+    fp16), not the initial weights it was built from, so the step after the resume samples what the
+    uninterrupted run sampled. A constant lr: update 1 moves the policy, so the two differ."""
+    import mindspore as ms
+    from mindrlhf.utils.params import param_as_f32
+    infer = model_yaml(str(tmp_path / "infer_fp16.yaml"), param_init_type="float16")
+    common = dict(sft_path_infer=infer, verifier_function="digit_fraction_test", total_steps=2, save_steps=1,
+                  lr_schedule="constant")
+    full = _trainer(assets, tmp_path / "full", **common)
+    assert full.rollout_model is not full.policy
+    full.fit()
+    stopped = _trainer(assets, tmp_path / "split", **common)
+    initial = {p.name: param_as_f32(p).copy() for p in stopped.rollout_model.get_parameters()}
+    stopped.metrics.log(1, stopped.train_one_step(), echo=None)
+    stopped.save()
+    resumed = _trainer(assets, tmp_path / "split", resume=True, **common)
+    assert resumed.step == 1
+    policy = {p.name: p for p in resumed.policy.get_parameters()}
+    moved = 0
+    for p in resumed.rollout_model.get_parameters():
+        assert np.array_equal(param_as_f32(p), policy[p.name].astype(ms.float16).float().asnumpy()), p.name
+        moved += not np.array_equal(param_as_f32(p), initial[p.name])
+    assert moved > 0                       # the restored policy is not the initial one
+    resumed.fit()
+    rows, want = read_metrics(str(tmp_path / "split" / "metrics.jsonl")), read_metrics(str(tmp_path / "full" / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [_computed(r) for r in rows] == [_computed(r) for r in want]
+    got, expected = model_state(resumed.policy), model_state(full.policy)
+    for k in expected:
+        assert np.array_equal(got[k], expected[k]), k
+
+
 def test_tensorboard_events_are_written(tmp_path):
     """TensorBoard scalars are written when a writer is installed (tensorboard is a test extra)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -98,6 +98,25 @@ def test_the_example_maps_onto_our_fields(tmp_path):
     assert cfg.rl.num_generations == 4 and cfg.optim.lr == 0.5
 
 
+def test_clip_ratio_sets_both_ends_of_our_clip_range(tmp_path):
+    """rl_config.clip_ratio (GRPO's symmetric clip) becomes rl.clip_low and rl.clip_high, and the loss clips
+    with it: values unlike our default 0.2 (the fixture's 0.2 would pass with the key ignored)."""
+    import mindspore as mstype
+    from mindrlhf.trainer.grpo_math import clipped_policy_loss
+    losses = {}
+    for ratio in (0.15, 0.35):
+        cfg = load_grpo_config(_write(tmp_path / str(ratio), _edited(**{"rl_config.clip_ratio": ratio})))
+        assert (cfg.rl.clip_low, cfg.rl.clip_high) == (ratio, ratio)
+        # a token whose ratio is 1.3 with advantage 1, and one of 0.7 with advantage -1: clipped at 1 +- clip_ratio
+        logp = mstype.Tensor(np.log(np.array([[1.3], [0.7]], np.float32)))
+        loss, _, _ = clipped_policy_loss(logp, mstype.Tensor(np.zeros((2, 1), np.float32)),
+                                         mstype.Tensor(np.array([1.0, -1.0], np.float32)), cfg.rl.clip_low,
+                                         cfg.rl.clip_high)
+        losses[ratio] = loss.asnumpy()
+    np.testing.assert_allclose(losses[0.15], [[-1.15], [0.85]], rtol=0, atol=1e-5)    # both clipped
+    np.testing.assert_allclose(losses[0.35], [[-1.3], [0.7]], rtol=0, atol=1e-5)      # neither: exp(log r) in fp32
+
+
 def test_every_inert_key_is_listed_and_nothing_else(tmp_path):
     path = _write(tmp_path, _doc())
     cfg = load_grpo_config(path)

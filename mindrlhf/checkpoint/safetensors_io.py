@@ -244,8 +244,11 @@ class SafeTensorsStreamWriter:
         self._ctx.__exit__(None, None, None)
 
     def abort(self):
-        if not self._fh.closed:
+        """Remove the temp file; called on an error path, whose error is the one to raise."""
+        try:
             self._fh.close()
+        except OSError:                 # a full disk cannot take the buffered bytes either
+            pass
         try:
             self._ctx.__exit__(CheckpointError, CheckpointError("aborted"), None)
         except CheckpointError:
