@@ -231,7 +231,47 @@ def _check_logprobs_against_transformers(model_dir, tmp_path, tolerance):
 
 
 def test_rollout_old_and_reference_logprobs_equal_transformers(slice_dir, tmp_path):
-    _check_logprobs_against_transformers(slice_dir, tmp_path, 1e-3)
+    _check_logprobs_against_transformers(slice_dir, tmp_path, 1e-4)
+
+
+def test_first_step_kl_against_an_independent_reference(slice_dir, tmp_path):
+    """With a reference model that differs from the policy (its weights perturbed), step 1's KL metric, and the
+    reference log-probs the step trained with (the experience file), against transformers running both models
+    on the step's own samples: k3 = exp(ref - pi) - (ref - pi) - 1, the mean over the trained tokens."""
+    import torch
+    from mindrlhf.data.mindrecord_io import read_mindrecord
+    ref_dir = str(tmp_path / "ref")
+    ref_hf = _hf_model(slice_dir)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in ref_hf.parameters():
+            p.add_(0.02 * p.abs().mean() * torch.randn(p.shape, generator=gen))
+    ref_hf.save_pretrained(ref_dir)
+    data_file = str(tmp_path / "experience.mindrecord")
+    trainer, _ = _trainer(slice_dir, tmp_path, load_ref_checkpoint=ref_dir, save_data_file=data_file,
+                          kl_estimator="k3", loss_agg="token-mean")
+    kl = trainer.fit()[0]["kl"]
+    rows = read_mindrecord(data_file)
+    policy_hf = _hf_model(slice_dir)
+    terms, worst_ref = [], 0.0
+    for ids, pmask, rmask, ref_logp in zip(rows["prompt_completion_ids"], rows["prompts_mask"],
+                                          rows["responses_mask"], rows["ref_per_token_logps"]):
+        start = int(np.nonzero(pmask)[0][-1]) + 1        # prompts are left-padded: the response starts here
+        prompt, trained = ids[:start][pmask[:start] == 1], rmask[start:] == 1
+        if not trained.any():
+            continue
+        response = ids[start:][: int(np.nonzero(trained)[0][-1]) + 1]
+        pi = _hf_logprobs(policy_hf, [prompt], [response], temperature=0.7)[0]
+        ref = _hf_logprobs(ref_hf, [prompt], [response], temperature=0.7)[0]
+        mask = trained[:len(response)]
+        got_ref = ref_logp[start - 1:start - 1 + len(response)]
+        worst_ref = max(worst_ref, float(np.abs(got_ref[mask] - ref[mask]).max()))
+        d = ref[mask] - pi[mask]
+        terms.append(np.exp(d) - d - 1)
+    want = float(np.concatenate(terms).mean())
+    assert worst_ref <= 1e-4, worst_ref                  # the reference pass is transformers' on these samples
+    assert want > 1e-4                                    # the two models differ: the KL is no longer 0
+    assert abs(kl - want) <= 1e-3 * want, (kl, want)      # float32 sums over ~100 tokens
 
 
 def test_first_step_kl_is_zero_and_export_loads_in_transformers(slice_dir, tmp_path):
@@ -261,16 +301,30 @@ def test_first_step_kl_is_zero_and_export_loads_in_transformers(slice_dir, tmp_p
 
 @pytest.mark.msrun
 def test_dp2_train_dp2_infer_under_msrun_from_the_folder(slice_dir, tmp_path):
+    """Two msrun workers (every rank data-parallel, as a folder trains) follow the single process's trajectory:
+    the same samples, rewards, losses and KL, step by step (the layout-invariance tests' bounds)."""
+    import subprocess
+    import sys
     data = _grpo_assets(slice_dir, str(tmp_path))
-    save = tmp_path / "ckpt"
-    run_msrun(os.path.join(REPO, "tests", "workers", "grpo_worker.py"),
-              ["--sft_path_train", slice_dir, "--mind_dataset_dir", data, "--save_ckpt_dir", save,
-               "--use_parallel", "True", "--total_steps", "2", "--batch_size", "1", "--num_generations", "4",
-               "--max_tokens", "8", "--beta", "0.04", "--progress", "False", "--export_hf", "False",
-               "--verifier_function", "response_length_test"], 2, str(tmp_path / "log"))
+    worker = os.path.join(REPO, "tests", "workers", "grpo_worker.py")
+    flags = ["--sft_path_train", slice_dir, "--mind_dataset_dir", data, "--total_steps", "2", "--batch_size", "1",
+             "--num_generations", "4", "--max_tokens", "8", "--beta", "0.04", "--progress", "False", "--export_hf",
+             "False", "--verifier_function", "response_length_test", "--lr", "1e-5", "--lr_schedule", "constant",
+             "--warmup_steps", "0"]
+    run_msrun(worker, flags + ["--save_ckpt_dir", str(tmp_path / "dp2"), "--use_parallel", "True"], 2,
+              str(tmp_path / "log"))
+    # one process, two prompts per step as the two replicas' one each (prompt i's samples keyed by (step, i))
+    single = flags + ["--save_ckpt_dir", str(tmp_path / "one"), "--batch_size", "2"]
+    proc = subprocess.run([sys.executable, worker] + single, env=dict(os.environ, PYTHONPATH=REPO),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    assert proc.returncode == 0, proc.stdout.decode(errors="replace")[-3000:]
     from mindrlhf.trainer.metrics import read_metrics
-    rows = read_metrics(str(save / "metrics.jsonl"))
+    rows, ref = (read_metrics(str(tmp_path / d / "metrics.jsonl")) for d in ("dp2", "one"))
     assert [r["step"] for r in rows] == [1, 2] and rows[0]["kl"] <= 1e-6
+    assert ref[1]["kl"] > 0 and ref[0]["grad_norm"] > 0
+    for a, b in zip(rows, ref):
+        for key in ("reward_mean", "response_len_mean", "loss", "pg_loss", "kl", "grad_norm", "entropy"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6 if "loss" in key else 1e-7), (a["step"], key)
     with open(tmp_path / "log" / "worker_0.log", errors="replace") as fh:
         assert "layout data_parallel=2" in fh.read()
 
