@@ -155,7 +155,7 @@ def test_rlhf_data_chat_prompts_are_transformers_token_ids(slice_dir, tmp_path):
     from transformers import AutoTokenizer
     from data_helpers import write_jsonl
     from mindrlhf.data.convert import build_parser, convert
-    from mindrlhf.data.mindrecord_io import read_mindrecord
+    from mindrlhf.data.mindrecord_io import read_columns
     src = write_jsonl(str(tmp_path / "q.jsonl"), [{"question": q, "answer": "x\n#### 7"} for q in QUESTIONS])
     out = str(tmp_path / "q.mindrecord")
     convert(build_parser().parse_args(["--vocab_path", slice_dir, "--file_path", src, "--output_path", out,
@@ -239,7 +239,7 @@ def test_first_step_kl_against_an_independent_reference(slice_dir, tmp_path):
     reference log-probs the step trained with (the experience file), against transformers running both models
     on the step's own samples: k3 = exp(ref - pi) - (ref - pi) - 1, the mean over the trained tokens."""
     import torch
-    from mindrlhf.data.mindrecord_io import read_mindrecord
+    from mindrlhf.data.mindrecord_io import read_columns
     ref_dir = str(tmp_path / "ref")
     ref_hf = _hf_model(slice_dir)
     gen = torch.Generator().manual_seed(3)
@@ -251,11 +251,13 @@ def test_first_step_kl_against_an_independent_reference(slice_dir, tmp_path):
     trainer, _ = _trainer(slice_dir, tmp_path, load_ref_checkpoint=ref_dir, save_data_file=data_file,
                           kl_estimator="k3", loss_agg="token-mean")
     kl = trainer.fit()[0]["kl"]
-    rows = read_mindrecord(data_file)
+    rows = read_columns(data_file, ["prompt_completion_ids", "prompts_mask", "responses_mask",
+                                    "ref_per_token_logps"])
     policy_hf = _hf_model(slice_dir)
     terms, worst_ref = [], 0.0
     for ids, pmask, rmask, ref_logp in zip(rows["prompt_completion_ids"], rows["prompts_mask"],
                                           rows["responses_mask"], rows["ref_per_token_logps"]):
+        ids, pmask, rmask, ref_logp = (np.asarray(x) for x in (ids, pmask, rmask, ref_logp))
         start = int(np.nonzero(pmask)[0][-1]) + 1        # prompts are left-padded: the response starts here
         prompt, trained = ids[:start][pmask[:start] == 1], rmask[start:] == 1
         if not trained.any():
