@@ -23,6 +23,16 @@ from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+# config.json keys of a sequence classifier (the reward-model role) beside the decoder's: read by
+# classifier_config_from_hf, refused for a causal LM as any unknown key is
+CLASSIFIER_KEYS = ("id2label", "label2id", "num_labels")
+
+
+def sequence_classifiers() -> Dict[str, str]:
+    """<Decoder>ForSequenceClassification for every causal LM we implement (the decoder plus a score head):
+    the architectures the reward-model role reads, and only that role."""
+    return {a.replace("ForCausalLM", "ForSequenceClassification"): t for a, t in ARCHITECTURES.items()}
+
 # config.json key -> ModelConfig field
 HF_MAPPED = {
     "hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
@@ -99,22 +109,29 @@ def _rope(raw: Dict[str, Any], where: str) -> Dict[str, Any]:
     return out
 
 
-def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides) -> ModelConfig:
+def model_config_from_hf(path: str, ignored: Optional[list] = None, classifier: bool = False,
+                         **overrides) -> ModelConfig:
     """Our ModelConfig from an HF folder (or its config.json); inert keys are appended to `ignored` as
-    (key, reason), unsupported values and unknown keys raise ConfigError naming the file and key."""
+    (key, reason), unsupported values and unknown keys raise ConfigError naming the file and key.
+    `classifier`: the folder is a sequence classifier (the reward-model role) instead of a causal LM."""
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     cfg_path = os.path.join(path, "config.json") if os.path.isdir(path) else path
     raw = read_json_object(cfg_path)
     ignored = ignored if ignored is not None else []
     arch = raw.get("architectures") or []
-    if len(arch) != 1 or arch[0] not in ARCHITECTURES:
+    if not classifier and len(arch) == 1 and arch[0] in sequence_classifiers():
+        raise ConfigError(f"{cfg_path}: architectures {arch[0]} is a sequence classifier (a reward model: set "
+                          f"the folder as reward.reward_model); a policy, rollout or reference model must be a "
+                          f"causal LM ({', '.join(ARCHITECTURES)})")
+    known = sequence_classifiers() if classifier else ARCHITECTURES
+    if len(arch) != 1 or arch[0] not in known:
         raise ConfigError(f"{cfg_path}: architectures {arch!r} is not supported (supported: "
-                          f"{', '.join(ARCHITECTURES)})")
-    if raw.get("model_type") != ARCHITECTURES[arch[0]]:
+                          f"{', '.join(known)})")
+    if raw.get("model_type") != known[arch[0]]:
         raise ConfigError(f"{cfg_path}: model_type {raw.get('model_type')!r} does not match {arch[0]} "
-                          f"(expected {ARCHITECTURES[arch[0]]!r})")
+                          f"(expected {known[arch[0]]!r})")
     for key, value in raw.items():
-        if key in HF_MAPPED or key in ("architectures", "model_type"):     # checked above
+        if key in HF_MAPPED or key in ("architectures", "model_type") or (classifier and key in CLASSIFIER_KEYS):
             continue
         if key in HF_CHECKED:
             ok, expected = HF_CHECKED[key]
@@ -160,6 +177,20 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides)
         return ModelConfig(**kwargs)
     except ConfigError as err:
         raise ConfigError(f"{cfg_path}: {err}") from None
+
+
+def classifier_config_from_hf(path: str, ignored: Optional[list] = None) -> Tuple[ModelConfig, int]:
+    """(decoder config, num_labels) of an HF sequence-classification folder (a reward model): the score head
+    is (num_labels, hidden), without bias. num_labels as transformers reads it: id2label's size, else
+    num_labels, else 2."""
+    cfg_path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    raw = read_json_object(cfg_path)
+    labels = raw.get("id2label")
+    num_labels = len(labels) if isinstance(labels, dict) and labels else raw.get("num_labels", 2)
+    if not isinstance(num_labels, int) or num_labels < 1:
+        raise ConfigError(f"{cfg_path}: num_labels: expected a positive integer, got {num_labels!r}")
+    eos = {} if raw.get("eos_token_id") is not None else {"eos_token_id": 2}    # unused by a classifier
+    return model_config_from_hf(path, ignored, classifier=True, **eos), num_labels
 
 
 def model_yaml_from_hf(path: str, parallel: Optional[ParallelConfig] = None) -> ModelYaml:
