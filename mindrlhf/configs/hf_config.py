@@ -243,7 +243,10 @@ def table_markdown() -> str:
     out = ["| key | status | here |", "| --- | --- | --- |"]
     out += [f"| `{k}` | mapped | {v} |" for k, v in HF_MAPPED.items()]
     out += [f"| `architectures` | checked | must be one of {', '.join(ARCHITECTURES)} |",
-            "| `model_type` | checked | must match architectures (llama, qwen2) |"]
+            "| `model_type` | checked | must match architectures (llama, qwen2) |",
+            f"| `architectures` (reward.reward_model) | checked | must be one of {', '.join(sequence_classifiers())} "
+            f"(refused for the policy, rollout and reference); `id2label`, `label2id`, `num_labels` give the score "
+            f"head's size, 1 for a reward model |"]
     out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in HF_CHECKED.items()]
     out += [f"| `{k}` | inert | {why} |" for k, why in HF_INERT.items()]
     out += ["| any other key | refused | an error naming it: it may change the model |"]

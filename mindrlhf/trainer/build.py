@@ -1,4 +1,4 @@
-"""The objects a resolved GRPO run trains with: the policy, rollout and reference models with their
+"""The objects a resolved GRPO run trains with: the policy, rollout, reference and reward models with their
 weights loaded and synced, the rollout engine, the optimizer, the compiled train and log-prob steps, and
 the swap groups. Built once, after every check in resolve.py has passed."""
 from __future__ import annotations
