@@ -99,3 +99,20 @@ def test_a_causal_lm_as_reward_model_is_refused(assets, tmp_path):
     with pytest.raises(ConfigError, match="reward.reward_model: .*Qwen2ForCausalLM.*not supported .*"
                                           "Qwen2ForSequenceClassification"):
         GRPOTrainer(_config(assets, tmp_path / "run", reward_model=lm), log=lambda *a: None)
+
+
+@pytest.mark.parametrize("mesh,labels,message", [
+    (dict(dp=1, tp=1, pp=2), 1, r"runs in the train layout, whose pipeline_stage 2 it does not support"),
+    (dict(dp=1, tp=3), 1, r"in the train layout: parallel_config.model_parallel=3 does not divide"),
+    (dict(dp=1, tp=1), 2, r"num_labels 2; a reward model scores with one label")])
+def test_a_reward_model_the_run_cannot_use_is_refused(assets, tmp_path, mesh, labels, message):
+    from mindrlhf.configs.grpo_config import RewardConfig
+    from mindrlhf.data.tokenizer import load_tokenizer
+    from mindrlhf.parallel.mesh import Mesh
+    from mindrlhf.trainer.reward_model import resolve_reward_model
+    paths = assets[0]
+    rm_dir = str(tmp_path / "rm")
+    make_hf_classifier(rm_dir, vocab=416, layers=1, num_labels=labels, tokenizer_dir=os.path.dirname(paths["vocab_path"]))
+    tokenizer = load_tokenizer(paths["vocab_path"], paths["merges_file_path"])
+    with pytest.raises(ConfigError, match="reward.reward_model: .*" + message):
+        resolve_reward_model(RewardConfig(reward_model=rm_dir), tokenizer, Mesh(rank=0, **mesh), 4)
