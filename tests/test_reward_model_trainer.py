@@ -116,3 +116,15 @@ def test_a_reward_model_the_run_cannot_use_is_refused(assets, tmp_path, mesh, la
     tokenizer = load_tokenizer(paths["vocab_path"], paths["merges_file_path"])
     with pytest.raises(ConfigError, match="reward.reward_model: .*" + message):
         resolve_reward_model(RewardConfig(reward_model=rm_dir), tokenizer, Mesh(rank=0, **mesh), 4)
+
+
+def test_each_dynamic_sampling_round_is_scored_by_the_reward_model(assets, tmp_path):
+    """Rounds alternate rollout and reward-model phases with the reward model's swap on: every round's rows
+    are scored (all-equal groups are dropped, so a missing score would show as a zero-std group)."""
+    trainer = GRPOTrainer(_config(assets, tmp_path, total_steps=1, dynamic_sampling=True, max_num_gen_batches=2,
+                                  offload_reward_model_param=True), log=lambda *a: None)
+    real_join, joined = trainer.reward_model.join, []
+    trainer.reward_model.join = lambda samples, scores: joined.append(len(samples)) or real_join(samples, scores)
+    metrics = trainer.fit()[0]
+    assert len(joined) == metrics["dynamic_sampling/rounds"] and all(n == 8 for n in joined)
+    assert metrics["zero_std_groups_frac"] == 0.0 and abs(metrics["reward/reward_model"]) > 1e-3
