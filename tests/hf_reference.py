@@ -65,3 +65,42 @@ def hf_logits(model, ids: np.ndarray, attention_mask: np.ndarray = None) -> np.n
     with torch.no_grad():
         kw = {} if attention_mask is None else {"attention_mask": torch.tensor(attention_mask)}
         return model(torch.tensor(ids, dtype=torch.long), **kw).logits.float().numpy()
+
+
+def make_hf_classifier(out_dir, qkv_bias=True, vocab=160, layers=2, pad_token_id=0, num_labels=1, seed=0,
+                       tokenizer_dir=""):
+    """A Qwen2ForSequenceClassification (qkv bias) or LlamaForSequenceClassification (no bias) with every
+    weight random (a reward model with num_labels 1), saved with save_pretrained; with `tokenizer_dir`, its
+    tokenizer files (vocab.json, merges.txt) copied in, as a reward-model folder ships them."""
+    import shutil
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
+    common = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=96, vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  max_position_embeddings=64, tie_word_embeddings=False, num_labels=num_labels,
+                  pad_token_id=pad_token_id)
+    if qkv_bias:
+        model = Qwen2ForSequenceClassification(Qwen2Config(**common, use_sliding_window=False))
+    else:
+        model = LlamaForSequenceClassification(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_((0.5 if name == "score.weight" else 0.08) * torch.randn(p.shape, generator=gen))
+    model.eval()
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"):
+        if tokenizer_dir and os.path.isfile(os.path.join(tokenizer_dir, name)):
+            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
+    return model
+
+
+def hf_scores(model, ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """transformers' sequence-classification scores (B, num_labels) of a padded batch."""
+    import torch
+    with torch.no_grad():
+        return model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(attention_mask)).logits.numpy()

@@ -320,3 +320,36 @@ def test_keys_the_file_leaves_out_take_mindspeeds_defaults_not_mindrlhfs(tmp_pat
     assert (cfg.reward.verifier_function, cfg.reward.verifier_weight) == (["base_acc"], [1.0])
     assert "optim.beta2: 0.999 (Megatron's adam_beta2 default; the file leaves it out)" in cfg.derived
     assert cfg.rl.beta == 0.01          # init_kl_coef absent: 0.01, MindSpeed-RL's default and MindRLHF's
+
+
+# ---- the outcome reward model (rl_config.reward_resource + reward_config) ----------------------------------
+def _orm(tmp_path, **rl):
+    from hf_reference import make_hf_classifier
+    rm_dir = str(tmp_path / "orm")
+    make_hf_classifier(rm_dir, vocab=416, layers=1)
+    edits = {"rl_config.use_integrated_worker": False, "rl_config.reward_resource": {"num_npus": 1},
+             "rl_config.rule_reward": False,
+             "reward_config": {"model": MODEL, "load": rm_dir, "tensor_model_parallel_size": 1}}
+    edits.update(rl)
+    return rm_dir, _write(tmp_path / "cfg", _edited(**edits))
+
+
+def test_the_outcome_reward_model_maps_onto_reward_model(tmp_path):
+    rm_dir, path = _orm(tmp_path)
+    cfg = load_grpo_config(path)
+    assert cfg.reward.reward_model == rm_dir and cfg.reward.reward_model_weight == 1.0
+    assert cfg.reward.verifier_function == [] and cfg.reward.verifier_weight == []
+    ignored = {key: why for _, key, why in cfg.ignored}
+    for key in ("reward_config.model", "reward_config.tensor_model_parallel_size", "rl_config.reward_resource.num_npus"):
+        assert "train layout" in ignored[key], key
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"rl_config.rule_reward": True}, r"rl_config.rule_reward: True with reward_resource is not supported: upstream's "
+                                      r"reward model and rule reward each write"),
+    ({"reward_config": {"model": MODEL}}, r"rl_config.reward_resource: given without reward_config.load"),
+    ({"reward_config": {"load": "/nonexistent/orm"}}, r"reward_config.load: /nonexistent/orm is not a Hugging Face "
+                                                      r"folder with config.json")])
+def test_an_outcome_reward_model_we_cannot_read_is_refused(tmp_path, edit, message):
+    with pytest.raises(ConfigError, match=message):
+        load_grpo_config(_orm(tmp_path, **edit)[1])

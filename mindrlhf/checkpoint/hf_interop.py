@@ -42,6 +42,7 @@ _GLOBAL_MAP = [
     ("model.tok_embeddings.embedding_weight", "model.embed_tokens.weight"),
     ("model.norm_out.weight", "model.norm.weight"),
     ("lm_head.weight", "lm_head.weight"),
+    ("score.weight", "score.weight"),       # a sequence classifier's head (models/reward_model.py)
 ]
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _TO_HF = dict(_LAYER_MAP)
@@ -68,7 +69,7 @@ def hf_to_ms_name(name: str) -> Optional[str]:
         return f"model.layers.{m.group(1)}.{_TO_MS[m.group(2)]}"
     if name.endswith("rotary_emb.inv_freq"):
         return None
-    raise CheckpointError(f"tensor {name}: not a Qwen2/Qwen3/Llama parameter name")
+    raise CheckpointError(f"tensor {name}: not a Qwen2/Qwen3/Llama parameter name (causal LM or sequence classifier)")
 
 
 def hf_weight_files(path: str) -> List[str]:

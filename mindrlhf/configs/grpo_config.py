@@ -256,7 +256,7 @@ class OptimConfig(_Section):
 
 @dataclass
 class RewardConfig(_Section):
-    """Rule-based rewards, combined by weight."""
+    """Rewards: rule verifiers and, optionally, a reward model, combined by weight."""
     verifier_function: List[str] = _f(["accuracy_reward", "format_reward"], "names from mindrlhf.reward.verifiers: "
                                       "accuracy_reward (answers judged as math-verify judges them), format_reward "
                                       "(R1 format), "
@@ -270,6 +270,13 @@ class RewardConfig(_Section):
                                  "thread); past it the completion scores 0 for that verifier, counted in "
                                  "reward/errors. Each completion is scored once, on one rank, and shared. 0: no "
                                  "limit")
+    reward_model: str = _f("", "a Hugging Face sequence-classification folder (Qwen2/LlamaForSequenceClassification, "
+                           "num_labels 1) scoring each sample's prompt + response tokens; frozen, in the train "
+                           "layout; its tokenizer must equal the policy's. Empty: no reward model")
+    reward_model_weight: float = _f(1.0, "the reward model's score enters the reward times this, added to the "
+                                    "weighted verifiers")
+    reward_model_batch_size: int = _f(0, "rows per reward-model forward on one train-DP replica; 0: the train "
+                                      "mini-batch (rl.mini_batch_size)")
 
 
 @dataclass
@@ -281,6 +288,7 @@ class SwapConfig(_Section):
     offload_infer_param: bool = _f(False, "free rollout weights during training (the sync rewrites them; no host copy)")
     offload_kv_cache: bool = _f(False, "free the KV cache between rollouts (no host copy: prefill rewrites it)")
     offload_ref_param: bool = _f(False, "reference weights to host outside their phase")
+    offload_reward_model_param: bool = _f(False, "reward-model weights to host outside their phase")
 
 
 @dataclass
@@ -429,6 +437,12 @@ class GRPOConfig(_Section):
         if len(self.reward.verifier_function) != len(self.reward.verifier_weight):
             raise ConfigError(f"reward.verifier_weight: {len(self.reward.verifier_weight)} weights for "
                               f"{len(self.reward.verifier_function)} verifier_function entries")
+        if not self.reward.verifier_function and not self.reward.reward_model:
+            raise ConfigError("reward.verifier_function: empty and no reward.reward_model: nothing would score "
+                              "the samples")
+        if self.reward.reward_model_batch_size < 0:
+            raise ConfigError(f"reward.reward_model_batch_size: expected >= 0, got "
+                              f"{self.reward.reward_model_batch_size}")
         return self
 
 

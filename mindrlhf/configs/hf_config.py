@@ -26,6 +26,16 @@ from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
 # q/k/v always carry a bias (transformers' Qwen2Attention ignores attention_bias), Qwen3 norms q and k per head
 ARCHITECTURES = {"LlamaForCausalLM": ("llama", {}), "Qwen2ForCausalLM": ("qwen2", {"qkv_has_bias": True}),
                  "Qwen3ForCausalLM": ("qwen3", {"qk_layernorm": True})}
+# config.json keys of a sequence classifier (the reward-model role) beside the decoder's: read by
+# classifier_config_from_hf, refused for a causal LM as any unknown key is
+CLASSIFIER_KEYS = ("id2label", "label2id", "num_labels")
+
+
+def sequence_classifiers() -> Dict[str, Tuple[str, Dict]]:
+    """<Decoder>ForSequenceClassification for every causal LM we implement (the decoder plus a score head):
+    the architectures the reward-model role reads, and only that role."""
+    return {a.replace("ForCausalLM", "ForSequenceClassification"): v for a, v in ARCHITECTURES.items()}
+
 # config.json key -> ModelConfig field
 HF_MAPPED = {
     "hidden_size": "hidden_size", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
@@ -100,23 +110,30 @@ def _rope(raw: Dict[str, Any], where: str) -> Dict[str, Any]:
     return out
 
 
-def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides) -> ModelConfig:
+def model_config_from_hf(path: str, ignored: Optional[list] = None, classifier: bool = False,
+                         **overrides) -> ModelConfig:
     """Our ModelConfig from an HF folder (or its config.json); inert keys are appended to `ignored` as
-    (key, reason), unsupported values and unknown keys raise ConfigError naming the file and key."""
+    (key, reason), unsupported values and unknown keys raise ConfigError naming the file and key.
+    `classifier`: the folder is a sequence classifier (the reward-model role) instead of a causal LM."""
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     cfg_path = os.path.join(path, "config.json") if os.path.isdir(path) else path
     raw = read_json_object(cfg_path)
     ignored = ignored if ignored is not None else []
     arch = raw.get("architectures") or []
-    if len(arch) != 1 or arch[0] not in ARCHITECTURES:
+    if not classifier and len(arch) == 1 and arch[0] in sequence_classifiers():
+        raise ConfigError(f"{cfg_path}: architectures {arch[0]} is a sequence classifier (a reward model: set "
+                          f"the folder as reward.reward_model); a policy, rollout or reference model must be a "
+                          f"causal LM ({', '.join(ARCHITECTURES)})")
+    known = sequence_classifiers() if classifier else ARCHITECTURES
+    if len(arch) != 1 or arch[0] not in known:
         raise ConfigError(f"{cfg_path}: architectures {arch!r} is not supported (supported: "
-                          f"{', '.join(ARCHITECTURES)})")
-    model_type, fixed = ARCHITECTURES[arch[0]]
+                          f"{', '.join(known)})")
+    model_type, fixed = known[arch[0]]
     if raw.get("model_type") != model_type:
         raise ConfigError(f"{cfg_path}: model_type {raw.get('model_type')!r} does not match {arch[0]} "
                           f"(expected {model_type!r})")
     for key, value in raw.items():
-        if key in HF_MAPPED or key in ("architectures", "model_type"):     # checked above
+        if key in HF_MAPPED or key in ("architectures", "model_type") or (classifier and key in CLASSIFIER_KEYS):
             continue
         if key in HF_CHECKED:
             ok, expected = HF_CHECKED[key]
@@ -162,6 +179,20 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, **overrides)
         return ModelConfig(**kwargs)
     except ConfigError as err:
         raise ConfigError(f"{cfg_path}: {err}") from None
+
+
+def classifier_config_from_hf(path: str, ignored: Optional[list] = None) -> Tuple[ModelConfig, int]:
+    """(decoder config, num_labels) of an HF sequence-classification folder (a reward model): the score head
+    is (num_labels, hidden), without bias. num_labels as transformers reads it: id2label's size, else
+    num_labels, else 2."""
+    cfg_path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    raw = read_json_object(cfg_path)
+    labels = raw.get("id2label")
+    num_labels = len(labels) if isinstance(labels, dict) and labels else raw.get("num_labels", 2)
+    if not isinstance(num_labels, int) or num_labels < 1:
+        raise ConfigError(f"{cfg_path}: num_labels: expected a positive integer, got {num_labels!r}")
+    eos = {} if raw.get("eos_token_id") is not None else {"eos_token_id": 2}    # unused by a classifier
+    return model_config_from_hf(path, ignored, classifier=True, **eos), num_labels
 
 
 def model_yaml_from_hf(path: str, parallel: Optional[ParallelConfig] = None) -> ModelYaml:
@@ -224,7 +255,10 @@ def table_markdown() -> str:
     out += [f"| `{k}` | mapped | {v} |" for k, v in HF_MAPPED.items()]
     out += [f"| `architectures` | checked | must be one of {', '.join(ARCHITECTURES)} |",
             f"| `model_type` | checked | must match architectures "
-            f"({', '.join(t for t, _ in ARCHITECTURES.values())}) |"]
+            f"({', '.join(t for t, _ in ARCHITECTURES.values())}) |",
+            f"| `architectures` (reward.reward_model) | checked | must be one of {', '.join(sequence_classifiers())} "
+            f"(refused for the policy, rollout and reference); `id2label`, `label2id`, `num_labels` give the score "
+            f"head's size, 1 for a reward model |"]
     out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in HF_CHECKED.items()]
     out += [f"| `{k}` | inert | {why} |" for k, why in HF_INERT.items()]
     out += ["| any other key | refused | an error naming it: it may change the model |"]

@@ -18,7 +18,12 @@ Read from github.com/Ascend/MindSpeed-RL (commit 05a90d7, April 2026), for facts
     init_kl_coef through kl_ctrl), utils/compute.py (compute_kl_penalty), trainer/utils/compute_utils.py
     (group_norm advantages: std with ddof 1 + 1e-6), models/base/base_training_engine.py (epochs passes
     over mini_batch_size x n_samples_per_prompt sequences per update), models/rule_verifier.py (the
-    overlong buffer).
+    overlong buffer);
+  - the outcome reward model: configs/grpo_trainer_qwen25_7b.yaml (`reward_config` {model, load,
+    tensor_model_parallel_size, ...}, `rl_config.reward_resource: {num_npus}`, `rule_reward: false`),
+    cli/train_grpo.py (a RewardWorker when reward_resource is set, a RuleReward when rule_reward is true),
+    workers/reward_woker.py (its score at the last token, prompt_length + response_length - 1, written as
+    the samples' rm_scores, as workers/rule_reward.py writes its own).
 
 Statuses as in configs/upstream.py: mapped (our field), inert (reported at start-up with the reason),
 checked (an error unless the value is one we implement; `default` is MindSpeed-RL's value when the key is
@@ -206,6 +211,11 @@ for _k, _v in {
         "integrated_mode_config": "ref_model_load_path -> run.load_ref_checkpoint",
         "actor_resource": "num_npus: the ranks of the job (msrun's); use_parallel when > 1; splits into the "
                           "train and infer data_parallel",
+        "reward_resource": "given (use_integrated_worker false, as upstream requires): the outcome reward model; "
+                           "reward_config.load -> reward.reward_model (weight 1; its num_npus is not read: the "
+                           "reward model runs in the train layout here). Needs rule_reward false: upstream's reward "
+                           "model and rule reward each write the samples' rm_scores (the later write wins, not a "
+                           "sum)",
 }.items():
     RL[_k] = Key(_k, MAPPED, _v)
 RL_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
@@ -213,8 +223,8 @@ RL_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
     "kl_ctrl_type": (lambda v, c: v == "fixed", "fixed (init_kl_coef throughout)", "fixed"),
     "entropy_coeff": (lambda v, c: float(v) == 0.0, "0.0 (no entropy bonus)", 0.0),
     "use_kl_in_reward": (lambda v, c: v is False, "false (the KL term is in the loss)", False),
-    "rule_reward": (lambda v, c: v is True, "true (rule-based rewards; reward models are not implemented)", True),
-    "reward_resource": (lambda v, c: v is None, "unset (no reward model)", None),
+    "rule_reward": (lambda v, c: v is True or bool(c.get("reward_resource")),
+                    "true (the verifiers), or false with reward_resource (the reward model alone: no verifier)", True),
     "shuffle_mini_batch": (lambda v, c: v is False, "false (mini-batches in rollout order)", False),
     "is_multimodal": (lambda v, c: v is False, "false (text models only)", False),
     "multi_turn_enable": (lambda v, c: v is False, "false (single-turn rollouts)", False),
@@ -304,7 +314,10 @@ TOP: Dict[str, Key] = {
                                              "load -> run.load_ref_checkpoint, model must be the actor's, the rest "
                                              "inert (the reference runs in the train layout here)"),
     "reward_config": Key("reward_config", CHECKED, "only with use_integrated_worker false (as upstream): Megatron "
-                                                   "keys, all inert (rewards are rule-based)"),
+                                                   "keys; with rl_config.reward_resource, load -> reward.reward_model "
+                                                   "(a Hugging Face sequence-classification folder; a Megatron "
+                                                   "checkpoint is refused), the rest inert (the reward model runs in "
+                                                   "the train layout; its architecture is its config.json's)"),
     "profiler_config": Key("profiler_config", INERT, "profiling; the whole section"),
     "msprobe_config": Key("msprobe_config", INERT, "debug dumps; the whole section"),
 }
@@ -387,6 +400,8 @@ def _validate_keys(doc: Dict[str, Any], path: str):
     _check_known(rl, RL, "rl_config", path)
     _check_known(_mapping(rl.get("actor_resource"), f"{path}: rl_config.actor_resource"), RESOURCE,
                  "rl_config.actor_resource", path)
+    _check_known(_mapping(rl.get("reward_resource"), f"{path}: rl_config.reward_resource"), RESOURCE,
+                 "rl_config.reward_resource", path)
     _check_known(_mapping(rl.get("integrated_mode_config"), f"{path}: rl_config.integrated_mode_config"),
                  INTEGRATED_MODE, "rl_config.integrated_mode_config", path)
     gen = doc.get("generate_config", {})
@@ -575,6 +590,37 @@ def model_yaml(raw: Dict[str, Any], path: str, role: str = "train"):
 
 
 # ---- the translation into our sections -------------------------------------------------------------------
+def _reward_model(doc: Dict[str, Any], path: str, put, ignored: List[Tuple[str, str]]):
+    """MindSpeed-RL's outcome reward model (rl_config.reward_resource + reward_config.load) as reward.reward_model;
+    with rule_reward false it scores alone."""
+    rl, rm = doc.get("rl_config", {}), doc.get("reward_config", {})
+    if not rl.get("reward_resource"):
+        ignored.extend((f"reward_config.{k}", "rl_config.reward_resource is unset: upstream builds no reward-model "
+                                             "worker either") for k in rm)
+        return
+    if not rm.get("load"):
+        raise ConfigError(f"{path}: rl_config.reward_resource: given without reward_config.load (the reward model's "
+                          f"weights: here a Hugging Face sequence-classification folder)")
+    load = _weights_path(str(rm["load"]), f"{path}: reward_config.load")
+    if not os.path.isfile(os.path.join(load, "config.json")):
+        raise ConfigError(f"{path}: reward_config.load: {load} is not a Hugging Face folder with config.json (the "
+                          f"reward model is read as a *ForSequenceClassification folder)")
+    if rl.get("rule_reward", True) is not False:
+        raise ConfigError(f"{path}: rl_config.rule_reward: {rl.get('rule_reward', True)!r} with reward_resource is not "
+                          f"supported: upstream's reward model and rule reward each write the samples' rm_scores "
+                          f"(the later write wins); set rule_reward: false to score with the reward model alone (our "
+                          f"own config adds verifiers to it: reward.reward_model_weight)")
+    put("reward", "reward_model", load, "reward_config.load")
+    put("reward", "reward_model_weight", 1.0, "rl_config.reward_resource")
+    put("reward", "verifier_function", [], "rl_config.rule_reward")
+    put("reward", "verifier_weight", [], "rl_config.rule_reward")
+    ignored.extend((f"reward_config.{k}", "reward-model worker's Megatron setting; the reward model runs in the "
+                                         "train layout here and its architecture is its folder's config.json")
+                   for k in rm if k != "load")
+    ignored.extend((f"rl_config.reward_resource.{k}", "placement; the reward model runs in the train layout here")
+                   for k in _mapping(rl.get("reward_resource"), f"{path}: rl_config.reward_resource"))
+
+
 def _weights_path(value: str, where: str) -> str:
     if os.path.isfile(os.path.join(value, "latest_checkpointed_iteration.txt")):
         raise ConfigError(f"{where}: {value} is a Megatron checkpoint, which is not read here; give the model's "
@@ -722,8 +768,7 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
             "ref_config.load")
     ignored += [(f"ref_config.{k}", "separate reference worker's setting; the reference runs in the train layout "
                                     "here") for k in ref if k not in ("load", "model")]
-    ignored += [(f"reward_config.{k}", "reward-model worker's setting; rewards are rule-based (rule_reward)")
-                for k in doc.get("reward_config", {})]
+    _reward_model(doc, path, put, ignored)
 
     # inert keys, each where the file gives it (the model entry's are reported with the model)
     for sec in ("megatron_training", "actor_config"):
@@ -807,7 +852,7 @@ def table_markdown() -> str:
     table("top-level sections", TOP)
     table("megatron_training, actor_config, model.&lt;name&gt; (Megatron keys)", MEGATRON, MEGATRON_CHECKS)
     table("rl_config", RL, RL_CHECKS)
-    table("rl_config.actor_resource", RESOURCE)
+    table("rl_config.actor_resource, rl_config.reward_resource", RESOURCE)
     table("rl_config.integrated_mode_config", INTEGRATED_MODE)
     table("generate_config", GENERATE, GENERATE_CHECKS)
     table("generate_config.sampling_config", SAMPLING)

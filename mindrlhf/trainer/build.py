@@ -1,4 +1,4 @@
-"""The objects a resolved GRPO run trains with: the policy, rollout and reference models with their
+"""The objects a resolved GRPO run trains with: the policy, rollout, reference and reward models with their
 weights loaded and synced, the rollout engine, the optimizer, the compiled train and log-prob steps, and
 the swap groups. Built once, after every check in resolve.py has passed."""
 from __future__ import annotations
@@ -21,6 +21,7 @@ from mindrlhf.trainer import checkpointing
 from mindrlhf.trainer.optim import AdamW
 from mindrlhf.trainer.packing import PackedRowLayout
 from mindrlhf.trainer.resolve import ResolvedRun
+from mindrlhf.trainer.reward_model import RewardModelScorer, build_reward_model
 from mindrlhf.trainer.samples import PaddedRows, SampleBatch, train_step_inputs
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.update.engines import build_update
@@ -35,6 +36,7 @@ class Models:
     rollout_model: CausalLM             # the policy itself when the layouts and dtypes match
     ref_model: Optional[CausalLM]       # only when run.reference is "model"
     weight_sync: WeightSync
+    reward_model: Optional[object] = None   # models/reward_model.SequenceClassifier, when run.reward_model
 
 
 def load_model_weights(model: CausalLM, path: str, log: Callable = print) -> str:
@@ -87,7 +89,8 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
             load_model_weights(ref, ref_path, log)
         else:
             copy_params(policy.get_parameters(), ref.get_parameters())
-    return Models(policy, rollout, ref, sync)
+    rm = build_reward_model(run.reward_model, run.train_mesh, log) if run.reward_model else None
+    return Models(policy, rollout, ref, sync, rm)
 
 
 @dataclass
@@ -99,6 +102,7 @@ class Training:
     ref_logprob: Optional[object]       # ... of the reference model
     swap: SwapSchedule
     rows: object                        # samples.PaddedRows or packing.PackedRowLayout: how samples become rows
+    reward_model: Optional[RewardModelScorer] = None     # when run.reward_model
 
 
 def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
@@ -121,6 +125,8 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         "rollout": SwapGroup("rollout", models.rollout_model.get_parameters(), sw.offload_infer_param and separate,
                              keep_contents=False),
         "ref": SwapGroup("ref", ref.get_parameters() if ref else [], sw.offload_ref_param),
+        "reward_model": SwapGroup("reward_model", models.reward_model.get_parameters() if models.reward_model
+                                  else [], sw.offload_reward_model_param),
         # filled after the first rollout; prefill rewrites the whole cache, so no host copy is kept
         "kv_cache": SwapGroup("kv_cache", [], sw.offload_kv_cache, keep_contents=False),
     }, offload_kv_cache=sw.offload_kv_cache)
@@ -136,7 +142,9 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         ref_logprob = BaseModelLogProb(policy_logprob, models.policy)
     rows = PackedRowLayout(run.pad_id, micro_rows, run.logprob_graphs == "stages") if run.packing \
         else PaddedRows(run.geometry.mini_batch)
-    return Training(engine, optimizer, update.step, policy_logprob, ref_logprob, swap, rows)
+    scorer = RewardModelScorer(models.reward_model, run.reward_model, run.train_mesh, swap) if models.reward_model \
+        else None
+    return Training(engine, optimizer, update.step, policy_logprob, ref_logprob, swap, rows, scorer)
 
 
 def compile_train_step(run: ResolvedRun, training: Training, log: Callable):

@@ -62,6 +62,7 @@ class GRPOTrainer:
         self.engine, self.optimizer, self.train_step = training.engine, training.optimizer, training.train_step
         self.policy_logprob, self.ref_logprob, self.swap = training.policy_logprob, training.ref_logprob, training.swap
         self.rows = training.rows           # padded or packed rows (samples.PaddedRows, packing.PackedRowLayout)
+        self.reward_model = training.reward_model   # trainer/reward_model.RewardModelScorer, or None
         self.step = 0
         log_dir = self.cfg.run.log_dir or self.cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0, tensorboard=self.cfg.run.tensorboard)
@@ -95,6 +96,7 @@ class GRPOTrainer:
         table = np.zeros((len(texts), reward_fn.columns), np.float32)
         table[mine] = reward_fn.score_rows([texts[i] for i in mine], [sols[i] for i in mine])
         result = reward_fn.scores_of(exchange.rows_of_all_ranks(table))
+        result = self.reward_model.join(samples, result) if self.reward_model else result
         return np.array(result.total, np.float32), result, texts
 
     def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:

@@ -31,6 +31,7 @@ from mindrlhf.reward.verifiers import RewardFn, extract_answer, load_reward_modu
 from mindrlhf.rollout.backends import check_backend
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer.packing import PackingLayout
+from mindrlhf.trainer.reward_model import RewardModelSpec, resolve_reward_model
 from mindrlhf.trainer.step_geometry import StepGeometry
 
 
@@ -55,6 +56,9 @@ class ResolvedRun:
     shared_prompt: Tuple[int, int]      # (group, prompt width), or (0, 0): see models/layer_graphs.SharedPrompt
     lora: Optional[LoraSpec] = None     # the policy's adapters; None: full fine-tuning
     packing: Optional[PackingLayout] = None     # rl.sequence_packing; None: one padded row per sequence
+    # the reward-model role: None (reward.reward_model empty: rules only) or the frozen sequence classifier
+    # in the train layout. The one place that decides; build.py and the loop ask (trainer/reward_model.py)
+    reward_model: Optional[RewardModelSpec] = None
 
     def sampling(self, greedy: bool = False) -> SamplingParams:
         fields = dict(dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
@@ -190,6 +194,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     if added:
         log(f"verifiers from {cfg.reward.reward_module}: {', '.join(added)}")
     reward_fn = RewardFn(cfg.reward.verifier_function, cfg.reward.verifier_weight, cfg.reward.verifier_timeout)
+    reward_model = resolve_reward_model(cfg.reward, tokenizer, train_mesh, geometry.mini_batch, log)
     shared = _shared_prompt(cfg, train_mesh, geometry, micro_batches, prompt_width, log)
     packing = _packing(cfg, prompt_width)
     lora = cfg.lora
@@ -199,7 +204,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     cfg.freeze()
     resolved = ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,
                            geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn,
-                           shared, spec, packing)
+                           shared, spec, packing, reward_model)
     if resolved.reference == "none" and run.load_ref_checkpoint:
         log(f"note: load_ref_checkpoint {run.load_ref_checkpoint} is not loaded: rl.beta is 0, so there is no "
             f"KL term and no reference model (set beta > 0 to use it)")

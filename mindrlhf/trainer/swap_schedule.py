@@ -15,6 +15,9 @@ PHASE_RESIDENT = {
     "ref_logprob": ("policy", "ref"),
     "train": ("policy", "optimizer"),
     "sync": ("policy", "rollout"),
+    # scoring sits between rollout rounds (dynamic sampling may generate again), and the rollout weights
+    # keep no host copy when offloaded: they stay
+    "reward_model": ("reward_model", "rollout"),
 }
 
 
