@@ -104,6 +104,26 @@ class HermesParser(ToolCallParser):
             pos = end + len(self.CLOSE)
         return calls
 
+    MAX_DEPTH = 64       # JSON nesting a call may have: the verdict must not depend on the interpreter's recursion limit
+
+    def _load(self, text: str):
+        """json.loads, refusing nesting deeper than MAX_DEPTH first (MindSpore raises Python's recursion limit,
+        so json's own RecursionError comes at a depth that depends on what else is imported)."""
+        depth, deepest, in_string, escaped = 0, 0, False, False
+        for ch in text:
+            if in_string:
+                escaped, in_string = (not escaped and ch == "\\"), in_string and (escaped or ch != '"')
+            elif ch == '"':
+                in_string = True
+            elif ch in "[{":
+                depth += 1
+                deepest = max(deepest, depth)
+            elif ch in "]}":
+                depth -= 1
+        if deepest > self.MAX_DEPTH:
+            raise json.JSONDecodeError(f"nested deeper than {self.MAX_DEPTH} levels", text[:50], 0)
+        return json.loads(text)
+
     def _bad(self, raw: str, why: str, span) -> ToolCall:
         return ToolCall(None, {}, why, raw[:200], span)
 
@@ -111,7 +131,7 @@ class HermesParser(ToolCallParser):
         if len(body) > self.max_call_chars:
             return self._bad(body, f"tool call too long ({len(body)} characters > {self.max_call_chars})", span)
         try:
-            obj = json.loads(body.strip())
+            obj = self._load(body.strip())
         except (json.JSONDecodeError, RecursionError) as err:
             return self._bad(body, f"tool call is not valid JSON: {str(err)[:120]}", span)
         if not isinstance(obj, dict):
@@ -123,7 +143,7 @@ class HermesParser(ToolCallParser):
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):       # OpenAI style: the arguments as a JSON-encoded string
             try:
-                args = json.loads(args) if args.strip() else {}
+                args = self._load(args) if args.strip() else {}
             except (json.JSONDecodeError, RecursionError) as err:
                 return ToolCall(name, {}, f"\"arguments\" is a string that is not JSON: {str(err)[:120]}",
                                 body[:200], span)
