@@ -212,3 +212,148 @@ def test_no_tool_call_equals_the_single_turn_engine(model, template):
     assert np.array_equal(single.response_mask, multi.loss_mask)
     assert np.abs(single.logprobs - multi.logprobs).max() <= 1e-6
     assert single.finish_reason == multi.finish_reason
+
+
+# ---- training on episodes ---------------------------------------------------------------------------------
+def test_tool_tokens_get_no_gradient_and_change_no_loss_term():
+    """The loss, KL, entropy, TIS and gap terms read the trained-token mask only: perturbing every input at the
+    tool tokens (present, loss mask 0) changes nothing, and their log-probs get zero gradient."""
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindrlhf.configs.grpo_config import RLConfig
+    from mindrlhf.trainer.update.loss import GRPOLossCell
+    from mindrlhf.trainer.update.loss_inputs import LossInputs
+
+    rs = np.random.RandomState(0)
+    n, r = 4, 12
+    present = (np.arange(r)[None] < np.array([[12], [9], [7], [12]])).astype(np.float32)
+    trained = present.copy()
+    trained[0, 3:7] = 0                  # a tool result inside the episode
+    trained[3, 5:12] = 0                 # cut inside a tool result
+    tool = (present - trained).astype(bool)
+    rl = RLConfig(beta=0.1, tis=True, loss_agg="token-mean")
+    for on_policy in (False, True):
+        cell = GRPOLossCell(None, rl, r, on_policy=on_policy)
+        logp, old, roll, ref, ent = (rs.uniform(-3, -0.1, (n, r)).astype(np.float32) for _ in range(5))
+
+        def terms(logp, old, roll, ref, ent):
+            inputs = LossInputs(trained, old, roll, ref, np.array([1.0, -0.5, 0.3, 2.0], np.float32),
+                                np.float32(trained.sum())).tensors()
+            return cell.terms(Tensor(logp), Tensor(ent), inputs.args())
+
+        base = terms(logp, old, roll, ref, ent)
+        bumped = [np.where(tool, x + 1.7, x).astype(np.float32) for x in (logp, old, roll, ref, ent)]
+        other = terms(*bumped)
+        assert float(base[0].asnumpy()) == float(other[0].asnumpy())
+        assert [float(s.asnumpy()) for s in base[1]] == [float(s.asnumpy()) for s in other[1]]
+
+        def loss_of(x):
+            inputs = LossInputs(trained, old, roll, ref, np.array([1.0, -0.5, 0.3, 2.0], np.float32),
+                                np.float32(trained.sum())).tensors()
+            return cell.terms(x, Tensor(ent), inputs.args())[0]
+        grad = ms.grad(loss_of)(Tensor(logp)).asnumpy()
+        assert (grad[tool] == 0).all() and np.abs(grad[trained == 1]).sum() > 0
+
+
+def test_grpo_run_with_a_tool(tmp_path, monkeypatch):
+    """Two GRPO steps in one process with --tool_module: half the samples' first turn is a call to `inc` (the
+    model's draws forced there, with its own log-probs), the tool answers, the model continues; the trained mask
+    excludes the tool tokens, the experience file and rollout log keep mask and turns, metrics count the calls."""
+    import json as _json
+    import mindspore.dataset as ds
+    from grpo_helpers import grpo_overrides, make_grpo_assets
+    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.data.tokenizer import load_tokenizer
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+
+    assets = make_grpo_assets(str(tmp_path / "assets"))
+    with open(os.path.join(os.path.dirname(assets["vocab_path"]), "chat_template.jinja"), "w") as fh:
+        fh.write(CHATML_TOOLS)
+    tool_file = tmp_path / "my_tools.py"
+    tool_file.write_text("def inc(x: int) -> int:\n    \"\"\"Add 4.\n\n    Args:\n        x: a number\n"
+                         "    \"\"\"\n    return x + 4\n\nTOOLS = [inc]\n")
+    tok = load_tokenizer(assets["vocab_path"], assets["merges_file_path"])
+    call_ids = tok.encode(call("inc", x=1))
+    original = GenerationEngine._draw
+
+    def draw(self, logits, params, seen, suppress_eos, u, seqs, positions):
+        tokens, logp = original(self, logits, params, seen, suppress_eos, u, seqs, positions)
+        forced = (seqs % 2 == 0) & (positions < len(call_ids))
+        if forced.any():
+            tokens = tokens.copy()
+            tokens[forced] = np.array(call_ids)[positions[forced]]
+            logp = token_logprobs(logits, tokens, params.logprob_temperature)
+        return tokens, logp
+
+    monkeypatch.setattr(GenerationEngine, "_draw", draw)
+    logs = []
+    save = tmp_path / "run"
+    cfg = load_grpo_config(None, grpo_overrides(
+        assets, str(save), max_tokens=112, max_tool_calls=2, tool_module=str(tool_file),
+        verifier_function="digit_fraction_test", save_data_file=str(tmp_path / "exp.mindrecord"),
+        rollout_log_file=str(tmp_path / "rollouts.mindrecord")))
+    trainer = GRPOTrainer(cfg, log=logs.append)
+    assert any(line.startswith("tools: 1 (inc; schemas inc)") for line in logs)
+    history = trainer.fit()
+    assert len(history) == 2
+    for m in history:
+        assert m["tools/inc/calls"] >= 4 and m["tools/inc/errors"] == 0
+        assert m["episode/tool_calls_mean"] >= 0.5 and m["episode/tool_tokens_mean"] > 0
+        assert np.isfinite(m["loss"]) and m["rollout_train_logprob_gap"] <= 1e-4
+    trained = [r["responses_mask"] for r in ds.MindDataset(str(tmp_path / "exp.mindrecord"), shuffle=False)
+               .create_dict_iterator(output_numpy=True, num_epochs=1)]
+    rows = [r for r in ds.MindDataset(str(tmp_path / "rollouts.mindrecord"), shuffle=False).create_dict_iterator(
+        output_numpy=True, num_epochs=1)]
+    turns = [_json.loads(str(r["turns"])) for r in rows]
+    with_tool = [t for t in turns if any(x["kind"] == "tool" for x in t)]
+    assert with_tool and all(t[0]["kind"] == "model" and "<tool_call>" in t[0]["text"] for t in with_tool)
+    assert all("<tool_response>\n5\n</tool_response>" in t[1]["text"] for t in with_tool)
+    # the experience file's (trained) mask has holes exactly where the tools answered
+    holes = [(row[:-1] > row[1:]).sum() for row in trained]
+    assert sum(h > 0 for h in holes) >= len(with_tool) // 2
+
+
+def test_mindspeed_multi_turn_keys_map_onto_the_tools_section(tmp_path):
+    from test_upstream_mindspeed import _edited, _write
+    from mindrlhf.configs import ConfigError
+    from mindrlhf.configs.grpo_config import load_grpo_config
+    tool_cfg = tmp_path / "tools.yaml"
+    tool_cfg.write_text("tools: []\n")
+    keys = {"rl_config.multi_turn_enable": True, "rl_config.tool_config_path": str(tool_cfg),
+            "rl_config.max_tool_calls": 3, "rl_config.max_parallel_calls": 2, "rl_config.max_tool_response_length": 50,
+            "rl_config.tool_response_truncate_side": "left", "rl_config.tool_parser_format": "hermes",
+            "rl_config.max_total_response_length": 40}
+    cfg = load_grpo_config(_write(tmp_path, _edited(**keys)))
+    t = cfg.tools
+    assert (t.tool_config_path, t.max_tool_calls, t.max_parallel_calls, t.max_tool_response_length,
+            t.tool_response_truncate_side, t.tool_parser_format, t.max_total_response_length) == \
+        (str(tool_cfg), 3, 2, 50, "left", "hermes", 40)
+    assert cfg.sampling.max_tokens == 40 and any(d.startswith("sampling.max_tokens: 40") for d in cfg.derived)
+    # off: each tool key is reported inert, nothing enabled
+    cfg = load_grpo_config(_write(tmp_path / "off", _edited(**dict(keys, **{"rl_config.multi_turn_enable": False}))))
+    assert not cfg.tools.enabled
+    assert ("rl_config.max_tool_calls", "multi-turn tool setting; multi_turn_enable is false") in \
+        [(k, why) for _, k, why in cfg.ignored]
+    with pytest.raises(ConfigError, match="rl_config.max_tool_calls is not given"):
+        load_grpo_config(_write(tmp_path / "b", _edited(**dict(keys, **{"rl_config.max_tool_calls": None}))))
+
+
+@pytest.mark.parametrize("edit,pattern", [
+    (dict(max_tool_calls=-1), "tools.max_tool_calls: expected >= 0"),
+    (dict(max_tool_calls=2), "tools.max_tool_calls: 2 but no tools"),
+    (dict(tool_module="x.py"), r"tools.max_tool_calls: 0 \(single-turn\) but tools are given"),
+    (dict(max_tool_calls=1, tool_module="x.py", max_parallel_calls=0), "tools.max_parallel_calls: expected >= 1"),
+    (dict(max_tool_calls=1, tool_module="x.py", tool_timeout=0.0), "tools.tool_timeout: expected > 0"),
+    (dict(max_tool_calls=1, tool_module="x.py", max_total_response_length=999),
+     "tools.max_total_response_length: 999 exceeds sampling.max_tokens"),
+    (dict(max_tool_calls=1, tool_module="x.py", tool_response_truncate_side="up"),
+     "tools.tool_response_truncate_side: expected one of"),
+])
+def test_bad_tool_settings_are_named(edit, pattern):
+    from mindrlhf.configs import ConfigError
+    from mindrlhf.configs.grpo_config import GRPOConfig
+    cfg = GRPOConfig()
+    for k, v in edit.items():
+        setattr(cfg.tools, k, v)
+    with pytest.raises(ConfigError, match=pattern):
+        cfg.validate()

@@ -70,16 +70,25 @@ class MetricsLogger:
             self._tb.close()
 
 
-def sample_metrics(samples, rewards: np.ndarray, scored) -> Dict[str, float]:
-    """Metrics of the whole step's samples (every rank holds all of them)."""
+def sample_metrics(samples, rewards: np.ndarray, scored, episodes=None) -> Dict[str, float]:
+    """Metrics of the whole step's samples (every rank holds all of them). `episodes` (rollout/episodes.
+    EpisodeTools, multi-turn runs): the episode counters and the tool runner's per-tool counters since the
+    last step (reset)."""
     lengths = samples.response_mask.sum(1)
     metrics = {
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
         "accuracy": float(np.mean(scored.parts.get("accuracy_reward", [np.nan]))),
         "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
         "response_clipped_frac": float(1.0 - samples.finished.mean()),
-        "tokens_generated": float(lengths.sum()),
+        "tokens_generated": float(samples.loss_mask.sum()),      # the model's own (tool tokens are not)
     }
+    if episodes is not None:
+        tool_tokens = (samples.response_mask - samples.loss_mask).sum(1)
+        metrics.update({"episode/tool_calls_mean": float(samples.tool_calls.mean()),
+                        "episode/tool_calls_max": float(samples.tool_calls.max()),
+                        "episode/tool_tokens_mean": float(tool_tokens.mean()),
+                        "episode/with_tool_call_frac": float((samples.tool_calls > 0).mean())})
+        metrics.update(episodes.runner.metrics(reset=True))
     for name, values in scored.parts.items():
         metrics[f"reward/{name}"] = float(np.mean(values))
     metrics.update(scored.stats)
