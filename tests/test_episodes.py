@@ -76,11 +76,16 @@ def boom(x: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def models(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("hf"))
-    make_hf_model(d, qkv_bias=True, tie=False, n_kv_heads=2)
+    hf = make_hf_model(d, qkv_bias=True, tie=False, n_kv_heads=2)
     kw = dict(tiny_model_kwargs(True, False, 2), seq_length=256)
-    return load_ours(d, ModelConfig(**kw))
+    return hf, load_ours(d, ModelConfig(**kw))
+
+
+@pytest.fixture(scope="module")
+def model(models):
+    return models[1]
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +148,8 @@ def full_forward_logprobs(model, out):
                                                             t["labels"]).asnumpy()
 
 
-def test_two_turn_episode_tokens_masks_and_kv_continuation(model, template):
+def test_two_turn_episode_tokens_masks_and_kv_continuation(models, template):
+    hf, model = models
     tok = CharTokenizer()
     scripts = [[call("add", a=2, b=3), "5"], ["7"]]
     out, _ = run(model, template, scripts)
@@ -164,6 +170,12 @@ def test_two_turn_episode_tokens_masks_and_kv_continuation(model, template):
     full = full_forward_logprobs(model, out)
     m = out.loss_mask.astype(bool)
     assert np.abs(full[m] - out.logprobs[m]).max() <= 1e-5
+    # and transformers on the same weights, the whole episode re-encoded as one sequence
+    from hf_reference import hf_logits
+    seq = np.array([out.prompt_ids[0] + out.response_ids[0, :n].tolist()])
+    logits = hf_logits(hf, seq)[0, len(out.prompt_ids[0]) - 1:-1].astype(np.float64)
+    ref = logits[np.arange(n), seq[0, len(out.prompt_ids[0]):]] - np.log(np.exp(logits).sum(-1))
+    assert np.abs(ref[m[0, :n]] - out.logprobs[0, :n][m[0, :n]]).max() <= 1e-5
 
 
 def test_errors_become_messages_never_crashes(model, template):
@@ -255,21 +267,18 @@ def test_tool_tokens_get_no_gradient_and_change_no_loss_term():
         assert (grad[tool] == 0).all() and np.abs(grad[trained == 1]).sum() > 0
 
 
-def test_grpo_run_with_a_tool(tmp_path, monkeypatch):
-    """Two GRPO steps in one process with --tool_module: half the samples' first turn is a call to `inc` (the
-    model's draws forced there, with its own log-probs), the tool answers, the model continues; the trained mask
-    excludes the tool tokens, the experience file and rollout log keep mask and turns, metrics count the calls."""
-    import json as _json
-    import mindspore.dataset as ds
+def _tool_run(root, monkeypatch, **extra):
+    """A GRPO run with --tool_module in one process: half the samples' first turn is a call to `inc` (the model's
+    draws forced there, with its own log-probs), the tool answers, the model continues."""
     from grpo_helpers import grpo_overrides, make_grpo_assets
     from mindrlhf.configs.grpo_config import load_grpo_config
     from mindrlhf.data.tokenizer import load_tokenizer
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
 
-    assets = make_grpo_assets(str(tmp_path / "assets"))
+    assets = make_grpo_assets(str(root / "assets"))
     with open(os.path.join(os.path.dirname(assets["vocab_path"]), "chat_template.jinja"), "w") as fh:
         fh.write(CHATML_TOOLS)
-    tool_file = tmp_path / "my_tools.py"
+    tool_file = root / "my_tools.py"
     tool_file.write_text("def inc(x: int) -> int:\n    \"\"\"Add 4.\n\n    Args:\n        x: a number\n"
                          "    \"\"\"\n    return x + 4\n\nTOOLS = [inc]\n")
     tok = load_tokenizer(assets["vocab_path"], assets["merges_file_path"])
@@ -287,12 +296,20 @@ def test_grpo_run_with_a_tool(tmp_path, monkeypatch):
 
     monkeypatch.setattr(GenerationEngine, "_draw", draw)
     logs = []
-    save = tmp_path / "run"
     cfg = load_grpo_config(None, grpo_overrides(
-        assets, str(save), max_tokens=112, max_tool_calls=2, tool_module=str(tool_file),
-        verifier_function="digit_fraction_test", save_data_file=str(tmp_path / "exp.mindrecord"),
-        rollout_log_file=str(tmp_path / "rollouts.mindrecord")))
+        assets, str(root / "run"), max_tokens=112, max_tool_calls=2, tool_module=str(tool_file),
+        verifier_function="digit_fraction_test", save_data_file=str(root / "exp.mindrecord"),
+        rollout_log_file=str(root / "rollouts.mindrecord"), **extra))
     trainer = GRPOTrainer(cfg, log=logs.append)
+    return trainer, logs
+
+
+def test_grpo_run_with_a_tool(tmp_path, monkeypatch):
+    """Two GRPO steps with a tool (_tool_run): the trained mask excludes the tool tokens, the experience file and
+    rollout log keep mask and turns, metrics count the calls."""
+    import json as _json
+    import mindspore.dataset as ds
+    trainer, logs = _tool_run(tmp_path, monkeypatch)
     assert any(line.startswith("tools: 1 (inc; schemas inc)") for line in logs)
     history = trainer.fit()
     assert len(history) == 2
@@ -311,6 +328,23 @@ def test_grpo_run_with_a_tool(tmp_path, monkeypatch):
     # the experience file's (trained) mask has holes exactly where the tools answered
     holes = [(row[:-1] > row[1:]).sum() for row in trained]
     assert sum(h > 0 for h in holes) >= len(with_tool) // 2
+
+
+
+
+def test_packed_rows_train_an_episode_as_padded_rows(tmp_path, monkeypatch):
+    """Sequence packing reads the present mask for the rows and the trained mask for the loss: with tool tokens
+    inside the responses the packed run's losses equal the padded run's."""
+    runs = {}
+    for packing in (False, True):
+        trainer, _ = _tool_run(tmp_path / str(packing), monkeypatch, sequence_packing=packing, beta=0.04,
+                               mini_batch_size=4)
+        assert (trainer.run.packing is not None) == packing
+        runs[packing] = trainer.fit()
+    for a, b in zip(runs[False], runs[True]):
+        assert a["episode/tool_tokens_mean"] == b["episode/tool_tokens_mean"] > 0
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
 
 def test_mindspeed_multi_turn_keys_map_onto_the_tools_section(tmp_path):
