@@ -210,7 +210,8 @@ class GRPOTrainer:
         if self._reference_moves() and self.step % rl.ref_sync_steps == 0:
             self.swap.groups["ref"].reload()
             copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())   # same layout: local
-        metrics.update(sample_metrics(samples, rewards, batch.scores, self.run.episodes), **collect_stats)
+        metrics.update(sample_metrics(samples, rewards, batch.scores, self.run.episodes, self.infer_mesh),
+                       **collect_stats)
         if skip:
             metrics["dynamic_sampling/skipped_update"] = 1.0
         metrics.update(phase.metrics(), time_swap=self.swap.seconds - swap_before,
