@@ -391,3 +391,31 @@ def test_bad_tool_settings_are_named(edit, pattern):
         setattr(cfg.tools, k, v)
     with pytest.raises(ConfigError, match=pattern):
         cfg.validate()
+
+
+def test_start_up_names_the_tools_and_refuses_a_folder_without_a_chat_template(tmp_path):
+    from grpo_helpers import grpo_overrides, make_grpo_assets
+    from mindrlhf.configs import ConfigError
+    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.trainer.resolve import resolve
+    assets = make_grpo_assets(str(tmp_path / "assets"))
+    tool_file = tmp_path / "t.py"
+    tool_file.write_text("def inc(x: int) -> int:\n    \"\"\"Add 4.\n\n    Args:\n        x: a number\n    \"\"\"\n"
+                         "    return x + 4\n\nTOOLS = [inc]\n")
+    conf = tmp_path / "tools.yaml"
+    conf.write_text("tools:\n  - class_name: mindrlhf.tools.CodeInterpreter\n")
+
+    def cfg():
+        return load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "run"), max_tokens=64, max_tool_calls=2,
+                                                     tool_module=str(tool_file), tool_config_path=str(conf)))
+    with pytest.raises(ConfigError, match="tools.max_tool_calls: 2: tool results are rendered with the model "
+                                          "folder's chat template"):
+        resolve(cfg(), 0, 1, lambda *a: None)
+    with open(os.path.join(os.path.dirname(assets["vocab_path"]), "chat_template.jinja"), "w") as fh:
+        fh.write(CHATML_TOOLS)
+    lines = []
+    run = resolve(cfg(), 0, 1, lambda *a: lines.extend(" ".join(map(str, a)).split("\n")))
+    head = next(line for line in lines if line.startswith("tools: 2 ("))
+    assert "inc, code_interpreter; schemas inc, code_interpreter" in head and "max_tool_calls 2" in head
+    assert any(line.startswith("tools: tool code_interpreter: ") for line in lines)     # its sandbox back end
+    assert run.episodes.max_tool_calls == 2 and sorted(run.episodes.runner.tools) == ["code_interpreter", "inc"]
