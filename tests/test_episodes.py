@@ -296,6 +296,8 @@ def _tool_run(root, monkeypatch, **extra):
 
     monkeypatch.setattr(GenerationEngine, "_draw", draw)
     logs = []
+    if extra.pop("evaluate", False):
+        extra.update(eval_dataset=assets["mind_dataset_dir"], eval_steps=1, eval_prompts=4)
     cfg = load_grpo_config(None, grpo_overrides(
         assets, str(root / "run"), max_tokens=112, max_tool_calls=2, tool_module=str(tool_file),
         verifier_function="digit_fraction_test", save_data_file=str(root / "exp.mindrecord"),
@@ -309,12 +311,13 @@ def test_grpo_run_with_a_tool(tmp_path, monkeypatch):
     rollout log keep mask and turns, metrics count the calls."""
     import json as _json
     import mindspore.dataset as ds
-    trainer, logs = _tool_run(tmp_path, monkeypatch)
+    trainer, logs = _tool_run(tmp_path, monkeypatch, evaluate=True)
     assert any(line.startswith("tools: 1 (inc; schemas inc)") for line in logs)
     history = trainer.fit()
     assert len(history) == 2
     for m in history:
-        assert m["tools/inc/calls"] >= 4 and m["tools/inc/errors"] == 0
+        # 8 samples, the even ones call once (the evaluations' calls, also forced, are not counted)
+        assert m["tools/inc/calls"] == 4 and m["tools/inc/errors"] == 0 and "eval_accuracy" in m
         assert m["episode/tool_calls_mean"] >= 0.5 and m["episode/tool_tokens_mean"] > 0
         assert np.isfinite(m["loss"]) and m["rollout_train_logprob_gap"] <= 1e-4
     trained = [r["responses_mask"] for r in ds.MindDataset(str(tmp_path / "exp.mindrecord"), shuffle=False)
