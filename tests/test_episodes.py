@@ -422,3 +422,32 @@ def test_start_up_names_the_tools_and_refuses_a_folder_without_a_chat_template(t
     assert "inc, code_interpreter; schemas inc, code_interpreter" in head and "max_tool_calls 2" in head
     assert any(line.startswith("tools: tool code_interpreter: ") for line in lines)     # its sandbox back end
     assert run.episodes.max_tool_calls == 2 and sorted(run.episodes.runner.tools) == ["code_interpreter", "inc"]
+
+
+def test_a_row_waiting_for_its_tool_does_not_stop_the_others(model, template):
+    """While one row's call runs in the pool, the other rows keep decoding (the decode counter moves during
+    the call); then the loop waits for the result alone and the episode completes."""
+    import time as _time
+    engine_box, moved = [], []
+
+    def slow(x: int) -> int:
+        """Sleeps, then echoes.
+
+        Args:
+            x: a number
+        """
+        before = engine_box[0].decoded_rows
+        _time.sleep(0.5)
+        moved.append(engine_box[0].decoded_rows - before)
+        return x
+
+    tools = episode_tools(template, tools=(slow,))
+    tok = CharTokenizer()
+    engine = ScriptedEngine(model, pad_token_id=0, prompt_bucket=8, tools=tools,
+                            scripts=[[call("slow", x=7), "done"], ["9" * 150]])
+    engine_box.append(engine)
+    out = engine.generate([[5, 9, 11, 20, 7]], SamplingParams(temperature=1.0, max_tokens=240, n=2, seed=1,
+                                                              eos_token_ids=[EOS]))
+    assert moved and moved[0] > 0
+    assert out.finish_reason == ["stop", "stop"] and out.tool_calls.tolist() == [1, 0]
+    assert tok.decode(out.response_ids[0][out.response_mask[0] == 1]).endswith("done" + SPECIAL[2])

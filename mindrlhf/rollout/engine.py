@@ -412,7 +412,7 @@ class GenerationEngine:
             feeding = real & ~done[seq_of] & (n_fed[seq_of] < n_out[seq_of])
             if not feeding.any():
                 if waiting:
-                    wait([f for futs in waiting.values() for f in futs], return_when=FIRST_COMPLETED)
+                    wait([f for futs in waiting.values() for f in futs if not f.done()], return_when=FIRST_COMPLETED)
                     continue
                 break
             still = np.flatnonzero(real & ~done[seq_of])
