@@ -332,6 +332,34 @@ class LayoutConfig(_Section):
 
 
 @dataclass
+class ToolsConfig(_Section):
+    """Multi-turn tool-use episodes (docs/TOOLS.md): the model calls tools between turns, the results are appended
+    to its sequence (attended to, not trained) and decoding continues from the KV cache. max_tool_calls 0 = one
+    turn per sample (no tools). Names as MindSpeed-RL's multi-turn keys."""
+    tool_module: str = _f("", "your tools: a .py file or an importable module whose plain functions (type hints and a "
+                          "docstring give each its JSON schema) become tools (mindrlhf.tools.load_tool_module)")
+    tool_config_path: str = _f("", "a MindSpeed-RL / verl tool config file (tools: - class_name / config / "
+                               "tool_schema), e.g. the built-in code_interpreter")
+    tool_parser_format: str = _f("hermes", "how tool calls are written in a turn: hermes (<tool_call>{json}"
+                                 "</tool_call>, the Qwen2.5 / Qwen3 form)", choices=("hermes",))
+    max_tool_calls: int = _f(0, "most tool calls per episode; 0 = single-turn (no tools). A turn's calls past the "
+                             "limit are not run and the episode ends")
+    max_parallel_calls: int = _f(4, "tool calls running at once (the worker pool), and most calls run from one turn")
+    tool_timeout: float = _f(30.0, "seconds one tool call may take (a tool's own timeout wins); past it the model "
+                             "reads an error")
+    max_tool_response_length: int = _f(256, "a tool's response is cut to this many tokens (0: no limit)")
+    tool_response_truncate_side: str = _f("middle", "the part of a cut response that is kept: left (start), middle "
+                                          "(both ends) or right (end)", choices=("left", "middle", "right"))
+    max_total_response_length: int = _f(0, "most tokens of a whole episode (the model's and the tools', template "
+                                        "tokens included); 0: sampling.max_tokens, which is the response width; an "
+                                        "episode that would pass it is cut and marked unfinished")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_tool_calls > 0
+
+
+@dataclass
 class GRPOConfig(_Section):
     run: RunConfig = field(default_factory=RunConfig)
     rl: RLConfig = field(default_factory=RLConfig)
@@ -341,6 +369,7 @@ class GRPOConfig(_Section):
     swap: SwapConfig = field(default_factory=SwapConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     parallel: LayoutConfig = field(default_factory=LayoutConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
 
     def __post_init__(self):
         self.explicit = set()      # "section.field" set by the config file or a flag (the rest are defaults)
@@ -430,6 +459,7 @@ class GRPOConfig(_Section):
             raise ConfigError(f"rl.clip_cov_lb/clip_cov_ub: expected lb < ub, got {self.rl.clip_cov_lb}/"
                               f"{self.rl.clip_cov_ub}")
         self._validate_lora()
+        self._validate_tools()
         if self.run.max_num_seqs and self.run.max_num_seqs < self.rl.num_generations:
             raise ConfigError(f"run.max_num_seqs: {self.run.max_num_seqs} cannot hold one prompt's "
                               f"num_generations={self.rl.num_generations} samples")
@@ -445,6 +475,27 @@ class GRPOConfig(_Section):
                               f"{self.reward.reward_model_batch_size}")
         return self
 
+
+    def _validate_tools(self):
+        t = self.tools
+        for name in ("max_tool_calls", "max_tool_response_length", "max_total_response_length"):
+            if getattr(t, name) < 0:
+                raise ConfigError(f"tools.{name}: expected >= 0, got {getattr(t, name)}")
+        if t.max_parallel_calls < 1:
+            raise ConfigError(f"tools.max_parallel_calls: expected >= 1, got {t.max_parallel_calls}")
+        if t.tool_timeout <= 0:
+            raise ConfigError(f"tools.tool_timeout: expected > 0 seconds, got {t.tool_timeout}")
+        if t.max_total_response_length > self.sampling.max_tokens:
+            raise ConfigError(f"tools.max_total_response_length: {t.max_total_response_length} exceeds "
+                              f"sampling.max_tokens={self.sampling.max_tokens}, the response width every episode "
+                              f"is laid out in; raise sampling.max_tokens or lower max_total_response_length")
+        if not t.enabled and (t.tool_module or t.tool_config_path):
+            raise ConfigError(f"tools.max_tool_calls: 0 (single-turn) but tools are given "
+                              f"(tool_module {t.tool_module!r}, tool_config_path {t.tool_config_path!r}); set "
+                              f"max_tool_calls > 0 to let the model call them")
+        if t.enabled and not (t.tool_module or t.tool_config_path):
+            raise ConfigError(f"tools.max_tool_calls: {t.max_tool_calls} but no tools: give tools.tool_module "
+                              f"and/or tools.tool_config_path")
 
     def _validate_lora(self):
         from mindrlhf.configs.lora import parse_targets, require_no_dropout

@@ -227,7 +227,6 @@ RL_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
                     "true (the verifiers), or false with reward_resource (the reward model alone: no verifier)", True),
     "shuffle_mini_batch": (lambda v, c: v is False, "false (mini-batches in rollout order)", False),
     "is_multimodal": (lambda v, c: v is False, "false (text models only)", False),
-    "multi_turn_enable": (lambda v, c: v is False, "false (single-turn rollouts)", False),
     "share_backbone": (lambda v, c: v is False, "false (under our lora section the reference is always the base: "
                                                     "set that instead)", False),
     "partial_rollout_max_split": (lambda v, c: int(v) == 1, "1 (every rollout finishes in its step)", 1),
@@ -262,8 +261,14 @@ _inert(RL, "actor_rollout_dispatch_size actor_logprob_dispatch_size ref_dispatch
 _inert(RL, "tp_split_expert", "MoE setting; dense models")
 _inert(RL, "vit_resource vit_forward_micro_batch_size actor_image_embeds_dispatch_size reuse_image_embeds "
        "colocate_actor_and_vit", "multimodal setting; is_multimodal is false")
-_inert(RL, "tool_config_path max_tool_calls max_parallel_calls max_total_response_length max_tool_response_length "
-       "tool_response_truncate_side tool_parser_format", "multi-turn tool setting; multi_turn_enable is false")
+MULTI_TURN = ("tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
+              "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format")
+RL["multi_turn_enable"] = Key("multi_turn_enable", MAPPED, "true: multi-turn tool-use episodes (the tools section; "
+                              "rl_config.max_tool_calls must be given); false: the tool keys below are inert")
+for _k in MULTI_TURN:
+    RL[_k] = Key(_k, MAPPED, f"tools.{_k} (with multi_turn_enable)" + (
+        "; also sampling.max_tokens, the response width that holds the whole episode (sampling_config.max_tokens "
+        "is not a per-turn limit here)" if _k == "max_total_response_length" else ""))
 _inert(RL, "use_wandb wandb_project wandb_exp_name wandb_save_dir use_swanlab swanlab_mode swanlab_project "
        "swanlab_exp_name swanlab_save_dir log_max_throughput", "logging backend; metrics.jsonl and TensorBoard here")
 RESOURCE = {"num_npus": Key("num_npus", MAPPED, "ranks of the job")}
@@ -742,6 +747,8 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
                                                          f"integrated_mode_config.ref_model_load_path"),
             "rl_config.integrated_mode_config.ref_model_load_path")
 
+    _multi_turn(rl, path, put, ignored, derived)
+
     # the learning-rate schedule: always Megatron's (its default style is linear)
     _schedule(values, origin, rl, gbs, path, put, derived)
 
@@ -757,6 +764,12 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
         if top_k < -1:
             raise ConfigError(f"{path}: generate_config.sampling_config.top_k: expected -1 (off) or >= 0, got {top_k}")
         put("sampling", "top_k", max(top_k, 0), "generate_config.sampling_config.top_k")
+
+    if rl.get("multi_turn_enable") and "max_total_response_length" in rl:    # the episode's width
+        put("sampling", "max_tokens", rl["max_total_response_length"], "rl_config.max_total_response_length")
+        derived.append(f"sampling.max_tokens: {rl['max_total_response_length']} (rl_config.max_total_response_length"
+                       f": the response width holds the whole episode; generate_config.sampling_config.max_tokens "
+                       f"{smp.get('max_tokens', 'unset')} is not a per-turn limit here)")
 
     # ref_config / reward_config (only reached with use_integrated_worker false)
     ref = doc.get("ref_config", {})
@@ -797,6 +810,22 @@ ABSENT_DEFAULTS = {
     ("reward", "verifier_function"): (["base_acc"], "MindSpeed-RL's rl_config.verifier_function default"),
     ("reward", "verifier_weight"): ([1.0], "MindSpeed-RL's rl_config.verifier_weight default"),
 }
+
+
+def _multi_turn(rl, path, put, ignored, derived):
+    """multi_turn_enable: the tool keys become the tools section (rl_config.max_tool_calls required: 0 would
+    be single-turn); without it they are inert, each reported."""
+    enabled = _as("flag", rl.get("multi_turn_enable", False), f"{path}: rl_config.multi_turn_enable")
+    given = [k for k in MULTI_TURN if k in rl]
+    if not enabled:
+        ignored.extend((f"rl_config.{k}", "multi-turn tool setting; multi_turn_enable is false") for k in given)
+        return
+    if "max_tool_calls" not in rl:
+        raise ConfigError(f"{path}: rl_config.multi_turn_enable is true but rl_config.max_tool_calls is not given "
+                          f"(the most tool calls per episode; > 0)")
+    for key in given:
+        put("tools", key, rl[key], f"rl_config.{key}")
+    derived.append(f"tools: multi-turn episodes from rl_config.multi_turn_enable ({', '.join(given)})")
 
 
 def _schedule(values, origin, rl, gbs, path, put, derived):

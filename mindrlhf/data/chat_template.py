@@ -76,18 +76,36 @@ class ChatTemplate:
                 self.special_tokens[key] = value
         self.folder = folder
 
-    def render(self, messages: List[Dict[str, str]], add_generation_prompt: bool = True, **variables) -> str:
+    def render(self, messages: List[Dict[str, str]], add_generation_prompt: bool = True,
+               tools: Optional[List[Dict]] = None, **variables) -> str:
+        """`tools`: the tools' JSON schemas (transformers' `tools=`; tools.ToolRunner.schemas()). Messages may
+        include `role: tool` results, rendered as the template renders them. `variables` (enable_thinking, ...)
+        reach the template."""
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=None, documents=None, **self.special_tokens, **variables)
+                                         tools=tools or None, documents=None, **self.special_tokens, **variables)
         except jinja2.exceptions.TemplateError as err:
             raise ConfigError(f"{self.folder}: the chat template failed to render ({err})") from None
 
-    def prompt(self, question: str, system_prompt: str = "", **variables) -> str:
-        """The text for one user question (after an optional system message)."""
+    def prompt(self, question: str, system_prompt: str = "", tools: Optional[List[Dict]] = None,
+               **variables) -> str:
+        """The text for one user question (after an optional system message), offering `tools` if given."""
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
             [{"role": "user", "content": question}]
-        return self.render(messages, **variables)
+        return self.render(messages, tools=tools, **variables)
+
+    def tool_delta(self, tool_messages: List[Dict[str, str]], sentinel: str = "\x00ASSISTANT-TURN\x00") -> str:
+        """The text the template puts between the end of an assistant turn's content and the start of the next
+        assistant turn's content when `tool_messages` (role tool) answer it: the assistant turn's closing, the
+        rendered tool messages and the next assistant opener (add_generation_prompt). Rendered once around a
+        sentinel assistant content, so the history before it is never re-rendered (token-in / token-out)."""
+        messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": sentinel}]
+        text = self.render(messages + list(tool_messages), add_generation_prompt=True)
+        at = text.find(sentinel)
+        if at < 0:
+            raise ConfigError(f"{self.folder}: the chat template drops the assistant turn's content, so the tokens "
+                              f"between an assistant turn and a tool result cannot be found")
+        return text[at + len(sentinel):]
 
 
 class _GenerationBlock(jinja2.ext.Extension):

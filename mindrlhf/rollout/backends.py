@@ -33,6 +33,7 @@ def check_backend(backend: str):
     raise ConfigError(f"rollout_backend: expected one of {BACKENDS}, got {backend!r}")
 
 
-def make_engine(backend: str, model, pad_token_id: int, prompt_bucket: int, max_num_seqs: int = 0):
+def make_engine(backend: str, model, pad_token_id: int, prompt_bucket: int, max_num_seqs: int = 0, tools=None):
+    """`tools`: rollout/episodes.EpisodeTools for multi-turn episodes (None: one turn per sample)."""
     check_backend(backend)
-    return GenerationEngine(model, pad_token_id, prompt_bucket, max_num_seqs)
+    return GenerationEngine(model, pad_token_id, prompt_bucket, max_num_seqs, tools=tools)

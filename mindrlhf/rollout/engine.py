@@ -8,10 +8,16 @@ instead costs a full copy per step). Sampling runs on host numpy over the
 gathered logits. The loop ends when every sequence has finished; before that, once at most half of the
 decoded rows are still running (`compact_below`), the running rows' caches are gathered into a smaller batch
 (row counts halve: R, R/2, R/4, ..., each a graph compiled once), so finished rows stop costing compute.
+
+Multi-turn episodes (`tools`, rollout/episodes.py; `_generate_episodes`): a row whose turn ends in a tool call
+pauses while its calls run in the tool pool and the other rows keep decoding; the results' template tokens are
+appended to its response (present, loss mask 0) and fed through the same decode graph as forced tokens, one per
+step (each at its own cache slot and position: exact, the history is never re-encoded), then it samples again.
 """
 from __future__ import annotations
 
 import time
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -33,9 +39,23 @@ class RolloutOutput:
     response_ids: np.ndarray           # (N, max_tokens) int64
     response_mask: np.ndarray          # (N, max_tokens) 1 on generated tokens (EOS included)
     logprobs: np.ndarray               # (N, max_tokens) float32 log softmax(logits / T) of each sampled token
-    finish_reason: List[str]           # "stop" (EOS) or "length"
+    finish_reason: List[str]           # "stop" (EOS), "length", or "tool_calls" (max_tool_calls reached)
     prompt_index: np.ndarray           # (N,) which input prompt each row came from
     seconds: float = 0.0
+    # episodes: 1 on the model's own tokens (the rest of response_mask is tool results and template tokens);
+    # None = response_mask (single turn)
+    loss_mask: Optional[np.ndarray] = None
+    tool_calls: Optional[np.ndarray] = None     # (N,) calls made per episode
+    turns: Optional[List[List[tuple]]] = None   # per row: (start, end, "model" | "tool") spans of the response
+
+    def __post_init__(self):
+        rows = len(self.response_ids)
+        if self.loss_mask is None:
+            self.loss_mask = self.response_mask.copy()
+        if self.tool_calls is None:
+            self.tool_calls = np.zeros(rows, np.int64)
+        if self.turns is None:
+            self.turns = [[(0, int(n), "model")] for n in self.response_mask.sum(-1)]
 
     @property
     def response_lengths(self) -> np.ndarray:
@@ -93,8 +113,9 @@ class GenerationEngine:
     """Batched generation on one model replica (one DP rank of the infer layout, TP inside the model)."""
 
     def __init__(self, model: CausalLM, pad_token_id: int = 0, prompt_bucket: int = 16, max_num_seqs: int = 0,
-                 compact_below: int = 8):
+                 compact_below: int = 8, tools=None):
         self.model = model
+        self.tools = tools                    # rollout/episodes.EpisodeTools: multi-turn episodes; None: one turn
         self.pad_token_id = pad_token_id
         self.prompt_bucket = prompt_bucket
         self.max_num_seqs = max_num_seqs      # most rows decoded at once (vLLM's name); 0 = no bound
@@ -181,9 +202,12 @@ class GenerationEngine:
             np.concatenate([p.response_mask for p in parts]), np.concatenate([p.logprobs for p in parts]),
             [r for p in parts for r in p.finish_reason],
             np.concatenate([p.prompt_index + k * per_chunk for k, p in enumerate(parts)]),
-            sum(p.seconds for p in parts))
+            sum(p.seconds for p in parts), np.concatenate([p.loss_mask for p in parts]),
+            np.concatenate([p.tool_calls for p in parts]), [t for p in parts for t in p.turns])
 
     def _generate(self, prompts, params: SamplingParams, keys) -> RolloutOutput:
+        if self.tools is not None:
+            return self._generate_episodes(prompts, params, keys, self.tools)
         cfg = self.model.config
         lengths = np.array([len(p) for p in prompts])
         if lengths.min() == 0:
@@ -260,3 +284,167 @@ class GenerationEngine:
         prompt_rows = [list(prompts[i]) for i in range(b) for _ in range(n)]
         return RolloutOutput(prompt_rows, out_ids, out_mask, out_logp, reasons,
                              np.repeat(np.arange(b), n), time.time() - t0)
+
+    def _draw(self, logits, params: SamplingParams, seen, suppress_eos: bool, u, seqs, positions):
+        """The next tokens and their log-probs (the log-prob convention) for rows `seqs` at response `positions`
+        (an episode's draw; tests script an episode by overriding it)."""
+        scores = process_logits(logits, params, seen, suppress_eos=suppress_eos)
+        tokens, logp = sample(scores, params, u)
+        if params.reshapes_distribution(suppress_eos):
+            logp = token_logprobs(logits, tokens, params.logprob_temperature)
+        return tokens, logp
+
+    def _generate_episodes(self, prompts, params: SamplingParams, keys, tools) -> RolloutOutput:
+        """Multi-turn episodes in the response width params.max_tokens (tools.max_total_response_length, when
+        set, ends them earlier). Per sequence: `n_out` response tokens written (the model's and the tools'),
+        `n_fed` of them in the KV cache; response token k sits at cache slot p_len + k and position
+        prompt length + k, whichever turn it belongs to. A decode step feeds each row's next unfed token; a row
+        samples when all its tokens are fed. Random draws are keyed by (seed, key, sample) and the response
+        position, so a trajectory does not depend on the batch it ran in or on when its tools answered."""
+        cfg = self.model.config
+        lengths = np.array([len(p) for p in prompts])
+        if lengths.min() == 0:
+            raise ConfigError(f"generate: prompt {int(np.argmin(lengths))} is empty")
+        p_len = int(-(-lengths.max() // self.prompt_bucket) * self.prompt_bucket)
+        width = params.max_tokens
+        budget = min(tools.max_total_response_length or width, width)
+        total = p_len + width
+        if total > cfg.max_position_embedding:
+            raise ConfigError(f"generate: prompt bucket {p_len} + max_tokens {width} = {total} exceeds "
+                              f"the model's max_position_embedding={cfg.max_position_embedding}")
+        uniforms = None if params.greedy else row_uniforms(params.seed, keys, params.n, width)
+        t0 = time.time()
+        b, n = len(prompts), params.n
+        rows = b * n
+        ids, mask = left_pad(prompts, p_len, self.pad_token_id)
+        logits = self._prefill(b, p_len, total, n)(Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)),
+                                                   causal_bias(mask)).asnumpy()
+        logits = np.repeat(logits, n, axis=0)
+        seen = None
+        if params.repetition_penalty != 1.0:
+            seen = np.zeros((rows, cfg.vocab_size), bool)
+            for i, p in enumerate(prompts):
+                seen[i * n:(i + 1) * n, p] = True
+        out_ids = np.full((rows, width), self.pad_token_id, np.int64)
+        out_mask = np.zeros((rows, width), np.int64)
+        out_loss = np.zeros((rows, width), np.int64)
+        out_logp = np.zeros((rows, width), np.float32)
+        n_out = np.zeros(rows, np.int64)
+        n_fed = np.zeros(rows, np.int64)
+        n_model = np.zeros(rows, np.int64)
+        turn_start = np.zeros(rows, np.int64)
+        calls_made = np.zeros(rows, np.int64)
+        turns = [[] for _ in range(rows)]
+        done = np.zeros(rows, bool)
+        reasons = ["length"] * rows
+        waiting = {}                                    # seq -> futures of its turn's calls
+        paused = np.zeros(rows, bool)                   # waiting for its calls' results
+        eos = set(int(e) for e in params.eos_token_ids)
+        seq_of = np.arange(rows)
+        real = np.ones(rows, bool)
+        key_ok = np.zeros((rows, total), bool)
+        key_ok[:, :p_len] = np.repeat(mask, n, axis=0).astype(bool)
+        fresh = np.ones(rows, bool)                     # per batch row: its logits predict its next token
+        batch = rows
+
+        def end_turn(seq):
+            if n_out[seq] > turn_start[seq]:
+                turns[seq].append((int(turn_start[seq]), int(n_out[seq]), "model"))
+            turn_start[seq] = n_out[seq]
+
+        while True:
+            # 1. rows whose tokens are all in the cache sample their next token
+            pick = np.flatnonzero(real & fresh & ~done[seq_of] & ~paused[seq_of])
+            if pick.size:
+                seqs = seq_of[pick]
+                pos = n_out[seqs]
+                tokens = np.zeros(len(pick), np.int64)
+                logp = np.zeros(len(pick), np.float32)
+                suppress = n_model[seqs] < params.min_tokens
+                for flag in (False, True):
+                    sel = np.flatnonzero(suppress == flag)
+                    if not sel.size:
+                        continue
+                    tokens[sel], logp[sel] = self._draw(
+                        logits[pick[sel]], params, None if seen is None else seen[seqs[sel]], bool(flag),
+                        None if uniforms is None else uniforms[seqs[sel], pos[sel]], seqs[sel], pos[sel])
+                out_ids[seqs, pos] = tokens
+                out_mask[seqs, pos] = 1
+                out_loss[seqs, pos] = 1
+                out_logp[seqs, pos] = logp
+                n_out[seqs] += 1
+                n_model[seqs] += 1
+                if seen is not None:
+                    seen[seqs, tokens] = True
+                for seq, tok in zip(seqs.tolist(), tokens.tolist()):
+                    if tok in eos:
+                        done[seq], reasons[seq] = True, "stop"
+                    elif n_out[seq] >= budget:
+                        done[seq] = True
+                    elif tools.may_end_turn(tok) and tools.turn_stops(out_ids[seq, turn_start[seq]:n_out[seq]]):
+                        if calls_made[seq] >= tools.max_tool_calls:
+                            done[seq], reasons[seq] = True, "tool_calls"
+                        else:
+                            calls = tools.calls(out_ids[seq, turn_start[seq]:n_out[seq]],
+                                                tools.max_tool_calls - calls_made[seq])
+                            calls_made[seq] += len(calls)
+                            waiting[seq] = tools.submit(calls)
+                            paused[seq] = True
+                    if done[seq] or seq in waiting:
+                        end_turn(seq)
+            fresh[:] = False
+            # 2. rows whose calls are answered get the tool tokens appended (present, not trained)
+            for seq in [s for s, futs in waiting.items() if all(f.done() for f in futs)]:
+                delta = tools.tokens([f.result() for f in waiting.pop(seq)])
+                paused[seq] = False
+                take = delta[:budget - n_out[seq]]
+                start = n_out[seq]
+                out_ids[seq, start:start + len(take)] = take
+                out_mask[seq, start:start + len(take)] = 1
+                n_out[seq] += len(take)
+                if seen is not None:
+                    seen[seq, take] = True
+                turns[seq].append((int(start), int(n_out[seq]), "tool"))
+                turn_start[seq] = n_out[seq]
+                if len(take) < len(delta) or n_out[seq] >= budget:
+                    done[seq] = True                    # cut: no room for the model's next turn
+            # 3. who feeds a token this step
+            feeding = real & ~done[seq_of] & (n_fed[seq_of] < n_out[seq_of])
+            if not feeding.any():
+                if waiting:
+                    wait([f for futs in waiting.values() for f in futs if not f.done()], return_when=FIRST_COMPLETED)
+                    continue
+                break
+            still = np.flatnonzero(real & ~done[seq_of])
+            smaller = self._smaller_batch(batch, len(still))
+            if smaller < batch:
+                keep = np.concatenate([still, np.full(smaller - len(still), still[0])]).astype(np.int32)
+                self._compact(batch, smaller, total)(Tensor(keep))
+                seq_of, key_ok = seq_of[keep], key_ok[keep]
+                real = np.arange(smaller) < len(still)
+                feeding = real & ~done[seq_of] & (n_fed[seq_of] < n_out[seq_of])
+                batch = smaller
+                fresh = np.zeros(batch, bool)
+            # 4. one decode step: each feeding row's next token at its own slot; idle rows (waiting for tools,
+            # finished, fillers) write at their next free slot, which is not attended to and later overwritten
+            fed_pos = np.minimum(n_fed[seq_of], width - 1)
+            slots = (p_len + fed_pos).astype(np.int32)
+            feed = np.full(batch, self.pad_token_id, np.int32)
+            fb = np.flatnonzero(feeding)
+            feed[fb] = out_ids[seq_of[fb], fed_pos[fb]]
+            key_ok[fb, slots[fb]] = True
+            bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]
+            pos_ids = (lengths[seq_of // n] + fed_pos).astype(np.int32)
+            index = self._kv_index(batch, 0)
+            index[:, 2] = np.repeat(slots, index.shape[0] // batch)
+            logits = self._decode(batch, total)(Tensor(feed[:, None]), Tensor(pos_ids[:, None]), Tensor(bias),
+                                                Tensor(index)).asnumpy()
+            self.decoded_rows += batch
+            n_fed[seq_of[fb]] += 1
+            fresh = np.zeros(batch, bool)
+            fresh[fb] = n_fed[seq_of[fb]] == n_out[seq_of[fb]]
+        for seq in range(rows):
+            end_turn(seq)
+        prompt_rows = [list(prompts[i]) for i in range(b) for _ in range(n)]
+        return RolloutOutput(prompt_rows, out_ids, out_mask, out_logp, reasons, np.repeat(np.arange(b), n),
+                             time.time() - t0, out_loss, calls_made, turns)

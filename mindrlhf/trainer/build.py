@@ -108,7 +108,7 @@ class Training:
 def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
     opt, sw, smp = run.cfg.optim, run.cfg.swap, run.cfg.sampling
     engine = make_engine(run.cfg.run.rollout_backend, models.rollout_model, run.pad_id, run.prompt_width,
-                         run.cfg.run.max_num_seqs)
+                         run.cfg.run.max_num_seqs, tools=run.episodes)
     optimizer = AdamW(list(models.policy.trainable_params()), opt.weight_decay, opt.beta1, opt.beta2, opt.eps)
     # packed rows: every position may hold a response token, so log-probs come for the whole row; the number
     # of packed micro-batches varies by update, so the update always accumulates over them

@@ -70,6 +70,8 @@ def complete(engine, tokenizer, table: Dict[str, np.ndarray], idx: np.ndarray, p
         texts += chunk_texts
         if after_chunk is not None:
             after_chunk(min(start + per_call, len(prompts)))
+    if getattr(engine, "tools", None) is not None:      # multi-turn: an evaluation's calls are not a step's
+        engine.tools.runner.metrics(reset=True)
     width = params.max_tokens
     return Completions(np.repeat(np.asarray(idx, np.int64), params.n),
                        np.concatenate(ids).astype(np.int64) if ids else np.zeros((0, width), np.int64),

@@ -84,7 +84,8 @@ class GRPOTrainer:
         ids, mask = left_pad(out.prompt_ids, self.run.prompt_width, self.run.pad_id)
         return SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs,
                            (out.prompt_index + offset).astype(np.int64),
-                           np.array([r == "stop" for r in out.finish_reason], np.int64))
+                           np.array([r != "length" for r in out.finish_reason], np.int64),
+                           out.loss_mask.astype(np.int64), out.tool_calls.astype(np.int64))
 
     def score(self, samples: SampleBatch, solutions: List[str]):
         texts = self.run.tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(samples.response_ids,
@@ -158,7 +159,7 @@ class GRPOTrainer:
         every = ScoredBatch.concat(rounds)
         batch = every.take_groups(chosen, g)
         batch.group_mask = generated[chosen]
-        stats.update({"tokens_generated": float(every.samples.response_mask.sum()),
+        stats.update({"tokens_generated": float(every.samples.loss_mask.sum()),
                       "dynamic_sampling/rounds": float(len(rounds)),
                       "dynamic_sampling/kept_groups": float(batch.group_mask.sum()),
                       "dynamic_sampling/masked_groups": float((~batch.group_mask).sum()),
@@ -171,7 +172,7 @@ class GRPOTrainer:
         batch, collect_stats = self.collect(phase)
         samples, rewards, group_mask = batch.samples, batch.rewards, batch.group_mask
         self.rollout_log.add(self.step + 1, samples, batch.texts, rewards, batch.solutions, self.run.tokenizer)
-        train_mask = samples.response_mask * np.repeat(group_mask, rl.num_generations)[:, None]
+        train_mask = samples.loss_mask * samples.response_mask * np.repeat(group_mask, rl.num_generations)[:, None]
         if rl.mask_truncated_completions:
             train_mask = train_mask * samples.finished[:, None]
         advantages = compute_advantages(rl.adv_estimator, rewards, rl.num_generations, rl.adv_norm_std, train_mask)
@@ -197,7 +198,7 @@ class GRPOTrainer:
             self.geometry.token_norms(train_mask))
         gap = [0.0, 0.0]                     # on-policy (or no update): the train step's own gap, or none
         if not (self.run.on_policy or skip):
-            gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.response_mask.astype(bool)]
+            gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.loss_mask.astype(bool)]
             gap = [gap.sum(), gap.size]
         metrics = update_metrics(local_stats, gap, self.run.on_policy, rl.tis)
         if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
@@ -210,7 +211,7 @@ class GRPOTrainer:
         if self._reference_moves() and self.step % rl.ref_sync_steps == 0:
             self.swap.groups["ref"].reload()
             copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())   # same layout: local
-        metrics.update(sample_metrics(samples, rewards, batch.scores), **collect_stats)
+        metrics.update(sample_metrics(samples, rewards, batch.scores, self.run.episodes, self.infer_mesh), **collect_stats)
         if skip:
             metrics["dynamic_sampling/skipped_update"] = 1.0
         metrics.update(phase.metrics(), time_swap=self.swap.seconds - swap_before,

@@ -70,20 +70,47 @@ class MetricsLogger:
             self._tb.close()
 
 
-def sample_metrics(samples, rewards: np.ndarray, scored) -> Dict[str, float]:
-    """Metrics of the whole step's samples (every rank holds all of them)."""
+def sample_metrics(samples, rewards: np.ndarray, scored, episodes=None, infer_mesh=None) -> Dict[str, float]:
+    """Metrics of the whole step's samples (every rank holds all of them). `episodes` (rollout/episodes.
+    EpisodeTools, multi-turn runs): the episode counters and the tool runner's (tool_metrics)."""
     lengths = samples.response_mask.sum(1)
     metrics = {
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
         "accuracy": float(np.mean(scored.parts.get("accuracy_reward", [np.nan]))),
         "response_len_mean": float(lengths.mean()), "response_len_max": float(lengths.max()),
         "response_clipped_frac": float(1.0 - samples.finished.mean()),
-        "tokens_generated": float(lengths.sum()),
+        "tokens_generated": float(samples.loss_mask.sum()),      # the model's own (tool tokens are not)
     }
+    if episodes is not None:
+        tool_tokens = (samples.response_mask - samples.loss_mask).sum(1)
+        metrics.update({"episode/tool_calls_mean": float(samples.tool_calls.mean()),
+                        "episode/tool_calls_max": float(samples.tool_calls.max()),
+                        "episode/tool_tokens_mean": float(tool_tokens.mean()),
+                        "episode/with_tool_call_frac": float((samples.tool_calls > 0).mean())})
+        metrics.update(tool_metrics(episodes.runner, infer_mesh))
     for name, values in scored.parts.items():
         metrics[f"reward/{name}"] = float(np.mean(values))
     metrics.update(scored.stats)
     return metrics
+
+
+TOOL_STATS = ("calls", "errors", "timeouts", "truncations", "seconds")
+
+
+def tool_metrics(runner, infer_mesh) -> Dict[str, float]:
+    """tools/<name>/{calls,errors,timeouts,truncations,seconds} since the last step (then reset), every tool
+    always (zeros when not called), malformed calls under "(malformed)", unknown names under "(unknown)";
+    summed over the infer-DP replicas (each runs its own rows' calls; TP peers run the same ones and count
+    once). tools/abandoned_threads: timed-out functions whose threads still run (not reset)."""
+    stats = runner.stats()
+    runner.metrics(reset=True)
+    names = sorted(runner.tools) + ["(malformed)", "(unknown)"]
+    values = [float(getattr(stats.get(n), k, 0)) for n in names for k in TOOL_STATS] + [runner.abandoned_threads]
+    total = exchange.sum_over_replicas(values, infer_mesh).tolist()
+    out = {f"tools/{n}/{k}": total[i * len(TOOL_STATS) + j] for i, n in enumerate(names)
+           for j, k in enumerate(TOOL_STATS)}
+    out["tools/abandoned_threads"] = total[-1]
+    return out
 
 
 class PhaseClock:

@@ -59,6 +59,7 @@ class ResolvedRun:
     # the reward-model role: None (reward.reward_model empty: rules only) or the frozen sequence classifier
     # in the train layout. The one place that decides; build.py and the loop ask (trainer/reward_model.py)
     reward_model: Optional[RewardModelSpec] = None
+    episodes: Optional[object] = None   # rollout/episodes.EpisodeTools (tools.max_tool_calls > 0); None: one turn
 
     def sampling(self, greedy: bool = False) -> SamplingParams:
         fields = dict(dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
@@ -197,6 +198,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     reward_model = resolve_reward_model(cfg.reward, tokenizer, train_mesh, geometry.mini_batch, log)
     shared = _shared_prompt(cfg, train_mesh, geometry, micro_batches, prompt_width, log)
     packing = _packing(cfg, prompt_width)
+    episodes = _episodes(cfg, tokenizer, log)
     lora = cfg.lora
     spec = LoraSpec(lora.lora_rank, float(lora.lora_alpha), parse_targets(lora.target_modules),
                     cfg.run.seed) if lora.lora_rank else None
@@ -204,7 +206,8 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     cfg.freeze()
     resolved = ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,
                            geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn,
-                           shared, spec, packing, reward_model)
+                           shared, spec, packing, reward_model,
+                           episodes)
     if resolved.reference == "none" and run.load_ref_checkpoint:
         log(f"note: load_ref_checkpoint {run.load_ref_checkpoint} is not loaded: rl.beta is 0, so there is no "
             f"KL term and no reference model (set beta > 0 to use it)")
@@ -233,6 +236,44 @@ def _layout_from_config(cfg: GRPOConfig, role: str, yaml_cfg: ModelYaml, world: 
     new = dataclasses.replace(par, **sizes)
     new.check_model(yaml_cfg.model, f"parallel ({role})")
     return dataclasses.replace(yaml_cfg, parallel=new, ignored=list(yaml_cfg.ignored))
+
+
+def _episodes(cfg: GRPOConfig, tokenizer, log):
+    """tools.max_tool_calls > 0: the tools (tool_module's functions, tool_config_path's entries), said at start-up
+    with their schemas' names and any sandbox protection that is off, and the chat template that renders their
+    results (the model folder's: vocab_path or its directory)."""
+    t = cfg.tools
+    if not t.enabled:
+        return None
+    from mindrlhf.data.chat_template import ChatTemplate
+    from mindrlhf.rollout.episodes import episode_tools
+    from mindrlhf.tools import load_tool_config, load_tool_module, sandbox_status
+    tools, notes = [], []
+    if t.tool_module:
+        tools += load_tool_module(t.tool_module)
+    if t.tool_config_path:
+        tools += load_tool_config(t.tool_config_path, notes=notes)
+    names = [tool.name for tool in tools]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"tools: {', '.join(dupes)} defined twice (tools.tool_module {t.tool_module!r} and "
+                          f"tools.tool_config_path {t.tool_config_path!r})")
+    folder = cfg.run.vocab_path if os.path.isdir(cfg.run.vocab_path) else os.path.dirname(cfg.run.vocab_path)
+    try:
+        template = ChatTemplate(folder)
+    except ConfigError as err:
+        raise ConfigError(f"tools.max_tool_calls: {t.max_tool_calls}: tool results are rendered with the model "
+                          f"folder's chat template, as it renders a role 'tool' message: {err}") from None
+    episodes = episode_tools(t, tools, tokenizer, template)
+    schema_names = [s.get("function", {}).get("name", "?") for s in episodes.runner.schemas()]
+    log(f"tools: {len(tools)} ({', '.join(names)}; schemas {', '.join(schema_names)}) from "
+        f"{' and '.join(x for x in (t.tool_module, t.tool_config_path) if x)}; parser {t.tool_parser_format}, "
+        f"max_tool_calls {t.max_tool_calls}, max_parallel_calls {t.max_parallel_calls}, timeout {t.tool_timeout:g} s, "
+        f"responses cut to {t.max_tool_response_length} tokens ({t.tool_response_truncate_side} kept), episodes "
+        f"<= {t.max_total_response_length or cfg.sampling.max_tokens} tokens; chat template from {folder}")
+    for line in list(notes) + list(sandbox_status(tools)):
+        log(f"tools: {line}")
+    return episodes
 
 
 def _take_generation_fields(cfg: GRPOConfig, infer_yaml: ModelYaml, log):

@@ -15,14 +15,26 @@ from mindrlhf.trainer.update.loss_inputs import LossInputs
 @dataclass
 class SampleBatch:
     """Rows are sequences; row i*G + j is sample j of prompt i. Prompts left-padded to P, responses
-    right-padded to R."""
+    right-padded to R.
+
+    Two response masks: `response_mask` is the present tokens (a prefix of the row: attended to, what the
+    forward, packing and the log-prob passes read), `loss_mask` the trained ones (the model's own tokens; a
+    multi-turn episode's tool results and template tokens are present but 0 here). One turn: the same."""
     prompt_ids: np.ndarray      # (N, P) int64
     prompt_mask: np.ndarray     # (N, P) int64
     response_ids: np.ndarray    # (N, R) int64
-    response_mask: np.ndarray   # (N, R) int64
-    rollout_logp: np.ndarray    # (N, R) float32
+    response_mask: np.ndarray   # (N, R) int64 present tokens
+    rollout_logp: np.ndarray    # (N, R) float32 (0 on tool tokens)
     solution_index: np.ndarray  # (N,) int64 index into the step's solutions
-    finished: np.ndarray        # (N,) int64 1 if EOS was produced
+    finished: np.ndarray        # (N,) int64 1 unless cut at the response length (EOS, or the tool-call limit)
+    loss_mask: np.ndarray = None    # (N, R) int64 trained tokens; None: response_mask
+    tool_calls: np.ndarray = None   # (N,) int64 tool calls per episode; None: zeros
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = np.array(self.response_mask, np.int64, copy=True)
+        if self.tool_calls is None:
+            self.tool_calls = np.zeros(len(self.prompt_ids), np.int64)
 
     @staticmethod
     def blank(rows: int, prompt_width: int, response_width: int) -> "SampleBatch":

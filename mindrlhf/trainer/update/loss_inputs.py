@@ -19,7 +19,7 @@ from mindspore import Tensor
 @dataclass(frozen=True)
 class LossInputs:
     """Rows as the mini-batch's; (N, R) per response token unless said."""
-    mask: Any           # 1 on the tokens the loss trains (masked groups and truncated rows are 0)
+    mask: Any           # 1 on the tokens the loss trains (masked groups, truncated rows, tool tokens are 0)
     old_logp: Any       # the old policy's log-probs (on-policy unused: the forward's own, detached)
     rollout_logp: Any   # the sampler's log-probs (TIS weights, the on-policy rollout-train gap)
     ref_logp: Any       # the reference model's log-probs (zeros when there is none)
