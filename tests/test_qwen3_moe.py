@@ -333,3 +333,60 @@ their own reused subgraph, layer_graphs.LayerGraphs), the rollout's log-probs eq
     back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "hf_policy"), dtype=torch.float32)
     assert type(back).__name__ == "Qwen3MoeForCausalLM"
     assert back.model.layers[1].mlp.experts.gate_up_proj.shape == (4, 64, 64)
+
+
+# ---- MindSpeed-RL's MoE keys, routing ties -------------------------------------------------------------------
+def test_mindspeed_moe_entry_is_qwen3_moe(tmp_path):
+    """num_experts, moe_router_topk, moe_ffn_hidden_size, norm_topk_prob and moe_aux_loss_coeff reach the model
+    (the dispatcher / grouped-gemm keys are inert); the model equals the HF folder's of the same sizes."""
+    from test_qwen3 import _mindspeed
+    spec = load_model_yaml(_mindspeed(tmp_path, "tiny_qwen3_moe"))
+    assert spec.model == ModelConfig(**dict(qwen3_moe_model_kwargs(vocab=416), seq_length=64,
+                                            max_position_embedding=64, eos_token_id=[]))
+    assert any("moe_token_dispatcher_type" in k for k, _ in spec.ignored)
+
+
+@pytest.mark.parametrize("key,value,pattern", [
+    ("n_shared_experts", 2, "n_shared_experts: 2 is not supported"),
+    ("moe_router_score_function", "sigmoid", "moe_router_score_function: 'sigmoid' is not supported"),
+    ("first_k_dense_replace", 1, "first_k_dense_replace: 1 is not supported"),
+])
+def test_mindspeed_moe_keys_we_do_not_implement_are_refused(tmp_path, key, value, pattern):
+    import yaml
+    from test_qwen3 import _mindspeed
+    path = _mindspeed(tmp_path, "tiny_qwen3_moe")
+    entry = tmp_path / "model" / "tiny_qwen3_moe.yaml"
+    doc = yaml.safe_load(entry.read_text())
+    doc["tiny_qwen3_moe"][key] = value
+    entry.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=pattern):
+        load_model_yaml(path)
+
+
+def test_routing_ties_go_to_the_lower_expert_id():
+    from mindspore import Tensor
+    from mindrlhf.models.moe import top_k_mask
+    probs = np.array([[0.25, 0.25, 0.25, 0.25], [0.1, 0.4, 0.1, 0.4], [0.3, 0.2, 0.3, 0.2]], np.float32)
+    got = top_k_mask(Tensor(probs), 2).asnumpy()
+    assert got.tolist() == [[1, 1, 0, 0], [0, 1, 0, 1], [1, 0, 1, 0]]
+    assert top_k_mask(Tensor(probs), 1).asnumpy().tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 0]]
+
+
+def test_convert_weight_qwen3_moe_round_trips(moe, tmp_path):
+    """convert_weight.py --model qwen3_moe: the HF folder -> our stacked names (checked against the YAML) -> HF
+    again, the per-expert tensors bit-equal."""
+    from mindrlhf.checkpoint.convert import mindformers_main
+    from mindrlhf.configs.hf_config import main as yaml_main
+    folder = moe[0]
+    model_yaml = str(tmp_path / "moe.yaml")
+    assert yaml_main([folder, "-o", model_yaml]) == 0
+    ms_file = str(tmp_path / "moe.safetensors")
+    assert mindformers_main(["--model", "qwen3_moe", "--input_path", folder, "--output_path", ms_file,
+                             "--config_path", model_yaml]) == 0
+    st = SafeTensorsFile(ms_file)
+    assert st.get("model.layers.0.feed_forward.routed_experts.ffn.w2.weight").shape == (4, 32, 64)
+    back = str(tmp_path / "hf")
+    assert mindformers_main(["--model", "qwen3_moe", "--reversed", "--input_path", ms_file, "--output_path", back,
+                             "--config_path", model_yaml]) == 0
+    a, b = _tensors(folder), _tensors(back)
+    assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
