@@ -390,3 +390,19 @@ def test_convert_weight_qwen3_moe_round_trips(moe, tmp_path):
                              "--config_path", model_yaml]) == 0
     a, b = _tensors(folder), _tensors(back)
     assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_lora_on_a_moe_model_adapts_the_dense_layers_and_attention_only():
+    """LoRA targets w1/w2/w3 meet the dense layer's MLP; the stacked experts carry no adapter (specs agree)."""
+    from mindrlhf.configs.lora import LoraSpec
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.models.specs import param_specs
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(**MIXED))
+    lora = LoraSpec(4, 8.0, ("wq", "w1", "w2"))
+    model = CausalLM(cfg, lora=lora)
+    built = {p.name: tuple(p.shape) for p in model.get_parameters()}
+    assert built == {k: tuple(v[0]) for k, v in param_specs(cfg, lora).items()}
+    trainable = {p.name for p in model.trainable_params()}
+    assert any(n.startswith("model.layers.0.feed_forward.w1.") for n in trainable)
+    assert any(n.startswith("model.layers.2.attention.wq.") for n in trainable)
+    assert not any("routed_experts" in n for n in trainable)
