@@ -406,3 +406,26 @@ def test_lora_on_a_moe_model_adapts_the_dense_layers_and_attention_only():
     assert any(n.startswith("model.layers.0.feed_forward.w1.") for n in trainable)
     assert any(n.startswith("model.layers.2.attention.wq.") for n in trainable)
     assert not any("routed_experts" in n for n in trainable)
+
+
+def test_qwen3_moe_strategy_file_slices_and_merges_the_experts(moe, tmp_path):
+    """The specs' layouts for dp2 (experts replicated: 3-D tensors, whole on every rank) as a strategy file:
+    transform_checkpoint's slicing gives each rank the whole experts and merges back bit-exact."""
+    from mindrlhf.checkpoint.model_io import read_checkpoint, save_checkpoint
+    from mindrlhf.checkpoint.slicing import transform
+    from mindrlhf.models.specs import layouts_for
+    from mindrlhf.parallel.strategy import read_strategy, write_strategy
+    _, _, ours = moe
+    full = {k: np.asarray(v) for k, v in model_state(ours).items()}
+    save_checkpoint(full, str(tmp_path / "full.safetensors"))
+    strat = str(tmp_path / "s.ckpt")
+    write_strategy(strat, layouts_for(ours.config, dp=2, tp=1))
+    name = "model.layers.1.feed_forward.routed_experts.ffn.w1.weight"
+    assert name in read_strategy(strat)
+    transform(str(tmp_path / "full.safetensors"), str(tmp_path / "sliced"), dst_strategy=strat,
+              out_format="safetensors")
+    rank1 = read_checkpoint(str(tmp_path / "sliced" / "rank_1" / "checkpoint_1.safetensors"))
+    assert rank1[name].tobytes() == full[name].tobytes()
+    transform(str(tmp_path / "sliced"), str(tmp_path / "merged"), src_strategy=strat, out_format="safetensors")
+    merged = read_checkpoint(str(tmp_path / "merged" / "rank_0" / "checkpoint_0.safetensors"))
+    assert set(merged) == set(full) and all(merged[k].tobytes() == full[k].tobytes() for k in full)
