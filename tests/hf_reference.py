@@ -88,5 +88,5 @@ def make_qwen3_moe_model(out_dir, layers=2, experts=4, top_k=2, norm_topk_prob=T
                          decoder_sparse_step=sparse_step, mlp_only_layers=list(mlp_only),
                          router_aux_loss_coef=aux_coef, torch_dtype="float32")
     model = Qwen3MoeForCausalLM(cfg)
-    model.config._experts_implementation = "eager"
+    model.config._experts_implementation = "eager"     # the per-expert loop (from_pretrained picks grouped_mm)
     return _randomised_and_saved(model, out_dir, seed)
