@@ -292,14 +292,19 @@ def test_qwen3_moe_aux_coef_zero_is_allowed_and_tp2_is_refused(moe, tmp_path):
         ParallelConfig(model_parallel=2).check_model(load_model_yaml(moe[0]).model)
 
 
-def test_qwen3_moe_yaml_written_from_the_folder_reads_back(moe, tmp_path):
+def test_qwen3_moe_yaml_written_from_the_folder_reads_back(tmp_path):
+    """The YAML of a model with dense layers reads back to the same model: mlp_only_layers came back as
+    strings (['0']: the list fields were strings or floats) and was refused."""
     import yaml
     from mindrlhf.configs.hf_config import main
+    folder = str(tmp_path / "hf")
+    make_qwen3_moe_model(folder, **MIXED)
     out = tmp_path / "moe.yaml"
-    assert main([moe[0], "--data_parallel", "2", "-o", str(out)]) == 0
+    assert main([folder, "--data_parallel", "2", "-o", str(out)]) == 0
     fields = yaml.safe_load(out.read_text())["model"]["model_config"]
-    assert fields["num_experts"] == 4 and fields["moe_intermediate_size"] == 32
-    assert load_model_yaml(str(out)).model == load_model_yaml(moe[0]).model
+    assert fields["num_experts"] == 4 and fields["moe_intermediate_size"] == 32 and fields["mlp_only_layers"] == [0]
+    assert load_model_yaml(str(out)).model == load_model_yaml(folder).model
+    assert load_model_yaml(str(out)).model.mlp_only_layers == [0]
 
 
 def test_qwen3_moe_specs_describe_the_built_model(moe):
