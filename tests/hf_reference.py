@@ -104,3 +104,28 @@ def hf_scores(model, ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
     import torch
     with torch.no_grad():
         return model(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(attention_mask)).logits.numpy()
+
+
+# Qwen3-MoE tiny: 4 experts of width 32, top-2; sparse layers by decoder_sparse_step / mlp_only_layers
+def qwen3_moe_model_kwargs(layers=2, experts=4, top_k=2, norm_topk_prob=True, sparse_step=1, mlp_only=(),
+                           aux_coef=0.01, vocab=160):
+    """Our ModelConfig fields for make_qwen3_moe_model's model."""
+    return dict(qwen3_model_kwargs(vocab=vocab, layers=layers), num_experts=experts, num_experts_per_tok=top_k,
+                moe_intermediate_size=32, norm_topk_prob=norm_topk_prob, decoder_sparse_step=sparse_step,
+                mlp_only_layers=list(mlp_only), router_aux_loss_coef=aux_coef)
+
+
+def make_qwen3_moe_model(out_dir, layers=2, experts=4, top_k=2, norm_topk_prob=True, sparse_step=1, mlp_only=(),
+                         aux_coef=0.01, vocab=160, seed=0):
+    """A Qwen3MoeForCausalLM with every weight random (router and experts too), saved by save_pretrained."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    cfg = Qwen3MoeConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=QWEN3_HEAD_DIM, intermediate_size=96, vocab_size=vocab, rms_norm_eps=1e-6,
+                         rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=False,
+                         attention_bias=False, use_sliding_window=False, num_experts=experts,
+                         num_experts_per_tok=top_k, moe_intermediate_size=32, norm_topk_prob=norm_topk_prob,
+                         decoder_sparse_step=sparse_step, mlp_only_layers=list(mlp_only),
+                         router_aux_loss_coef=aux_coef, torch_dtype="float32")
+    model = Qwen3MoeForCausalLM(cfg)
+    model.config._experts_implementation = "eager"     # the per-expert loop (from_pretrained picks grouped_mm)
+    return _randomised_and_saved(model, out_dir, seed)

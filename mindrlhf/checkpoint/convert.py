@@ -69,7 +69,7 @@ def main(argv=None) -> int:
 # MindFormers' convert_weight.py names (repo root `convert_weight.py --model qwen2_5 --input_path ...`, and
 # research/qwen2_5/convert_weight.py's `--torch_ckpt_dir --mindspore_ckpt_path`). MindFormers r1.7 reads a Qwen3
 # HF folder directly (its mcore model, `pretrained_model_dir`); `--model qwen3` here writes our names for it.
-MINDFORMERS_MODELS = ("qwen2_5", "qwen2", "qwen3", "llama")
+MINDFORMERS_MODELS = ("qwen2_5", "qwen2", "qwen3", "qwen3_moe", "llama")
 MINDFORMERS_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32", "bfloat16": "bfloat16"}
 
 
@@ -91,7 +91,7 @@ def _check_fits_yaml(tensors, config_path: str):
 
 
 def mindformers_main(argv=None) -> int:
-    """`python convert_weight.py` with MindFormers' flags (Qwen2/Qwen2.5/Qwen3/Llama decoders only)."""
+    """`python convert_weight.py` with MindFormers' flags (Qwen2/Qwen2.5/Qwen3/Qwen3-MoE/Llama decoders only)."""
     p = argparse.ArgumentParser(description="HF <-> MindSpore weights with MindFormers' convert_weight.py flags")
     p.add_argument("--model", default="qwen2_5", help=f"one of {', '.join(MINDFORMERS_MODELS)}")
     p.add_argument("--reversed", action="store_true", help="MindSpore -> HF (needs --config_path)")

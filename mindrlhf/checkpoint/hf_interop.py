@@ -45,6 +45,18 @@ _GLOBAL_MAP = [
     ("score.weight", "score.weight"),       # a sequence classifier's head (models/reward_model.py)
 ]
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# Qwen3-MoE (models/moe.py). Ours: one stacked tensor per projection, MindFormers' (E, H, I) / (E, I, H).
+# HF, as hub checkpoints and transformers 5.24's save_pretrained write it: one (out, in) tensor per expert,
+# mlp.experts.N.{gate,up,down}_proj.weight; transformers' in-memory layout (a state_dict() saved as is) fuses
+# them: mlp.experts.gate_up_proj (E, 2I, H) (gate rows first) and mlp.experts.down_proj (E, H, I). Both read,
+# the hub layout written.
+_MOE = "feed_forward.routed_experts."
+_MOE_ROUTER = (_MOE + "router.dense.weight", "mlp.gate.weight")
+_MOE_EXPERT = {_MOE + "ffn.w1.weight": "gate_proj", _MOE + "ffn.w3.weight": "up_proj",
+               _MOE + "ffn.w2.weight": "down_proj"}
+_EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_FUSED_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+_LAYER_MAP.append(_MOE_ROUTER)
 _TO_HF = dict(_LAYER_MAP)
 _TO_MS = {hf: ms for ms, hf in _LAYER_MAP}
 
@@ -70,6 +82,77 @@ def hf_to_ms_name(name: str) -> Optional[str]:
     if name.endswith("rotary_emb.inv_freq"):
         return None
     raise CheckpointError(f"tensor {name}: not a Qwen2/Qwen3/Llama parameter name (causal LM or sequence classifier)")
+
+
+def is_expert_name(name: str) -> bool:
+    """Our stacked-experts parameter (one tensor here, one per expert in the hub layout)."""
+    m = _LAYER_RE.match(name)
+    return bool(m) and m.group(2) in _MOE_EXPERT
+
+
+def ms_to_hf_tensors(name: str, arr):
+    """(HF name, array) pairs for one of our tensors: itself renamed, or a stacked expert tensor split into
+    the hub layout's per-expert (out, in) tensors."""
+    if not is_expert_name(name):
+        return [(ms_to_hf_name(name), arr)]
+    m = _LAYER_RE.match(name)
+    proj = _MOE_EXPERT[m.group(2)]
+    return [(f"model.layers.{m.group(1)}.mlp.experts.{e}.{proj}.weight", _like(arr, arr[e].T))
+            for e in range(arr.shape[0])]
+
+
+def ms_to_hf_specs(name: str, shape):
+    """(HF name, shape) pairs ms_to_hf_tensors writes for a tensor of `shape`."""
+    if not is_expert_name(name):
+        return [(ms_to_hf_name(name), tuple(shape))]
+    m = _LAYER_RE.match(name)
+    proj = _MOE_EXPERT[m.group(2)]
+    return [(f"model.layers.{m.group(1)}.mlp.experts.{e}.{proj}.weight", (shape[2], shape[1]))
+            for e in range(shape[0])]
+
+
+class _ExpertStacker:
+    """Collects the hub layout's per-expert tensors and stacks them into ours once a layer's projection is
+    complete (experts 0..E-1; E from the largest index seen at the end). Holds the expert tensors of the
+    checkpoint until the end (fine for the models tested here; a 30B-A3B would want per-layer flushing)."""
+    _OURS = {hf: ours for ours, hf in _MOE_EXPERT.items()}
+
+    def __init__(self):
+        self.parts = {}
+
+    def add(self, hf_name: str, arr) -> bool:
+        m = _EXPERT_RE.match(hf_name)
+        if not m:
+            return False
+        layer, e, proj = int(m.group(1)), int(m.group(2)), m.group(3)
+        self.parts.setdefault((layer, proj), {})[e] = arr
+        return True
+
+    def stacked(self, where: str):
+        for (layer, proj), experts in sorted(self.parts.items()):
+            if sorted(experts) != list(range(len(experts))):
+                raise CheckpointError(f"{where}: model.layers.{layer}.mlp.experts.*.{proj}.weight: experts "
+                                      f"{sorted(experts)} are not 0..{len(experts) - 1}")
+            stack = np.stack([np.asarray(experts[e]) for e in range(len(experts))])     # (E, out, in)
+            yield f"model.layers.{layer}.{self._OURS[proj]}", _like(experts[0], np.swapaxes(stack, 1, 2))
+
+
+def _fused_as_ms(hf_name: str, arr):
+    """transformers' fused expert tensors as ours: gate_up_proj (E, 2I, H) -> w1, w3 (E, H, I);
+    down_proj (E, H, I) -> w2 (E, I, H)."""
+    m = _FUSED_RE.match(hf_name)
+    p = f"model.layers.{m.group(1)}.{_MOE}ffn."
+    if m.group(2) == "down_proj":
+        return [(p + "w2.weight", _like(arr, np.swapaxes(arr, 1, 2)))]
+    i = arr.shape[1] // 2
+    return [(p + "w1.weight", _like(arr, np.swapaxes(arr[:, :i], 1, 2))),
+            (p + "w3.weight", _like(arr, np.swapaxes(arr[:, i:], 1, 2)))]
+
+
+def _like(source, arr):
+    """A C-contiguous copy of `arr` with the array type of `source` (bfloat16 bits stay marked as such)."""
+    out = np.ascontiguousarray(arr)
+    return out.view(type(source)) if isinstance(source, np.ndarray) and type(source) is not np.ndarray else out
 
 
 def hf_weight_files(path: str) -> List[str]:
@@ -98,12 +181,20 @@ def hf_weight_files(path: str) -> List[str]:
 
 def iter_hf_as_ms(path: str) -> Iterator[Tuple[str, np.ndarray]]:
     """(our name, array) for every kept tensor of an HF checkpoint, one at a time (memory-mapped)."""
+    experts = _ExpertStacker()
     for file in hf_weight_files(path):
         f = SafeTensorsFile(file)
         for hf_name in f.keys():
+            if experts.add(hf_name, require_float(f.get(hf_name), hf_name, file) if _EXPERT_RE.match(hf_name)
+                           else None):
+                continue
+            if _FUSED_RE.match(hf_name):
+                yield from _fused_as_ms(hf_name, require_float(f.get(hf_name), hf_name, file))
+                continue
             ours = hf_to_ms_name(hf_name)
             if ours is not None:
                 yield ours, require_float(f.get(hf_name), hf_name, file)
+    yield from experts.stacked(path)
 
 
 EXPORT_TOOL = "hf_export"
@@ -126,12 +217,13 @@ def export_hf(tensors, out_dir: str, cfg: ModelConfig, max_shard_bytes: int = 4 
     for name, code, shape in stream.specs:
         if name == dropped:
             continue
-        nbytes = math.prod(shape) * ITEMSIZE[code]
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append((ms_to_hf_name(name), code, shape))
-        size += nbytes
+        for hf_name, hf_shape in ms_to_hf_specs(name, shape):     # a stacked expert tensor: one per expert
+            nbytes = math.prod(hf_shape) * ITEMSIZE[code]
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append((hf_name, code, hf_shape))
+            size += nbytes
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     with owned_output_dir(out_dir, EXPORT_TOOL, flag, overwrite) as tmp:
@@ -144,14 +236,15 @@ def export_hf(tensors, out_dir: str, cfg: ModelConfig, max_shard_bytes: int = 4 
             for name, arr in stream:
                 if name == dropped:
                     continue
-                if writer is None:
-                    writer = SafeTensorsStreamWriter(os.path.join(tmp, files[shard]), shards[shard],
-                                                     {"format": "pt"})
-                writer.write(ms_to_hf_name(name), arr)
-                written += 1
-                if written == len(shards[shard]):
-                    writer.close()
-                    shard, writer, written = shard + 1, None, 0
+                for hf_name, hf_arr in ms_to_hf_tensors(name, arr):
+                    if writer is None:
+                        writer = SafeTensorsStreamWriter(os.path.join(tmp, files[shard]), shards[shard],
+                                                         {"format": "pt"})
+                    writer.write(hf_name, hf_arr)
+                    written += 1
+                    if written == len(shards[shard]):
+                        writer.close()
+                        shard, writer, written = shard + 1, None, 0
         except BaseException:
             if writer is not None:
                 writer.abort()

@@ -44,6 +44,11 @@ def coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
             value = [v for v in value.split(",") if v]
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list (or comma-separated values), got {value!r}")
+        if "int" in typ:          # List[int] (mlp_only_layers): integers or digit strings, never 2.0 or True
+            value = [int(v) if isinstance(v, str) and _INT_RE.fullmatch(v.strip()) else v for v in value]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ConfigError(f"{where}: expected integers, got {value!r}")
+            return value
         try:
             value = [float(v) for v in value] if "float" in typ else [str(v) for v in value]
         except (TypeError, ValueError):

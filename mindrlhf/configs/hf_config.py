@@ -25,7 +25,8 @@ from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
 # architecture -> (its model_type, the ModelConfig fields it fixes that config.json does not state): Qwen2's
 # q/k/v always carry a bias (transformers' Qwen2Attention ignores attention_bias), Qwen3 norms q and k per head
 ARCHITECTURES = {"LlamaForCausalLM": ("llama", {}), "Qwen2ForCausalLM": ("qwen2", {"qkv_has_bias": True}),
-                 "Qwen3ForCausalLM": ("qwen3", {"qk_layernorm": True})}
+                 "Qwen3ForCausalLM": ("qwen3", {"qk_layernorm": True}),
+                 "Qwen3MoeForCausalLM": ("qwen3_moe", {"qk_layernorm": True})}
 # config.json keys of a sequence classifier (the reward-model role) beside the decoder's: read by
 # classifier_config_from_hf, refused for a causal LM as any unknown key is
 CLASSIFIER_KEYS = ("id2label", "label2id", "num_labels")
@@ -47,7 +48,14 @@ HF_MAPPED = {
     "rope_scaling": "extend_method / scaling_factor (rope_type default or llama3)",
     "rope_parameters": "theta, extend_method / scaling_factor (transformers 5's spelling of rope_theta + "
                        "rope_scaling)",
+    # Qwen3-MoE (models/moe.py)
+    "num_experts": "num_experts", "num_local_experts": "num_experts (transformers 5's save_pretrained spelling)",
+    "num_experts_per_tok": "num_experts_per_tok", "moe_intermediate_size": "moe_intermediate_size",
+    "norm_topk_prob": "norm_topk_prob", "decoder_sparse_step": "decoder_sparse_step",
+    "mlp_only_layers": "mlp_only_layers", "router_aux_loss_coef": "router_aux_loss_coef",
 }
+_MOE_KEYS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+             "mlp_only_layers", "router_aux_loss_coef")
 HF_INERT: Dict[str, str] = {}
 for _names, _why in (
         ("transformers_version _name_or_path _model_name_or_path name_or_path transformers.js_config "
@@ -59,7 +67,9 @@ for _names, _why in (
         ("pretraining_tp", "a matmul split of the pretraining run; the same math"),
         ("max_window_layers", "sliding-window attention is off (use_sliding_window false)"),
         ("sliding_window", "sliding-window attention is off (use_sliding_window false)"),
-        ("bos_token", "token strings live in the tokenizer files")):
+        ("bos_token", "token strings live in the tokenizer files"),
+        ("output_router_logits", "the router logits are always computed; the load-balancing loss is "
+                                 "CausalLM.moe_aux_loss, weighted by router_aux_loss_coef")):
     HF_INERT.update(dict.fromkeys(_names.split(), _why))
 # key -> (check(value, raw), what is expected)
 HF_CHECKED = {
@@ -108,6 +118,25 @@ def _rope(raw: Dict[str, Any], where: str) -> Dict[str, Any]:
         out["extend_method"] = "LLAMA3"
         out["scaling_factor"] = {k: float(params[k]) for k in LLAMA3_KEYS}
     return out
+
+
+def _moe(raw: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """Qwen3-MoE's keys (num_experts, or num_local_experts as transformers 5 writes it; its defaults where a
+    key is absent, as Qwen3MoeConfig's)."""
+    experts = [raw[k] for k in ("num_experts", "num_local_experts") if raw.get(k) is not None]
+    if len(set(map(str, experts))) > 1:
+        raise ConfigError(f"{where}: num_experts {experts[0]!r} and num_local_experts {experts[1]!r} differ")
+    if not experts:
+        present = [k for k in _MOE_KEYS if k in raw]
+        if present:
+            raise ConfigError(f"{where}: {present[0]} given without num_experts")
+        return {}
+    return dict(num_experts=experts[0], num_experts_per_tok=raw.get("num_experts_per_tok", 8),
+                moe_intermediate_size=raw.get("moe_intermediate_size", 768),
+                norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                decoder_sparse_step=raw.get("decoder_sparse_step", 1),
+                mlp_only_layers=list(raw.get("mlp_only_layers") or []),
+                router_aux_loss_coef=float(raw.get("router_aux_loss_coef", 0.001)))
 
 
 def model_config_from_hf(path: str, ignored: Optional[list] = None, classifier: bool = False,
@@ -172,7 +201,7 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, classifier: 
         eos_token_id=eos, bos_token_id=raw.get("bos_token_id") if raw.get("bos_token_id") is not None else 1,
         pad_token_id=pad if isinstance(pad, int) else 0,
         initializer_range=float(raw.get("initializer_range", 0.02)),
-        **_rope(raw, cfg_path))
+        **_rope(raw, cfg_path), **_moe(raw, cfg_path))
     kwargs.update(fixed)
     kwargs.update(overrides)
     try:
@@ -217,6 +246,10 @@ def model_yaml_text(model: ModelConfig, parallel: ParallelConfig, source: str) -
         fields.pop("head_dim")
     if not model.qk_layernorm:
         fields.pop("qk_layernorm")
+    if not model.num_experts:               # a dense model's YAML stays as it was
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                     "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef"):
+            fields.pop(name, None)
     body = {"model": {"model_config": fields},
             "parallel_config": {"data_parallel": parallel.data_parallel, "model_parallel": parallel.model_parallel,
                                 "pipeline_stage": parallel.pipeline_stage}}
@@ -239,6 +272,13 @@ def hf_config_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict:
         common["rope_scaling"] = {"rope_type": "llama3", **cfg.scaling_factor}
     if not cfg.head_dim_is_derived:
         common["head_dim"] = cfg.head_dim
+    if cfg.num_experts:
+        return {**common, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                "head_dim": cfg.head_dim, "attention_bias": cfg.qkv_has_bias, "use_sliding_window": False,
+                "pad_token_id": cfg.pad_token_id, "num_experts": cfg.num_experts,
+                "num_experts_per_tok": cfg.num_experts_per_tok, "moe_intermediate_size": cfg.moe_intermediate_size,
+                "norm_topk_prob": cfg.norm_topk_prob, "decoder_sparse_step": cfg.decoder_sparse_step,
+                "mlp_only_layers": list(cfg.mlp_only_layers), "router_aux_loss_coef": cfg.router_aux_loss_coef}
     if cfg.qk_layernorm:
         return {**common, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": cfg.head_dim,
                 "attention_bias": cfg.qkv_has_bias, "use_sliding_window": False, "pad_token_id": cfg.pad_token_id}

@@ -54,6 +54,14 @@ class ModelConfig:
     scaling_factor: Optional[Dict[str, float]] = None   # LLAMA3: factor, low/high_freq_factor, original_max_...
     head_dim: Optional[int] = None         # per-head width (MindFormers' Qwen3Config); None: hidden_size / num_heads
     qk_layernorm: bool = False             # RMSNorm on each head of q and k before RoPE (Qwen3; MindFormers' name)
+    # Mixture of experts (Qwen3-MoE; the config.json / MindFormers mcore names). num_experts 0: every layer dense.
+    num_experts: int = 0                   # routed experts per sparse layer
+    num_experts_per_tok: int = 1           # top-k experts each token is routed to (MindSpeed-RL: moe_router_topk)
+    moe_intermediate_size: int = 0         # each expert's SwiGLU width (MindSpeed-RL: moe_ffn_hidden_size)
+    norm_topk_prob: bool = False           # the top-k routing weights renormalised to sum to 1
+    decoder_sparse_step: int = 1           # layer l is sparse when (l + 1) % decoder_sparse_step == 0 ...
+    mlp_only_layers: List[int] = dataclasses.field(default_factory=list)   # ... and l is not listed here
+    router_aux_loss_coef: float = 0.0      # load-balancing loss weight (MindSpeed-RL: moe_aux_loss_coeff); 0 allowed
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -69,6 +77,12 @@ class ModelConfig:
             self.head_dim = self.hidden_size // self.num_heads
         self.validate()
 
+    def is_moe_layer(self, layer: int) -> bool:
+        """Decoder layer `layer` (global index) has routed experts instead of the dense MLP (transformers'
+        Qwen3MoeDecoderLayer rule: num_experts > 0, not in mlp_only_layers, (layer + 1) % decoder_sparse_step 0)."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
     @property
     def head_dim_is_derived(self) -> bool:
         """head_dim is hidden_size / num_heads (what a config without the field means)."""
@@ -77,7 +91,9 @@ class ModelConfig:
     def weight_shapes(self) -> tuple:
         """What fixes the weights' shapes (two configs that agree here can hold the same weights)."""
         return (self.hidden_size, self.num_layers, self.num_heads, self.n_kv_heads, self.intermediate_size,
-                self.vocab_size, self.qkv_has_bias, self.tie_word_embeddings, self.head_dim, self.qk_layernorm)
+                self.vocab_size, self.qkv_has_bias, self.tie_word_embeddings, self.head_dim, self.qk_layernorm) + \
+            ((self.num_experts, self.moe_intermediate_size, self.decoder_sparse_step, tuple(self.mlp_only_layers))
+             if self.num_experts else ())
 
     @property
     def eos_token_ids(self) -> List[int]:
@@ -94,6 +110,7 @@ class ModelConfig:
                               f"n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"{where}.head_dim: {self.head_dim} must be even for RoPE")
+        self._validate_moe(where)
         for name in ("compute_dtype", "param_init_type", "layernorm_compute_type", "softmax_compute_type",
                      "rotary_dtype"):
             if getattr(self, name) not in DTYPES:
@@ -116,6 +133,30 @@ class ModelConfig:
             if given["high_freq_factor"] <= given["low_freq_factor"]:
                 raise ConfigError(f"{where}.scaling_factor: high_freq_factor must exceed low_freq_factor, got "
                                   f"{self.scaling_factor!r}")
+
+    def _validate_moe(self, where: str):
+        ints = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step")
+        for name in ints:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{where}.{name}: expected a non-negative integer, got {value!r}")
+        if not self.num_experts:
+            return
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(f"{where}.num_experts_per_tok: expected 1..num_experts={self.num_experts}, got "
+                              f"{self.num_experts_per_tok!r}")
+        for name in ("moe_intermediate_size", "decoder_sparse_step"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{where}.{name}: expected a positive integer with num_experts > 0, got "
+                                  f"{getattr(self, name)!r}")
+        if not isinstance(self.mlp_only_layers, (list, tuple)) or \
+                not all(isinstance(x, int) and not isinstance(x, bool) for x in self.mlp_only_layers):
+            raise ConfigError(f"{where}.mlp_only_layers: expected a list of layer indices, got "
+                              f"{self.mlp_only_layers!r}")
+        if isinstance(self.router_aux_loss_coef, bool) or not isinstance(self.router_aux_loss_coef, (int, float)) \
+                or self.router_aux_loss_coef < 0:
+            raise ConfigError(f"{where}.router_aux_loss_coef: expected a number >= 0, got "
+                              f"{self.router_aux_loss_coef!r}")
 
 
 def layer_split(num_layers: int, pp: int, offset: Union[int, List[int]] = 0,
@@ -190,6 +231,11 @@ class ParallelConfig:
                                   f"model.model_config.tie_word_embeddings True is not supported (the first and "
                                   f"last stage would share the embedding); use pipeline_stage 1")
             layer_split(model.num_layers, self.pipeline_stage, model.offset)
+        if model.num_experts and (tp > 1 or self.use_seq_parallel and tp > 1):
+            raise ConfigError(f"{where}.model_parallel={tp} with model.model_config.num_experts="
+                              f"{model.num_experts} is not supported yet: the experts are replicated and their "
+                              f"gradients are not reduced over TP ranks (expert parallelism, an `ep` mesh axis, "
+                              f"is the next step); use model_parallel 1 (data_parallel / pipeline_stage work)")
         split = ("num_heads", "n_kv_heads", "intermediate_size", "vocab_size")
         bad = [f"{name}={getattr(model, name)}" for name in split if getattr(model, name) % tp]
         if bad:

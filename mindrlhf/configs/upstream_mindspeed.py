@@ -85,6 +85,13 @@ MODEL_MAPPED = {
     "num_layer_list": "offset: layers per pipeline stage, e.g. \"4,4,4,4\" (with pipeline_model_parallel_size > 1)",
     "qk_layernorm": "qk_layernorm (Qwen3's per-head RMSNorm on q and k before RoPE)",
     "kv_channels": "head_dim (Megatron's default: hidden_size / num_attention_heads)",
+    # Qwen3-MoE (models/moe.py): every layer sparse (moe_layer_freq 1, first_k_dense_replace unset)
+    "num_experts": "num_experts (unset: a dense model)",
+    "moe_router_topk": "num_experts_per_tok (Megatron's default 2)",
+    "moe_ffn_hidden_size": "moe_intermediate_size (Megatron's default: ffn_hidden_size)",
+    "norm_topk_prob": "norm_topk_prob (default false)",
+    "moe_aux_loss_coeff": "router_aux_loss_coef (Megatron's default 0.0; our loss is transformers' form, over "
+                          "all sparse layers together)",
 }
 MODEL_REQUIRED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
                   "seq_length")
@@ -127,7 +134,7 @@ MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
     "finetune": (lambda v, ns: v is True or not ns.get("load"),
                  "true when load is given (load gives the initial weights; a run resumes with --resume)", False),
     "context_parallel_size": (lambda v, ns: int(v) == 1, "1", 1),
-    "expert_model_parallel_size": (lambda v, ns: int(v) == 1, "1 (dense models)", 1),
+    "expert_model_parallel_size": (lambda v, ns: int(v) == 1, "1 (no expert-parallel axis yet)", 1),
     "num_layers_per_virtual_pipeline_stage": (lambda v, ns: v is None, "unset (no virtual pipeline stages)", None),
     "position_embedding_type": (lambda v, ns: v == "rope", "rope", "learned_absolute"),
     "normalization": (lambda v, ns: v == "RMSNorm", "RMSNorm", "LayerNorm"),
@@ -135,7 +142,16 @@ MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
     "disable_bias_linear": (lambda v, ns: v is True, "true (no bias but add_qkv_bias's)", False),
     "attention_bias": (lambda v, ns: v is False, "false (only add_qkv_bias's q/k/v bias)", False),
     "multi_latent_attention": (lambda v, ns: v is False, "false", False),
-    "num_experts": (lambda v, ns: v in (None, 0), "unset (dense models)", None),
+    "n_shared_experts": (lambda v, ns: v in (None, 0), "unset (no shared experts: Qwen3-MoE)", None),
+    "moe_layer_freq": (lambda v, ns: v in (None, 1), "1 (every layer sparse)", 1),
+    "first_k_dense_replace": (lambda v, ns: v in (None, 0), "unset (every layer sparse)", None),
+    "moe_router_score_function": (lambda v, ns: v in (None, "softmax"), "softmax", "softmax"),
+    "moe_router_load_balancing_type": (lambda v, ns: v in ("aux_loss", "none"), "aux_loss or none", "aux_loss"),
+    "moe_router_enable_expert_bias": (lambda v, ns: not v, "false", False),
+    "moe_router_num_groups": (lambda v, ns: v is None, "unset (no group-limited routing)", None),
+    "moe_router_group_topk": (lambda v, ns: v is None, "unset (no group-limited routing)", None),
+    "moe_router_topk_scaling_factor": (lambda v, ns: v in (None, 1, 1.0), "unset (weights not scaled)", None),
+    "seq_aux": (lambda v, ns: not v, "false (the batch-level aux loss)", False),
     "attention_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
     "hidden_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
     "lora_target_modules": (lambda v, ns: not v, "unset (MindSpeed-RL's Megatron LoRA keys are not translated; "
@@ -176,11 +192,8 @@ _inert(MEGATRON, "log_interval log_throughput eval_interval eval_iters skip_trai
 _inert(MEGATRON, "dpo_loss_type ref_model refer_model_iter algorithm", "not read by the GRPO trainer")
 _inert(MEGATRON, "do_sample", "rollouts always sample (sampling_config temperature 0 is greedy)")
 _inert(MEGATRON, "moe_grouped_gemm moe_permutation_async_comm moe_tp_extend_ep moe_alltoall_overlap_comm "
-       "use_fused_moe_token_permute_and_unpermute moe_token_dispatcher_type seq_aux first_k_dense_replace "
-       "moe_layer_freq moe_router_topk n_shared_experts moe_ffn_hidden_size moe_router_load_balancing_type "
-       "moe_router_num_groups moe_router_group_topk moe_router_topk_scaling_factor norm_topk_prob "
-       "moe_router_score_function moe_router_enable_expert_bias moe_aux_loss_coeff",
-       "MoE setting; num_experts is unset (dense model)")
+       "use_fused_moe_token_permute_and_unpermute moe_token_dispatcher_type",
+       "MoE kernel or token-dispatch choice (Ascend); the same routing and expert math")
 _inert(MEGATRON, "qk_pos_emb_head_dim qk_head_dim q_lora_rank kv_lora_rank v_head_dim",
        "multi-latent-attention setting; multi_latent_attention is false")
 _inert(MEGATRON, "beta_fast beta_slow rope_scaling_mscale rope_scaling_mscale_all_dim "
@@ -521,6 +534,20 @@ def _token_ids(folder: Optional[str]) -> Dict[str, Any]:
     return ids
 
 
+def _moe_fields(values: Dict[str, Any], ffn_hidden_size: int, where) -> Dict[str, Any]:
+    """Qwen3-MoE's ModelConfig fields from Megatron's MoE keys (none for a dense model)."""
+    if not values.get("num_experts"):
+        return {}
+    ffn = values.get("moe_ffn_hidden_size")
+    return dict(
+        num_experts=_as("integer", values["num_experts"], where("num_experts")),
+        num_experts_per_tok=_as("integer", values.get("moe_router_topk", 2), where("moe_router_topk")),
+        moe_intermediate_size=_as("integer", ffn, where("moe_ffn_hidden_size")) if ffn is not None
+        else ffn_hidden_size,
+        norm_topk_prob=_as("flag", values.get("norm_topk_prob", False), where("norm_topk_prob")),
+        router_aux_loss_coef=_as("number", values.get("moe_aux_loss_coeff", 0.0), where("moe_aux_loss_coeff")))
+
+
 def _model_config(values: Dict[str, Any], origin: Dict[str, str], name: str, pp: int, path: str):
     where = lambda k: f"{path}: {origin.get(k, f'model.{name}.{k}')}"  # noqa: E731
     for key in MODEL_REQUIRED:
@@ -544,6 +571,7 @@ def _model_config(values: Dict[str, Any], origin: Dict[str, str], name: str, pp:
         else None,
         tie_word_embeddings=not _as("flag", values.get("untie_embeddings_and_output_weights", False),
                                     where("untie_embeddings_and_output_weights")),
+        **_moe_fields(values, num["ffn_hidden_size"], where),
         **_token_ids(values.get("tokenizer_name_or_path")))
     scaling = values.get("rope_scaling_type")
     if scaling not in (None, "llama3"):

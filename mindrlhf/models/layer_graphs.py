@@ -164,11 +164,14 @@ class LayerGraphs:
     call layer i."""
 
     def __init__(self, layers: Sequence[nn.Cell]):
-        key = new_key("decoder layers")       # the layers of one model share each path's subgraph
-        self.whole_rows = tuple(WholeRows(layer, key) for layer in layers)
-        self.shared_prompt = tuple(SharedPromptRows(layer, key) for layer in layers)
-        self.prefill = tuple(Prefill(layer, key) for layer in layers)
-        self.decode = tuple(Decode(layer, key) for layer in layers)
+        # the layers of one model share each path's subgraph; Qwen3-MoE's sparse layers (other parameters)
+        # share another
+        keys = {kind: new_key("decoder layers" + kind) for kind in ("", " (MoE)")}
+        key = [keys[" (MoE)" if getattr(layer, "is_moe", False) else ""] for layer in layers]
+        self.whole_rows = tuple(WholeRows(layer, k) for layer, k in zip(layers, key))
+        self.shared_prompt = tuple(SharedPromptRows(layer, k) for layer, k in zip(layers, key))
+        self.prefill = tuple(Prefill(layer, k) for layer, k in zip(layers, key))
+        self.decode = tuple(Decode(layer, k) for layer, k in zip(layers, key))
 
 
 # ---- the model's paths through its layers -----------------------------------------------------------------

@@ -41,8 +41,8 @@ def adapter_specs(base_specs: Dict, spec: LoraSpec) -> Dict:
     for name, (shape, split) in base_specs.items():
         out[name] = (shape, split)
         module = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
-        if not (name.startswith("model.layers.") and spec.on(module)):
-            continue
+        if not (name.startswith("model.layers.") and spec.on(module)) or len(shape) != 2:
+            continue             # (stacked MoE experts, 3-D, carry no adapter)
         prefix = name[:-len("weight")]
         out_dim, in_dim = shape
         row = module in ROW_PARALLEL

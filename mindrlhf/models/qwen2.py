@@ -33,6 +33,7 @@ from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_spl
 from mindrlhf.models.cpu_cells import BMM, BMM_NT, HalfRotation, LastAxisSoftmax, RMSNormFunction
 from mindrlhf.models.graph_ops import expand_as, swap_middle, take
 from mindrlhf.models.layer_graphs import LayerGraphs, shared_prompt_forward
+from mindrlhf.models.moe import MoEFeedForward, load_balancing_loss
 from mindrlhf.models.padding import NEG_INF
 from mindrlhf.models.specs import mesh_layouts
 from mindrlhf.models.lora import freeze_base, init_adapters
@@ -196,13 +197,17 @@ class FeedForward(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None, random_init: bool = True):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None, random_init: bool = True,
+                 layer_id: int = 0):
         super().__init__()
         pdt, ndt = MS_DTYPES[cfg.param_init_type], MS_DTYPES[cfg.layernorm_compute_type]
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt, mesh)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pdt, ndt, mesh)
         self.attention = Attention(cfg, mesh, lora, random_init)
-        self.feed_forward = FeedForward(cfg, mesh, lora, random_init)
+        # Qwen3-MoE: routed experts where cfg.is_moe_layer (models/moe.py), the dense SwiGLU elsewhere
+        self.is_moe = cfg.is_moe_layer(layer_id)
+        self.feed_forward = MoEFeedForward(cfg, pdt, MS_DTYPES[cfg.compute_dtype], _std(cfg, random_init)) \
+            if self.is_moe else FeedForward(cfg, mesh, lora, random_init)
         self.enter_attn = enter_tp(mesh)        # under sequence parallelism: gather the sequence
         self.enter_ffn = enter_tp(mesh)
 
@@ -232,7 +237,7 @@ class DecoderModel(nn.Cell):
         if self.first:
             self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
                                                          _std(cfg, random_init))
-        self.layers = nn.CellList([DecoderLayer(cfg, mesh, lora, random_init) for _ in self.layer_ids])
+        self.layers = nn.CellList([DecoderLayer(cfg, mesh, lora, random_init, n) for n in self.layer_ids])
         object.__setattr__(self, "graphs", LayerGraphs(self.layers))     # outside the cell tree: layer_graphs.py
         # A layer that sums a weight's gradient over the TP ranks inside it (a copy_to_tp on the weight: the
         # norms under sequence parallelism, Qwen3's q/k norms under TP) compiles on its own in the passes that
@@ -347,6 +352,26 @@ class CausalLM(nn.Cell):
     def weights(self) -> RoleWeights:
         """This rank's parameters with their layouts: what a weight transfer (sync, export) needs."""
         return RoleWeights({p.name: p for p in self.get_parameters()}, self.layouts(), self.mesh.rank)
+
+    def moe_aux_loss(self, input_ids, position_ids, bias, mask=None):
+        """Qwen3-MoE's load-balancing loss over this model's sparse layers (models/moe.load_balancing_loss, as
+        transformers' aux_loss with output_router_logits; `mask` (B, T) excludes padding), not yet times
+        config.router_aux_loss_coef. A forward of its own (the router logits are not kept by the other
+        passes); whole model on one pipeline stage. 0.0 for a dense model."""
+        if not self.config.num_experts:
+            return Tensor(0.0, ms.float32)
+        m = self.model
+        x = ops.cast(m.tok_embeddings(input_ids), m.compute_dtype)
+        cos, sin = m.rope(position_ids)
+        logits = []
+        for layer in m.layers:
+            h = x + layer.attention(layer.attention_input(x), cos, sin, bias)
+            if layer.is_moe:
+                inp = layer.enter_ffn(layer.ffn_norm(h))
+                logits.append(layer.feed_forward.route(ops.reshape(inp, (-1, inp.shape[-1])))[0])
+            x = layer.mlp_residual(h)
+        return load_balancing_loss(logits, self.config.num_experts, self.config.num_experts_per_tok,
+                                   None if mask is None else ops.reshape(mask, (-1,)))
 
     def full_logits(self, input_ids, position_ids, bias):
         """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""

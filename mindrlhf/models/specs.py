@@ -35,6 +35,13 @@ def param_specs(cfg: ModelConfig, lora: Optional[LoraSpec] = None) -> Dict[str, 
             specs[p + "attention.q_layernorm.weight"] = ((hd,), REPLICATED)
             specs[p + "attention.k_layernorm.weight"] = ((hd,), REPLICATED)
         specs[p + "ffn_norm.weight"] = ((h,), REPLICATED)
+        if cfg.is_moe_layer(n):     # Qwen3-MoE (models/moe.py): router and stacked experts, replicated for now
+            e, mi = cfg.num_experts, cfg.moe_intermediate_size
+            specs[p + "feed_forward.routed_experts.router.dense.weight"] = ((e, h), REPLICATED)
+            specs[p + "feed_forward.routed_experts.ffn.w1.weight"] = ((e, h, mi), REPLICATED)
+            specs[p + "feed_forward.routed_experts.ffn.w3.weight"] = ((e, h, mi), REPLICATED)
+            specs[p + "feed_forward.routed_experts.ffn.w2.weight"] = ((e, mi, h), REPLICATED)
+            continue
         specs[p + "feed_forward.w1.weight"] = ((i, h), TP_ROWS)
         specs[p + "feed_forward.w3.weight"] = ((i, h), TP_ROWS)
         specs[p + "feed_forward.w2.weight"] = ((h, i), TP_COLS)

@@ -1,0 +1,142 @@
+"""Qwen3-MoE's sparse MLP: a router and routed SwiGLU experts (transformers' Qwen3MoeSparseMoeBlock).
+
+Router: logits = x W_r^T (no bias) in float32, softmax over the experts, the top `num_experts_per_tok`
+kept (ties broken by the lower expert id, so every layout routes alike), renormalised to sum to 1 when
+`norm_topk_prob`. Each expert is a SwiGLU MLP of width `moe_intermediate_size`; a token's output is the
+routing-weighted sum of its experts' outputs.
+
+Computed grouped, never a loop over tokens or experts: the experts' weights are stacked Parameters
+(E, H, I) / (E, I, H) and every expert runs on every token as one batched matmul, the result weighted by the
+(tokens, E) routing weights, which are zero off the top-k. Exact (an unrouted expert's term is multiplied by
+0 in the forward and gets 0 gradient) and simple, but E / top-k times the expert FLOPs of a dispatch: right
+for the tiny E of CPU tests, wrong for Qwen3-30B-A3B's 128 experts. The alternative for large E is to sort the
+(token, expert) pairs by expert, gather the tokens, run one grouped matmul over the groups and scatter-add
+back (MindSpore's GroupedMatmul on Ascend; an all-to-all dispatcher under expert parallelism): not built yet.
+
+Parameter names are MindFormers' (vllm-mindspore / MindFormers Qwen3-MoE and DeepSeek-V3 weight conversion):
+`feed_forward.routed_experts.router.dense.weight` (E, H) and `feed_forward.routed_experts.ffn.w1/w3.weight`
+(E, H, I), `...ffn.w2.weight` (E, I, H): stacked and transposed as MindFormers stores them (x @ W).
+
+The load-balancing loss (Switch Transformer; transformers' load_balancing_loss_func) needs the router logits
+of every sparse layer: `moe_aux_loss` below, from `MoEFeedForward.route`.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, Zero, initializer
+
+from mindrlhf.configs.model_config import ModelConfig
+from mindrlhf.models.cpu_cells import BMM
+
+PREFIX = "routed_experts"
+
+
+class Router(nn.Cell):
+    """x (N, H) -> router logits (N, E), float32 (MindFormers' `router.dense`)."""
+
+    def __init__(self, hidden: int, experts: int, param_dtype, std: Optional[float]):
+        super().__init__()
+        init = Normal(std) if std is not None else Zero()
+        self.dense = nn.Cell()
+        self.dense.weight = Parameter(initializer(init, (experts, hidden), param_dtype), name="weight")
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x):
+        return self.matmul(ops.cast(x, ms.float32), ops.cast(self.dense.weight, ms.float32))
+
+
+class ExpertsFFN(nn.Cell):
+    """E stacked SwiGLU experts: w1 = gate_proj, w3 = up_proj (E, H, I), w2 = down_proj (E, I, H)."""
+
+    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float]):
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        init = (lambda: Normal(std)) if std is not None else (lambda: Zero())
+        self.w1 = nn.Cell()
+        self.w1.weight = Parameter(initializer(init(), (e, h, i), param_dtype), name="weight")
+        self.w3 = nn.Cell()
+        self.w3.weight = Parameter(initializer(init(), (e, h, i), param_dtype), name="weight")
+        self.w2 = nn.Cell()
+        self.w2.weight = Parameter(initializer(init(), (e, i, h), param_dtype), name="weight")
+        self.experts = e
+
+    def construct(self, x, weights, compute_dtype):
+        """x (N, H), weights (N, E) -> sum_e weights[:, e] * expert_e(x), (N, H)."""
+        n, h = x.shape
+        xe = ops.broadcast_to(ops.expand_dims(x, 0), (self.experts, n, h))               # (E, N, H)
+        gate = BMM(xe, ops.cast(self.w1.weight, compute_dtype))                           # (E, N, I)
+        up = BMM(xe, ops.cast(self.w3.weight, compute_dtype))
+        y = BMM(gate * ops.sigmoid(gate) * up, ops.cast(self.w2.weight, compute_dtype))   # (E, N, H)
+        w = ops.expand_dims(ops.transpose(ops.cast(weights, compute_dtype), (1, 0)), 2)   # (E, N, 1)
+        return (y * w).sum(0)
+
+
+class RoutedExperts(nn.Cell):
+    """The router and the experts under one name (MindFormers' `feed_forward.routed_experts`)."""
+
+    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float]):
+        super().__init__()
+        self.router = Router(cfg.hidden_size, cfg.num_experts, param_dtype, std)
+        self.ffn = ExpertsFFN(cfg, param_dtype, std)
+
+
+def top_k_mask(probs, k: int):
+    """(N, E) -> 1.0 where an expert is among the token's top k, else 0.0; of equal probabilities the lower
+    expert id wins (deterministic, the same in every layout). Rank by counting: expert e's rank is how many
+    experts beat it (E x E comparisons per token: fine for the E this dense path is for)."""
+    e = probs.shape[-1]
+    lower = Tensor(np.tril(np.ones((e, e), np.float32), -1))      # [e, j] = 1 when j < e
+    pi = ops.expand_dims(probs, 2)                                  # (N, E, 1): expert e
+    pj = ops.expand_dims(probs, 1)                                  # (N, 1, E): its rivals j
+    beats = ops.cast(pj > pi, ms.float32) + ops.cast(pj == pi, ms.float32) * lower
+    rank = beats.sum(2)
+    return ops.stop_gradient(ops.cast(rank < k, ms.float32))
+
+
+class MoEFeedForward(nn.Cell):
+    """A sparse layer's MLP: x (..., H) -> (..., H), token by token. Experts replicated over TP (tp > 1 is refused by
+    ParallelConfig.check_model for now)."""
+
+    def __init__(self, cfg: ModelConfig, param_dtype, compute_dtype, std: Optional[float]):
+        super().__init__()
+        self.routed_experts = RoutedExperts(cfg, param_dtype, std)
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.compute_dtype = compute_dtype
+
+    def route(self, x):
+        """x (N, H) -> (router logits (N, E) float32, routing weights (N, E): zero off the top-k)."""
+        logits = self.routed_experts.router(x)
+        probs = ops.softmax(logits, -1)
+        weights = probs * top_k_mask(probs, self.top_k)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdims=True)
+        return logits, weights
+
+    def construct(self, x):
+        """x (..., H): (B, T, H) for whole rows, (M, H) for a shared-prompt token matrix."""
+        shape = x.shape
+        flat = ops.reshape(x, (-1, shape[-1]))
+        _, weights = self.route(flat)
+        return ops.reshape(self.routed_experts.ffn(flat, weights, self.compute_dtype), shape)
+
+
+def load_balancing_loss(router_logits: List, num_experts: int, top_k: int, mask=None):
+    """transformers' load_balancing_loss_func: over all sparse layers' router logits (each (N, E)) together,
+    E * sum_e f_e * P_e with f_e the fraction of (token, top-k slot) assignments to expert e per token and
+    P_e the mean router probability, both over the tokens of every layer (weighted by `mask` (N,) when given:
+    padding excluded). Not yet times router_aux_loss_coef."""
+    counts, prob_sum, rows = 0.0, 0.0, 0.0
+    for logits in router_logits:
+        probs = ops.softmax(ops.cast(logits, ms.float32), -1)
+        chosen = top_k_mask(probs, top_k)
+        m = ops.ones((probs.shape[0], 1), ms.float32) if mask is None else ops.reshape(ops.cast(mask, ms.float32),
+                                                                                       (-1, 1))
+        counts = counts + (chosen * m).sum(0)
+        prob_sum = prob_sum + (probs * m).sum(0)
+        rows = rows + m.sum()
+    return (counts / rows * (prob_sum / rows)).sum() * num_experts

@@ -1,0 +1,436 @@
+"""Qwen3-MoE against transformers' Qwen3MoeForCausalLM (random weights, fp32): router (fp32 logits, softmax,
+top-k, norm_topk_prob), stacked SwiGLU experts, sparse layers by decoder_sparse_step / mlp_only_layers, the
+load-balancing loss; its config.json key by key, both HF weight layouts in, the hub layout out, and a GRPO run."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hf_reference import hf_logits, make_qwen3_moe_model, qwen3_moe_model_kwargs
+from model_helpers import load_ours, model_inputs, token_loss_and_grads
+from mindrlhf.checkpoint.hf_interop import export_hf, hf_weight_files, ms_to_hf_name
+from mindrlhf.checkpoint.model_io import model_state
+from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile
+from mindrlhf.configs import ConfigError, ModelConfig, load_model_yaml
+
+TOL = 1e-4
+# a 3-layer model: layer 0 dense (mlp_only_layers), layer 1 dense (decoder_sparse_step 2), layer 2 sparse
+MIXED = dict(layers=3, sparse_step=2, mlp_only=(0,), norm_topk_prob=False)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """(HF folder, transformers' model, ours): every layer sparse, top-2 of 4 renormalised."""
+    d = str(tmp_path_factory.mktemp("qwen3moe"))
+    hf = make_qwen3_moe_model(d)
+    return d, hf, load_ours(d, ModelConfig(**qwen3_moe_model_kwargs()))
+
+
+@pytest.mark.parametrize("kw", [{}, MIXED, dict(top_k=1, norm_topk_prob=False)], ids=["sparse", "mixed", "top1"])
+def test_qwen3_moe_logits_match_hf(tmp_path, rng, kw):
+    hf = make_qwen3_moe_model(str(tmp_path), **kw)
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(**kw))
+    ours = load_ours(str(tmp_path), cfg)
+    sparse = [layer.is_moe for layer in ours.model.layers]
+    assert sparse == [cfg.is_moe_layer(n) for n in range(cfg.num_layers)]
+    assert sparse == ([False, True, False] if kw is MIXED else [True, True])
+    ids = rng.randint(0, 160, (3, 13))
+    ref = hf_logits(hf, ids)
+    got = ours.full_logits(*model_inputs(ids)).asnumpy()
+    assert np.abs(got - ref).max() <= TOL
+
+
+def _hf_grad(hf_params, name, cfg):
+    """transformers' gradient for our parameter `name`, in our layout (its experts are fused in memory:
+    gate_up_proj (E, 2I, H), down_proj (E, H, I))."""
+    if ".routed_experts.ffn." not in name:
+        return hf_params[ms_to_hf_name(name)].grad.numpy()
+    layer = name.split(".")[2]
+    i = cfg.moe_intermediate_size
+    if name.endswith("w2.weight"):
+        return hf_params[f"model.layers.{layer}.mlp.experts.down_proj"].grad.numpy().transpose(0, 2, 1)
+    gate_up = hf_params[f"model.layers.{layer}.mlp.experts.gate_up_proj"].grad.numpy()
+    part = gate_up[:, :i] if name.endswith("w1.weight") else gate_up[:, i:]
+    return part.transpose(0, 2, 1)
+
+
+@pytest.mark.parametrize("kw", [{}, MIXED], ids=["sparse", "mixed"])
+def test_qwen3_moe_every_gradient_matches_hf(tmp_path, rng, kw):
+    """The mean next-token NLL and the gradient of every parameter (router and stacked experts included)."""
+    import torch
+    hf = make_qwen3_moe_model(str(tmp_path), **kw)
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(**kw))
+    ours = load_ours(str(tmp_path), cfg)
+    names = [p.name for p in ours.get_parameters()]
+    assert "model.layers.1.feed_forward.routed_experts.router.dense.weight" in names
+    ids = rng.randint(0, 160, (2, 12))
+    loss, grads = token_loss_and_grads(ours, ids, names)
+    hf.zero_grad()
+    logits = hf(torch.tensor(ids[:, :-1])).logits
+    ref_loss = -torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids[:, 1:])[..., None]).mean()
+    ref_loss.backward()
+    hf_params = dict(hf.named_parameters())
+    assert abs(loss - ref_loss.item()) <= TOL
+    for name in names:
+        ref = _hf_grad(hf_params, name, cfg)
+        assert grads[name].shape == ref.shape, name
+        assert np.abs(grads[name] - ref).max() <= TOL * max(1.0, np.abs(ref).max()), name
+
+
+def test_qwen3_moe_shared_prompt_logprobs_and_gradients_match_hf(moe, rng):
+    """GRPO's shared-prompt pass (the MoE on the (M, H) token matrix): response log-probs at temperature 0.7
+    and every gradient of a weighted sum of them, against whole left-padded rows in torch."""
+    import mindspore as ms
+    import torch
+    from mindspore import Tensor
+    from mindrlhf.models.padding import causal_bias, left_pad, position_ids
+    _, hf, ours = moe
+    g, width, resp, temp = 3, 7, 5, 0.7
+    prompt_ids, prompt_mask = left_pad([rng.randint(3, 160, n).tolist() for n in (4, 7)], width, 0)
+    prompt_ids, prompt_mask = np.repeat(prompt_ids, g, 0), np.repeat(prompt_mask, g, 0)
+    response = rng.randint(3, 160, (len(prompt_ids), resp))
+    seq = np.concatenate([prompt_ids, response], 1)
+    mask = np.concatenate([prompt_mask, np.ones_like(response)], 1)
+    weights = rng.randn(*response.shape).astype(np.float32)
+    params = list(ours.trainable_params())
+
+    def loss_fn(input_ids, pos, bias_, labels):
+        logp, _ = ours.token_logprobs(input_ids, pos, bias_, labels, resp, temp, g, width)
+        return (logp * Tensor(weights)).sum(), logp
+
+    inputs = (Tensor(seq[:, :-1].astype(np.int32)), Tensor(position_ids(mask[:, :-1])),
+              causal_bias(Tensor(mask[:, :-1].astype(np.int32))), Tensor(seq[:, 1:].astype(np.int32)))
+    (_, logp), grads = ms.value_and_grad(loss_fn, None, params, has_aux=True)(*inputs)
+    hf.zero_grad()
+    logits = hf(torch.tensor(seq[:, :-1]), attention_mask=torch.tensor(mask[:, :-1])).logits[:, -resp:]
+    ref_logp = torch.log_softmax(logits.float() / temp, -1).gather(-1, torch.tensor(response)[..., None])[..., 0]
+    (ref_logp * torch.tensor(weights)).sum().backward()
+    assert np.abs(logp.asnumpy() - ref_logp.detach().numpy()).max() <= TOL
+    hf_params = dict(hf.named_parameters())
+    for p, grad in zip(params, grads):
+        ref = _hf_grad(hf_params, p.name, ours.config)
+        assert np.abs(grad.asnumpy() - ref).max() <= TOL * max(1.0, np.abs(ref).max()), p.name
+
+
+def test_qwen3_moe_left_padded_rows_equal_hf_and_their_unpadded_forward(moe, rng):
+    _, hf, ours = moe
+    ids = rng.randint(0, 160, (2, 9))
+    mask = np.ones((2, 9), np.int64)
+    mask[1, :4] = 0
+    got = ours.full_logits(*model_inputs(ids, mask)).asnumpy()
+    real = mask.astype(bool)
+    assert np.abs(got[real] - hf_logits(hf, ids, mask)[real]).max() <= TOL
+    alone = ours.full_logits(*model_inputs(ids[1:, 4:])).asnumpy()
+    assert np.abs(got[1, 4:] - alone[0]).max() <= TOL
+
+
+def test_qwen3_moe_greedy_generation_equals_hf_generate(moe):
+    import torch
+    from mindrlhf.rollout.engine import GenerationEngine
+    from mindrlhf.rollout.sampling import SamplingParams
+    _, hf, ours = moe
+    rs = np.random.RandomState(0)
+    prompts = [rs.randint(3, 160, size=n).tolist() for n in (5, 9, 3, 7)]
+    out = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=12, eos_token_ids=[7]))
+    for i, p in enumerate(prompts):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0,
+                          eos_token_id=7)[0, len(p):].tolist()
+        n = int(out.response_mask[i].sum())
+        assert out.response_ids[i, :n].tolist() == ref
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_qwen3_moe_aux_loss_equals_transformers(moe, rng, padded):
+    """CausalLM.moe_aux_loss = transformers' aux_loss (output_router_logits=True), padding masked out."""
+    import torch
+    _, hf, ours = moe
+    ids = rng.randint(0, 160, (3, 10))
+    mask = np.ones(ids.shape, np.int64)
+    if padded:
+        mask[0, :3] = 0
+        mask[2, :6] = 0
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids), attention_mask=torch.tensor(mask) if padded else None,
+                 output_router_logits=True).aux_loss.item()
+    from mindspore import Tensor
+    got = ours.moe_aux_loss(*model_inputs(ids, mask), mask=Tensor(mask.astype(np.float32)) if padded else None)
+    assert abs(float(got.asnumpy()) - ref) <= 1e-5
+    assert ref > 0.5          # about top_k for balanced routing: a real value, not 0
+
+
+def test_dense_model_aux_loss_is_zero(tmp_path):
+    from mindrlhf.models.qwen2 import CausalLM
+    from hf_reference import tiny_model_kwargs
+    ours = CausalLM(ModelConfig(**tiny_model_kwargs()))
+    assert float(ours.moe_aux_loss(*model_inputs(np.ones((1, 4), np.int64))).asnumpy()) == 0.0
+
+
+# ---- the HF folder: config.json key by key, both weight layouts in, the hub layout out ----------------------
+def _tensors(path):
+    out = {}
+    for f in hf_weight_files(path):
+        st = SafeTensorsFile(f)
+        out.update({k: np.array(st.get(k)) for k in st.keys()})
+    return out
+
+
+def test_qwen3_moe_hf_folder_loads_and_exports_back_in_the_hub_layout(moe, tmp_path):
+    """save_pretrained's folder (transformers 5.24 writes one tensor per expert, as the hub does, and
+    num_local_experts for num_experts) gives the config and weights; the export is the same tensors under the
+    same names, and transformers reloads it with equal logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    folder, hf, ours = moe
+    a = _tensors(folder)
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in a and "model.layers.0.mlp.gate.weight" in a
+    spec = load_model_yaml(folder)
+    assert spec.model == ModelConfig(**dict(qwen3_moe_model_kwargs(), seq_length=64, max_position_embedding=64,
+                                            eos_token_id=2, bos_token_id=1, initializer_range=0.02))
+    assert "output_router_logits" in dict(spec.ignored)
+    out = tmp_path / "back"
+    export_hf(model_state(ours), str(out), spec.model)
+    b = _tensors(str(out))
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k
+    with open(out / "config.json") as fh:
+        written = json.load(fh)
+    assert written["architectures"] == ["Qwen3MoeForCausalLM"] and written["num_experts"] == 4
+    assert load_model_yaml(str(out)).model == spec.model
+    again = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    ids = np.arange(12).reshape(2, 6) % 160
+    assert np.abs(hf_logits(again, ids) - hf_logits(hf, ids)).max() == 0.0
+
+
+def test_qwen3_moe_fused_expert_layout_loads(moe, tmp_path, rng):
+    """transformers' in-memory layout (mlp.experts.gate_up_proj / down_proj, a state_dict saved as it is)
+    loads to the same model as the per-expert folder."""
+    import shutil
+    from safetensors.torch import save_file
+    folder, hf, ours = moe
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    shutil.copyfile(os.path.join(folder, "config.json"), fused / "config.json")
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.1.mlp.experts.gate_up_proj" in state
+    save_file(state, str(fused / "model.safetensors"), metadata={"format": "pt"})
+    again = load_ours(str(fused), load_model_yaml(str(fused)).model)
+    ids = rng.randint(0, 160, (2, 7))
+    assert np.abs(again.full_logits(*model_inputs(ids)).asnumpy()
+                  - ours.full_logits(*model_inputs(ids)).asnumpy()).max() == 0.0
+
+
+def test_qwen3_moe_per_expert_renamed_state_dict_loads(moe, tmp_path):
+    """A hub-layout file written by hand (the fused tensors split and renamed per expert) loads too; a missing
+    expert is named."""
+    from safetensors.torch import save_file
+    from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+    from mindrlhf.configs import CheckpointError
+    folder, hf, ours = moe
+    state = {}
+    for k, v in hf.state_dict().items():
+        if k.endswith("experts.gate_up_proj"):
+            i = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                state[k.replace("gate_up_proj", f"{e}.gate_proj.weight")] = v[e, :i].contiguous()
+                state[k.replace("gate_up_proj", f"{e}.up_proj.weight")] = v[e, i:].contiguous()
+        elif k.endswith("experts.down_proj"):
+            for e in range(v.shape[0]):
+                state[k.replace("down_proj", f"{e}.down_proj.weight")] = v[e].contiguous()
+        else:
+            state[k] = v.contiguous()
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    got = dict(iter_hf_as_ms(str(tmp_path / "model.safetensors")))
+    want = model_state(ours)
+    assert set(got) == set(want)
+    for k in want:
+        assert np.array_equal(got[k], np.asarray(want[k])), k
+    del state["model.layers.0.mlp.experts.1.up_proj.weight"]
+    save_file(state, str(tmp_path / "bad.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"experts \[0, 2, 3\] are not 0..2"):
+        dict(iter_hf_as_ms(str(tmp_path / "bad.safetensors")))
+
+
+def _edited(src, folder, **edits):
+    with open(os.path.join(src, "config.json")) as fh:
+        raw = json.load(fh)
+    for k, v in edits.items():
+        if v is None:
+            raw.pop(k, None)
+        else:
+            raw[k] = v
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump(raw, fh)
+    return folder
+
+
+@pytest.mark.parametrize("edits,pattern", [
+    (dict(num_experts_per_tok=5), "num_experts_per_tok: expected 1..num_experts=4"),
+    (dict(num_local_experts=None, num_experts=None), "num_experts_per_tok given without num_experts"),
+    (dict(num_experts=8), "num_experts 4 and num_local_experts 8 differ|num_experts 8 and num_local_experts 4"),
+    (dict(mlp_only_layers="0"), "mlp_only_layers: expected a list"),
+    (dict(router_aux_loss_coef=-1), "router_aux_loss_coef: expected a number >= 0"),
+    (dict(moe_router_type="sigmoid"), "moe_router_type: unknown config.json key"),
+])
+def test_qwen3_moe_config_json_keys_we_cannot_honour_are_refused(moe, tmp_path, edits, pattern):
+    from mindrlhf.configs.hf_config import model_config_from_hf
+    folder = _edited(moe[0], str(tmp_path / "m"), **edits)
+    with pytest.raises(ConfigError, match=pattern):
+        model_config_from_hf(folder)
+
+
+def test_qwen3_moe_aux_coef_zero_is_allowed_and_tp2_is_refused(moe, tmp_path):
+    from mindrlhf.configs.hf_config import main, model_config_from_hf
+    assert model_config_from_hf(_edited(moe[0], str(tmp_path / "z"), router_aux_loss_coef=0)).router_aux_loss_coef \
+        == 0.0
+    assert main([moe[0], "--model_parallel", "2", "-o", str(tmp_path / "f.yaml")]) == 2
+    with pytest.raises(ConfigError, match="model_parallel=2 with model.model_config.num_experts=4 is not supported"):
+        from mindrlhf.configs.model_config import ParallelConfig
+        ParallelConfig(model_parallel=2).check_model(load_model_yaml(moe[0]).model)
+
+
+def test_qwen3_moe_yaml_written_from_the_folder_reads_back(tmp_path):
+    """The YAML of a model with dense layers reads back to the same model: mlp_only_layers came back as
+    strings (['0']: the list fields were strings or floats) and was refused."""
+    import yaml
+    from mindrlhf.configs.hf_config import main
+    folder = str(tmp_path / "hf")
+    make_qwen3_moe_model(folder, **MIXED)
+    out = tmp_path / "moe.yaml"
+    assert main([folder, "--data_parallel", "2", "-o", str(out)]) == 0
+    fields = yaml.safe_load(out.read_text())["model"]["model_config"]
+    assert fields["num_experts"] == 4 and fields["moe_intermediate_size"] == 32 and fields["mlp_only_layers"] == [0]
+    assert load_model_yaml(str(out)).model == load_model_yaml(folder).model
+    assert load_model_yaml(str(out)).model.mlp_only_layers == [0]
+
+
+def test_qwen3_moe_specs_describe_the_built_model(moe):
+    from mindrlhf.models.specs import param_specs
+    _, _, ours = moe
+    specs = param_specs(ours.config)
+    built = {p.name: tuple(p.shape) for p in ours.get_parameters()}
+    assert {k: tuple(v[0]) for k, v in specs.items()} == built
+    assert specs["model.layers.0.feed_forward.routed_experts.ffn.w1.weight"] == ((4, 64, 32), {})
+
+
+# ---- GRPO on Qwen3-MoE ---------------------------------------------------------------------------------------
+def test_grpo_trains_a_qwen3_moe_hf_folder(tmp_path):
+    """Two GRPO steps with a Qwen3-MoE folder as --sft_path_train (one dense layer, one sparse): the trainer
+    builds, rolls out and updates it (shared prompt on: the dense and the sparse layer each compiled once as
+their own reused subgraph, layer_graphs.LayerGraphs), the rollout's log-probs equal the train model's, and the export is a
+    Qwen3-MoE transformers loads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from grpo_helpers import grpo_overrides, make_grpo_assets
+    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
+    folder = str(tmp_path / "Qwen3-MoE-tiny")
+    make_qwen3_moe_model(folder, vocab=416, mlp_only=(0,))
+    cfg = load_grpo_config(None, grpo_overrides(dict(assets, sft_path_train=folder), str(tmp_path / "out"),
+                                                share_prompt=True, export_hf=True, save_steps=2))
+    rows = GRPOTrainer(cfg, log=lambda *a, **k: None).fit()
+    assert len(rows) == 2
+    assert all(np.isfinite(r["loss"]) and r["rollout_train_logprob_gap"] <= 1e-4 for r in rows)
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "hf_policy"), dtype=torch.float32)
+    assert type(back).__name__ == "Qwen3MoeForCausalLM"
+    assert back.model.layers[1].mlp.experts.gate_up_proj.shape == (4, 64, 64)
+
+
+# ---- MindSpeed-RL's MoE keys, routing ties -------------------------------------------------------------------
+def test_mindspeed_moe_entry_is_qwen3_moe(tmp_path):
+    """num_experts, moe_router_topk, moe_ffn_hidden_size, norm_topk_prob and moe_aux_loss_coeff reach the model
+    (the dispatcher / grouped-gemm keys are inert); the model equals the HF folder's of the same sizes."""
+    from test_qwen3 import _mindspeed
+    spec = load_model_yaml(_mindspeed(tmp_path, "tiny_qwen3_moe"))
+    assert spec.model == ModelConfig(**dict(qwen3_moe_model_kwargs(vocab=416), seq_length=64,
+                                            max_position_embedding=64, eos_token_id=[]))
+    assert any("moe_token_dispatcher_type" in k for k, _ in spec.ignored)
+
+
+@pytest.mark.parametrize("key,value,pattern", [
+    ("n_shared_experts", 2, "n_shared_experts: 2 is not supported"),
+    ("moe_router_score_function", "sigmoid", "moe_router_score_function: 'sigmoid' is not supported"),
+    ("first_k_dense_replace", 1, "first_k_dense_replace: 1 is not supported"),
+])
+def test_mindspeed_moe_keys_we_do_not_implement_are_refused(tmp_path, key, value, pattern):
+    import yaml
+    from test_qwen3 import _mindspeed
+    path = _mindspeed(tmp_path, "tiny_qwen3_moe")
+    entry = tmp_path / "model" / "tiny_qwen3_moe.yaml"
+    doc = yaml.safe_load(entry.read_text())
+    doc["tiny_qwen3_moe"][key] = value
+    entry.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=pattern):
+        load_model_yaml(path)
+
+
+def test_routing_ties_go_to_the_lower_expert_id():
+    from mindspore import Tensor
+    from mindrlhf.models.moe import top_k_mask
+    probs = np.array([[0.25, 0.25, 0.25, 0.25], [0.1, 0.4, 0.1, 0.4], [0.3, 0.2, 0.3, 0.2]], np.float32)
+    got = top_k_mask(Tensor(probs), 2).asnumpy()
+    assert got.tolist() == [[1, 1, 0, 0], [0, 1, 0, 1], [1, 0, 1, 0]]
+    assert top_k_mask(Tensor(probs), 1).asnumpy().tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 0]]
+
+
+def test_convert_weight_qwen3_moe_round_trips(moe, tmp_path):
+    """convert_weight.py --model qwen3_moe: the HF folder -> our stacked names (checked against the YAML) -> HF
+    again, the per-expert tensors bit-equal."""
+    from mindrlhf.checkpoint.convert import mindformers_main
+    from mindrlhf.configs.hf_config import main as yaml_main
+    folder = moe[0]
+    model_yaml = str(tmp_path / "moe.yaml")
+    assert yaml_main([folder, "-o", model_yaml]) == 0
+    ms_file = str(tmp_path / "moe.safetensors")
+    assert mindformers_main(["--model", "qwen3_moe", "--input_path", folder, "--output_path", ms_file,
+                             "--config_path", model_yaml]) == 0
+    st = SafeTensorsFile(ms_file)
+    assert st.get("model.layers.0.feed_forward.routed_experts.ffn.w2.weight").shape == (4, 32, 64)
+    back = str(tmp_path / "hf")
+    assert mindformers_main(["--model", "qwen3_moe", "--reversed", "--input_path", ms_file, "--output_path", back,
+                             "--config_path", model_yaml]) == 0
+    a, b = _tensors(folder), _tensors(back)
+    assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_lora_on_a_moe_model_adapts_the_dense_layers_and_attention_only():
+    """LoRA targets w1/w2/w3 meet the dense layer's MLP; the stacked experts carry no adapter (specs agree)."""
+    from mindrlhf.configs.lora import LoraSpec
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.models.specs import param_specs
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(**MIXED))
+    lora = LoraSpec(4, 8.0, ("wq", "w1", "w2"))
+    model = CausalLM(cfg, lora=lora)
+    built = {p.name: tuple(p.shape) for p in model.get_parameters()}
+    assert built == {k: tuple(v[0]) for k, v in param_specs(cfg, lora).items()}
+    trainable = {p.name for p in model.trainable_params()}
+    assert any(n.startswith("model.layers.0.feed_forward.w1.") for n in trainable)
+    assert any(n.startswith("model.layers.2.attention.wq.") for n in trainable)
+    assert not any("routed_experts" in n for n in trainable)
+
+
+def test_qwen3_moe_strategy_file_slices_and_merges_the_experts(moe, tmp_path):
+    """The specs' layouts for dp2 (experts replicated: 3-D tensors, whole on every rank) as a strategy file:
+    transform_checkpoint's slicing gives each rank the whole experts and merges back bit-exact."""
+    from mindrlhf.checkpoint.model_io import read_checkpoint, save_checkpoint
+    from mindrlhf.checkpoint.slicing import transform
+    from mindrlhf.models.specs import layouts_for
+    from mindrlhf.parallel.strategy import read_strategy, write_strategy
+    _, _, ours = moe
+    full = {k: np.asarray(v) for k, v in model_state(ours).items()}
+    save_checkpoint(full, str(tmp_path / "full.safetensors"))
+    strat = str(tmp_path / "s.ckpt")
+    write_strategy(strat, layouts_for(ours.config, dp=2, tp=1))
+    name = "model.layers.1.feed_forward.routed_experts.ffn.w1.weight"
+    assert name in read_strategy(strat)
+    transform(str(tmp_path / "full.safetensors"), str(tmp_path / "sliced"), dst_strategy=strat,
+              out_format="safetensors")
+    rank1 = read_checkpoint(str(tmp_path / "sliced" / "rank_1" / "checkpoint_1.safetensors"))
+    assert rank1[name].tobytes() == full[name].tobytes()
+    transform(str(tmp_path / "sliced"), str(tmp_path / "merged"), src_strategy=strat, out_format="safetensors")
+    merged = read_checkpoint(str(tmp_path / "merged" / "rank_0" / "checkpoint_0.safetensors"))
+    assert set(merged) == set(full) and all(merged[k].tobytes() == full[k].tobytes() for k in full)
