@@ -59,3 +59,20 @@ def coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
     if choices and value not in choices:
         raise ConfigError(f"{where}: expected one of {list(choices)}, got {value!r}")
     return value
+
+
+@dataclasses.dataclass
+class _Kinds:
+    """The value kinds a foreign config's translation reads (MindSpeed-RL's, verl's); coerce() gives each its one
+    rule (YAML's `1e-6` string too)."""
+    number: float = 0.0
+    integer: int = 0
+    flag: bool = False
+
+
+_KIND = {f.name: f for f in dataclasses.fields(_Kinds)}
+
+
+def coerce_kind(kind: str, value: Any, where: str) -> Any:
+    """`value` as a number, integer or flag, by coerce's rule; errors name `where`."""
+    return coerce(value, _KIND[kind], where)

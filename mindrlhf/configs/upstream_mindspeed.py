@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
 
-from mindrlhf.configs.coerce import coerce
+from mindrlhf.configs.coerce import coerce, coerce_kind
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.hf_config import read_json_object
 from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
@@ -463,19 +463,8 @@ def _run_checks(values: Dict[str, Any], checks, where: Callable[[str], str], pat
             raise ConfigError(f"{path}: {where(key)}: {what} (we implement {expected})")
 
 
-@dataclasses.dataclass
-class _Kinds:
-    """The value kinds the translation reads; coerce() gives each its one rule (YAML's `1e-6` string too)."""
-    number: float = 0.0
-    integer: int = 0
-    flag: bool = False
-
-
-_KIND = {f.name: f for f in dataclasses.fields(_Kinds)}
-
-
 def _as(kind: str, value, where: str):
-    return coerce(value, _KIND[kind], where)
+    return coerce_kind(kind, value, where)
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ sequences per train data-parallel rank (rl.mini_batch_size, rl.micro_batch_size)
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.upstream import CHECKED, INERT, MAPPED, Key
@@ -380,7 +380,7 @@ def _files(value) -> List[str]:
 def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Field]) -> Translation:
     """verl's overrides -> our sections, what each key did, and the data to convert. Keys the command does not
     give keep our defaults, except where verl's own default differs (ABSENT_DEFAULTS, said at start-up)."""
-    from mindrlhf.configs.coerce import coerce
+    from mindrlhf.configs.coerce import coerce, coerce_kind
     rows = {k: lookup(k) for k in ov}
     for key, (ok, expected, default) in CHECKS.items():
         given = key in ov
@@ -406,10 +406,10 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
 
     def num(key: str, kind: str, default=None):
         value = ov.get(key, default)
-        return coerce(value, _KIND[kind], key)
+        return coerce_kind(kind, value, key)
 
     def flag(key: str, default: bool) -> bool:
-        return coerce(ov.get(key, default), _KIND["flag"], key)
+        return coerce_kind("flag", ov.get(key, default), key)
 
     # the job: ranks and the rollout layout
     nodes = num("trainer.nnodes", "integer", 1)
@@ -605,16 +605,6 @@ def _schedule(ov, put, derived, num, tbs, mini, sections):
         put("optim", "beta1", betas[0], A + "optim.betas")
         put("optim", "beta2", betas[1], A + "optim.betas")
 
-
-@dataclasses.dataclass
-class _Kinds:
-    """The value kinds the translation reads; coerce() gives each its one rule."""
-    number: float = 0.0
-    integer: int = 0
-    flag: bool = False
-
-
-_KIND = {f.name: f for f in dataclasses.fields(_Kinds)}
 
 GROUPS = ("data", "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.ref",
           "actor_rollout_ref.rollout", "actor_rollout_ref", "algorithm", "trainer", "critic", "reward_model",
