@@ -29,6 +29,7 @@ COMPARED = ("reward_mean", "loss", "pg_loss", "kl", "grad_norm", "entropy", "res
 ABS_TOL = {"kl": 1e-7, "loss": 1e-6, "pg_loss": 1e-6}
 
 
+@pytest.mark.slow       # ~37 s on 2 msrun workers; keeps the default run near 20 minutes
 def test_multi_turn_trajectory_is_layout_invariant(tmp_path, monkeypatch):
     root = str(tmp_path)
     vocab, merges = make_tokenizer_files(os.path.join(root, "tok"), vocab_size=400)

@@ -41,6 +41,7 @@ def test_qwen3_tp2_equals_one_process(results, tag):
             assert np.abs(res[key] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (tag, name)
 
 
+@pytest.mark.slow       # ~36 s; the default run keeps Qwen3 tp2 = one process (logits, loss, gradients)
 def test_qwen3_grpo_trajectory_is_the_same_on_tp2(tmp_path):
     """Two GRPO steps on a Qwen3 HF folder (shared prompt, KL to the reference, four updates per step): a
     single process and train dp1 x tp2 / infer dp2 x tp1 under msrun sample the same responses and give the

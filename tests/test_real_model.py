@@ -300,6 +300,7 @@ def test_first_step_kl_is_zero_and_export_loads_in_transformers(slice_dir, tmp_p
         assert torch.isfinite(hf(torch.tensor([[1, 2, 3]])).logits).all()
 
 
+@pytest.mark.slow       # ~43 s: a 2-worker run and a single process on the folder
 @pytest.mark.msrun
 def test_dp2_train_dp2_infer_under_msrun_from_the_folder(slice_dir, tmp_path):
     """Two msrun workers (every rank data-parallel, as a folder trains) follow the single process's trajectory:

@@ -69,7 +69,8 @@ def single(assets):
     return _run(assets, "single")
 
 
-@pytest.mark.parametrize("name", ["train_tp2_infer_dp2", "train_dp2_infer_tp2"])     # ~30 s each
+@pytest.mark.slow       # ~25 s each on 2 msrun workers; the default run keeps the reward model's single-process tests
+@pytest.mark.parametrize("name", ["train_tp2_infer_dp2", "train_dp2_infer_tp2"])
 def test_reward_model_scores_are_layout_invariant(assets, single, name):
     ref, got = single, _run(assets, name)
     assert len(ref) == len(got) == 2
