@@ -205,9 +205,11 @@ class GenerationEngine:
             sum(p.seconds for p in parts), np.concatenate([p.loss_mask for p in parts]),
             np.concatenate([p.tool_calls for p in parts]), [t for p in parts for t in p.turns])
 
-    def _generate(self, prompts, params: SamplingParams, keys) -> RolloutOutput:
-        if self.tools is not None:
-            return self._generate_episodes(prompts, params, keys, self.tools)
+    def _start(self, prompts, params: SamplingParams, keys):
+        """What a single-turn generate and an episode both begin with: the prompts checked, left-padded to the
+        bucket and prefilled once each, their logits repeated for the n samples, the repetition penalty's seen
+        tokens and the rows' random draws. Returns (lengths, p_len, total, mask, logits (rows, V), seen,
+        uniforms)."""
         cfg = self.model.config
         lengths = np.array([len(p) for p in prompts])
         if lengths.min() == 0:
@@ -219,19 +221,25 @@ class GenerationEngine:
                               f"the model's max_position_embedding={cfg.max_position_embedding}; the longest "
                               f"prompt has {lengths.max()} tokens")
         uniforms = None if params.greedy else row_uniforms(params.seed, keys, params.n, params.max_tokens)
-        t0 = time.time()
         b, n = len(prompts), params.n
-        rows = b * n
         ids, mask = left_pad(prompts, p_len, self.pad_token_id)
         logits = self._prefill(b, p_len, total, n)(Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)),
                                                    causal_bias(mask)).asnumpy()
         logits = np.repeat(logits, n, axis=0)                                      # (rows, V)
-
         seen = None
         if params.repetition_penalty != 1.0:
-            seen = np.zeros((rows, cfg.vocab_size), bool)
+            seen = np.zeros((b * n, cfg.vocab_size), bool)
             for i, p in enumerate(prompts):
                 seen[i * n:(i + 1) * n, p] = True
+        return lengths, p_len, total, mask, logits, seen, uniforms
+
+    def _generate(self, prompts, params: SamplingParams, keys) -> RolloutOutput:
+        if self.tools is not None:
+            return self._generate_episodes(prompts, params, keys, self.tools)
+        t0 = time.time()
+        lengths, p_len, total, mask, logits, seen, uniforms = self._start(prompts, params, keys)
+        b, n = len(prompts), params.n
+        rows = b * n
         out_ids = np.full((rows, params.max_tokens), self.pad_token_id, np.int64)
         out_mask = np.zeros((rows, params.max_tokens), np.int64)
         out_logp = np.zeros((rows, params.max_tokens), np.float32)
@@ -301,30 +309,12 @@ class GenerationEngine:
         prompt length + k, whichever turn it belongs to. A decode step feeds each row's next unfed token; a row
         samples when all its tokens are fed. Random draws are keyed by (seed, key, sample) and the response
         position, so a trajectory does not depend on the batch it ran in or on when its tools answered."""
-        cfg = self.model.config
-        lengths = np.array([len(p) for p in prompts])
-        if lengths.min() == 0:
-            raise ConfigError(f"generate: prompt {int(np.argmin(lengths))} is empty")
-        p_len = int(-(-lengths.max() // self.prompt_bucket) * self.prompt_bucket)
         width = params.max_tokens
         budget = min(tools.max_total_response_length or width, width)
-        total = p_len + width
-        if total > cfg.max_position_embedding:
-            raise ConfigError(f"generate: prompt bucket {p_len} + max_tokens {width} = {total} exceeds "
-                              f"the model's max_position_embedding={cfg.max_position_embedding}")
-        uniforms = None if params.greedy else row_uniforms(params.seed, keys, params.n, width)
         t0 = time.time()
+        lengths, p_len, total, mask, logits, seen, uniforms = self._start(prompts, params, keys)
         b, n = len(prompts), params.n
         rows = b * n
-        ids, mask = left_pad(prompts, p_len, self.pad_token_id)
-        logits = self._prefill(b, p_len, total, n)(Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)),
-                                                   causal_bias(mask)).asnumpy()
-        logits = np.repeat(logits, n, axis=0)
-        seen = None
-        if params.repetition_penalty != 1.0:
-            seen = np.zeros((rows, cfg.vocab_size), bool)
-            for i, p in enumerate(prompts):
-                seen[i * n:(i + 1) * n, p] = True
         out_ids = np.full((rows, width), self.pad_token_id, np.int64)
         out_mask = np.zeros((rows, width), np.int64)
         out_loss = np.zeros((rows, width), np.int64)
