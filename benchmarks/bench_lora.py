@@ -5,7 +5,7 @@ examples/grpo/smollm2_arithmetic's config and data, as bench_real_model.py prepa
 
 Full fine-tuning trains every weight (AdamW moments for all, and with --beta > 0 a reference copy); LoRA
 (lora.lora_rank --rank, alpha 2 x rank, all linear layers) trains the adapters only, and its reference is the
-policy with the adapters off. Both runs use run.layerwise_update (the update and the log-prob passes one
+policy with the adapters off. Both runs use engine.layerwise_update (the update and the log-prob passes one
 decoder layer per graph), the update to choose when memory is the reason for LoRA: with one graph for the
 whole model's update, its compile heap and activations, which LoRA does not shrink, set both runs' peak
 (--one_graph runs that way: docs/BENCHMARKS.md has both). LoRA runs at --lora_lr (default 10x the full run's
@@ -47,7 +47,7 @@ def main():
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--lora_lr", type=float, default=1e-4)
     p.add_argument("--one_graph", action="store_true",
-                   help="both runs with one graph for the update (run.layerwise_update false)")
+                   help="both runs with one graph for the update (engine.layerwise_update false)")
     p.add_argument("--model_dir", default=os.path.join(os.path.expanduser("~"), ".cache", "mindrlhf", "smollm2"))
     p.add_argument("--work", default="")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)

@@ -6,7 +6,7 @@ Model: the issues' benchmark model (benchmarks/common.py BENCH_MODEL: 4 layers, 
 weights. A mini-batch is 16 sequences of prompt width 96 and up to 400 response tokens (input rows of 495):
 prompt lengths uniform in [24, 96], response lengths log-normal (median 80, sigma 0.9) clipped to [1, 400], the
 long tail of reasoning RL, where a few responses reach the limit and most stop far earlier. Padded: micro-batches
-of --micro_rows rows of 495 (the trainer with rl.micro_batch_size). Packed (rl.sequence_packing): the sequences
+of --micro_rows rows of 495 (the trainer with engine.micro_batch_size). Packed (engine.sequence_packing): the sequences
 first-fit into rows of 495, micro-batches of --packed_micro_rows rows. The same code the trainer calls
 (samples.train_step_inputs / packing.packed_step_inputs, update/pipelined.PipelineTrainStep). Each system runs in
 its own process, one after the other; the first update compiles and is not timed.
@@ -109,7 +109,7 @@ def main():
     p.add_argument("--updates", type=int, default=4, help="timed updates (after one that compiles)")
     p.add_argument("--micro_rows", type=int, default=4, help="padded rows per micro-batch")
     p.add_argument("--packed_micro_rows", type=int, default=1, help="packed rows per micro-batch (1: the default "
-                                                                     "of rl.max_packing_token_size)")
+                                                                     "of engine.max_packing_token_size)")
     p.add_argument("--child", nargs=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:

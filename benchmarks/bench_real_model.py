@@ -9,7 +9,7 @@ model's own chat template, score with the same verifier (mindrlhf.reward.verifie
 temperature 0.5, beta 0 (no reference model), token-mean loss (TRL's "dapo"), clip 0.2 / 0.28, AdamW lr 1e-5
 constant after 3 warm-up updates, weight decay 0, gradient clip 1.0, one update per rollout. mindrlhf runs
 each update one decoder layer at a time over the whole batch, the loss and LM head in micro-batches of one
-group (rl.micro_batch_size 8: the same update); TRL runs its default, the whole batch in one pass
+group (engine.micro_batch_size 8: the same update); TRL runs its default, the whole batch in one pass
 (per_device_train_batch_size 32), with TRL's gradient checkpointing as --trl_gradient_checkpointing says: on by
 default (TRL's own default and the setting every figure in docs/BENCHMARKS.md was measured with, unset then:
 less memory, "~20% slower" by TRL's docs), off for TRL's faster, larger setting; both JSON lines of TRL say
@@ -24,7 +24,7 @@ Each system runs in a fresh process, one after the other (2 cores: never at once
 "heldout_gain": ours after - before, "heldout_gap_vs_trl": ours after - trl after, "matmul_gflops": ...,
 "floor": {phase: estimated FLOPs / the machine's matmul rate, seconds}}. step_s is the median over steps
 2..N (step 1 compiles). --quick: 10 steps and no evaluation (timing only). --plot writes both learning
-curves on one figure. The example updates one decoder layer per graph (run.layerwise_update);
+curves on one figure. The example updates one decoder layer per graph (engine.layerwise_update);
 --systems mindrlhf,mindrlhf_one_graph,trl adds a run with one graph for the whole model's update and its
 ratios as "one_graph" in the last line. --warm_cache: each mindrlhf system runs with run.enable_compile_cache
 and then once more in a new process, reading the first run's compiled graphs (system "<name>_warm"; the
@@ -106,7 +106,7 @@ ONE_GRAPH = {"layerwise_update": False}     # the mindrlhf_one_graph system: one
 def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict = None,
                out_name: str = "mindrlhf", seed: int = 1) -> dict:
     """One mindrlhf run of the example's config; `extra`: overrides on top (bench_lora.py's LoRA run)."""
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     from mindrlhf.trainer.metrics import read_metrics
     out_dir = os.path.join(work, out_name)
@@ -256,7 +256,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="10 steps, no evaluation: timing only")
     p.add_argument("--trl_python", default=sys.executable, help="Python with trl installed")
     p.add_argument("--systems", default="mindrlhf,trl",
-                   help="which to run, in order: mindrlhf, mindrlhf_one_graph (run.layerwise_update false), trl")
+                   help="which to run, in order: mindrlhf, mindrlhf_one_graph (engine.layerwise_update false), trl")
     p.add_argument("--model_dir", default=os.path.join(os.path.expanduser("~"), ".cache", "mindrlhf", "smollm2"),
                    help="where the HF folder is written once (scripts/get_smollm2.py)")
     p.add_argument("--work", default="", help="working directory (default: a new temporary one, kept)")

@@ -111,7 +111,7 @@ def prepare(work: str, dims: dict) -> dict:
 # ---- mindrlhf side (this Python) --------------------------------------------------------------------------
 def child_ours(work: str, inputs: dict, dims: dict) -> dict:
     import yaml
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.reward.verifiers import register_verifier
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     register_verifier("digit_share")(lambda completion, solution: digit_share(completion))

@@ -10,7 +10,7 @@ from mindrlhf.configs.errors import CheckpointError, ConfigError
 
 def save_role_strategies(cfg) -> List[str]:
     """`grpo_one_stage.py --only_save_strategy True`: train and infer strategy files from the model YAMLs."""
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.sources import load_model_yaml
     from mindrlhf.models.specs import layouts_for
     from mindrlhf.parallel.strategy import save_role_strategy
     run = cfg.run
@@ -27,7 +27,7 @@ def save_role_strategies(cfg) -> List[str]:
 
 
 def grpo_main(argv=None) -> int:
-    from mindrlhf.configs.grpo_config import config_from_argv
+    from mindrlhf.configs.grpo_load import config_from_argv
     try:
         cfg = config_from_argv(argv)
         if cfg.run.only_save_strategy:

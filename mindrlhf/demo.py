@@ -136,7 +136,7 @@ def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, s
 def stage_warmup(work: str, paths: Dict[str, str], steps: int) -> str:
     import mindspore as ms
     from mindrlhf.checkpoint.model_io import model_state, save_checkpoint
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.sources import load_model_yaml
     from mindrlhf.data.mindrecord_io import read_mindrecord
     from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.trainer.sft import sft_warmup
@@ -277,7 +277,7 @@ def _plot(steps, evals, path: str) -> str:
 def _check_export(hf_dir: str, model_yaml: str) -> bool:
     """The exported safetensors load into a fresh model (strict: every weight present, shapes right)."""
     from mindrlhf.checkpoint.model_io import load_weights
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.sources import load_model_yaml
     from mindrlhf.models.qwen2 import CausalLM
     try:
         load_weights(CausalLM(load_model_yaml(model_yaml).model, random_init=False), hf_dir)

@@ -167,9 +167,9 @@ def sampling(args, eos_ids: List[int]):
 
 def model_config(args, world: int, log):
     """The model's config; its layout is every rank data-parallel, whatever a YAML says."""
-    from mindrlhf.configs.hf_config import is_hf_folder
+    from mindrlhf.configs.compat.hf import is_hf_folder
     from mindrlhf.configs.model_config import ParallelConfig
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.sources import load_model_yaml
     if os.path.isdir(args.model) and not is_hf_folder(args.model):
         raise ConfigError(f"--model {args.model}: a folder without config.json; expected a Hugging Face model "
                           f"folder or a model YAML")
@@ -186,7 +186,7 @@ def model_config(args, world: int, log):
 
 
 def weights_path(args) -> str:
-    from mindrlhf.configs.hf_config import is_hf_folder
+    from mindrlhf.configs.compat.hf import is_hf_folder
     if args.checkpoint:
         return args.checkpoint
     if is_hf_folder(args.model):

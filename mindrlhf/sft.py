@@ -84,10 +84,10 @@ class _Run:
     """What one SFT job trains with, built once."""
 
     def __init__(self, cfg: SFTConfig, log: Callable):
-        from mindrlhf.configs.hf_config import is_hf_folder
+        from mindrlhf.configs.compat.hf import is_hf_folder
         from mindrlhf.configs.lora import LoraSpec, parse_targets
         from mindrlhf.configs.model_config import ParallelConfig
-        from mindrlhf.configs.model_source import load_model_yaml
+        from mindrlhf.configs.compat.sources import load_model_yaml
         from mindrlhf.data.chat_template import ChatTemplate
         from mindrlhf.data.conversations import tokenize_conversations
         from mindrlhf.data.tokenizer import load_tokenizer

@@ -1,7 +1,7 @@
 """verl's command line, run by our GRPO trainer: `python -m mindrlhf.verl_main key=value ... [--our_flag value ...]`
 where verl users type `python3 -m verl.trainer.main_ppo key=value ...`.
 
-1. The dotted overrides are translated by configs/upstream_verl.py (one table: mapped, inert with the reason,
+1. The dotted overrides are translated by configs/compat/verl.py (one table: mapped, inert with the reason,
    or refused naming the key); one start-up line per key group says what each became.
 2. data.train_files / data.val_files (verl's RL parquet) are converted as `rlhf_data.py --dataset_type verl`
    would, into <default_local_dir>/verl_data/{train,val}.mindrecord (rank 0 converts; other ranks wait for
@@ -87,7 +87,7 @@ def prepare_data(plan, eval_wanted: bool) -> Dict[str, Any]:
 def _layout_yamls(model: str, world: int, infer_tp: int, out_dir: str) -> Tuple[str, str]:
     """rollout.tensor_model_parallel_size > 1: the HF folder's model in the train layout (every rank data-parallel,
     as verl's FSDP actor) and the rollout layout (replicas of infer_tp ranks), as model YAMLs."""
-    from mindrlhf.configs.hf_config import model_yaml_from_hf, model_yaml_text
+    from mindrlhf.configs.compat.hf import model_yaml_from_hf, model_yaml_text
     from mindrlhf.configs.model_config import ParallelConfig
     from mindrlhf.utils.atomic import write_text
     paths = []
@@ -104,7 +104,7 @@ def _layout_yamls(model: str, world: int, infer_tp: int, out_dir: str) -> Tuple[
 def build_config_file(overrides: List[str], ours: List[str]) -> str:
     """Translate, print what each key became, convert the data, write verl_config.yaml; returns its path."""
     import yaml
-    from mindrlhf.configs import upstream_verl
+    from mindrlhf.configs.compat import verl as upstream_verl
     from mindrlhf.configs.grpo_config import _field_of
     tr = upstream_verl.translate(upstream_verl.parse_overrides(overrides), _field_of)
     sections, run = tr.sections, tr.sections["run"]
@@ -142,7 +142,7 @@ def build_config_file(overrides: List[str], ours: List[str]) -> str:
     for line in tr.derived:
         print(f"verl derived: {line}", flush=True)
     path = os.path.join(plan.out_dir, "verl_config.yaml")
-    head = ("# written by mindrlhf.verl_main from verl's overrides (configs/upstream_verl.py); the same run:\n"
+    head = ("# written by mindrlhf.verl_main from verl's overrides (configs/compat/verl.py); the same run:\n"
             "#   python examples/grpo/qwen_grpo_tutorial/grpo_one_stage.py --config <this file>\n"
             + "".join(f"#   {o}\n" for o in overrides))
     if _rank() == 0:

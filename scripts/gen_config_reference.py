@@ -1,6 +1,6 @@
 """Rewrite docs/CONFIG.md's config, eval, SFT and parallel_config references from their dataclasses, and
-docs/UPSTREAM.md's tables from mindrlhf/configs/upstream.py, upstream_mindspeed.py, upstream_verl.py and
-hf_config.py (tests/test_docs.py checks all are current)."""
+docs/UPSTREAM.md's tables from mindrlhf/configs/compat/ (mindrlhf_grpo, mindformers, hf, mindspeed, verl;
+tests/test_docs.py checks all are current)."""
 import os
 import re
 import sys
@@ -8,13 +8,14 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from mindrlhf.configs.grpo_config import config_reference_markdown, field_defaults  # noqa: E402
 from mindrlhf.configs.fields import reference_markdown  # noqa: E402
-from mindrlhf.configs.hf_config import table_markdown as hf_table_markdown  # noqa: E402
+from mindrlhf.configs.compat.hf import table_markdown as hf_table_markdown  # noqa: E402
 from mindrlhf.configs.model_config import ParallelConfig  # noqa: E402
 from mindrlhf.eval import EvalConfig  # noqa: E402
 from mindrlhf.sft import SFTConfig  # noqa: E402
-from mindrlhf.configs.upstream import defaults_markdown, table_markdown  # noqa: E402
-from mindrlhf.configs.upstream_mindspeed import table_markdown as mindspeed_table_markdown  # noqa: E402
-from mindrlhf.configs.upstream_verl import table_markdown as verl_table_markdown  # noqa: E402
+from mindrlhf.configs.compat.mindrlhf_grpo import defaults_markdown, table_markdown  # noqa: E402
+from mindrlhf.configs.compat.mindformers import table_markdown as mindformers_table_markdown  # noqa: E402
+from mindrlhf.configs.compat.mindspeed import table_markdown as mindspeed_table_markdown  # noqa: E402
+from mindrlhf.configs.compat.verl import table_markdown as verl_table_markdown  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 BLOCKS = [(os.path.join(ROOT, "docs", "CONFIG.md"), "config-reference", config_reference_markdown),
@@ -23,6 +24,7 @@ BLOCKS = [(os.path.join(ROOT, "docs", "CONFIG.md"), "config-reference", config_r
           (os.path.join(ROOT, "docs", "CONFIG.md"), "parallel-reference",
            lambda: reference_markdown(ParallelConfig, "parallel_config.")),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "upstream-table", table_markdown),
+          (os.path.join(ROOT, "docs", "UPSTREAM.md"), "mindformers-table", mindformers_table_markdown),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "defaults-table", lambda: defaults_markdown(field_defaults())),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "hf-config-table", hf_table_markdown),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "mindspeed-table", mindspeed_table_markdown),

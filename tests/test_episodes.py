@@ -271,7 +271,7 @@ def _tool_run(root, monkeypatch, **extra):
     """A GRPO run with --tool_module in one process: half the samples' first turn is a call to `inc` (the model's
     draws forced there, with its own log-probs), the tool answers, the model continues."""
     from grpo_helpers import grpo_overrides, make_grpo_assets
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.data.tokenizer import load_tokenizer
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
 
@@ -353,7 +353,7 @@ def test_packed_rows_train_an_episode_as_padded_rows(tmp_path, monkeypatch):
 def test_mindspeed_multi_turn_keys_map_onto_the_tools_section(tmp_path):
     from test_upstream_mindspeed import _edited, _write
     from mindrlhf.configs import ConfigError
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     tool_cfg = tmp_path / "tools.yaml"
     tool_cfg.write_text("tools: []\n")
     keys = {"rl_config.multi_turn_enable": True, "rl_config.tool_config_path": str(tool_cfg),
@@ -399,7 +399,7 @@ def test_bad_tool_settings_are_named(edit, pattern):
 def test_start_up_names_the_tools_and_refuses_a_folder_without_a_chat_template(tmp_path):
     from grpo_helpers import grpo_overrides, make_grpo_assets
     from mindrlhf.configs import ConfigError
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.resolve import resolve
     assets = make_grpo_assets(str(tmp_path / "assets"))
     tool_file = tmp_path / "t.py"

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import mindspore as ms
 import pytest
 

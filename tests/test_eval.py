@@ -43,7 +43,7 @@ def _warm_up(assets, root) -> str:
     a, '#### 8' with an odd one, and stop: completions that differ by prompt, accuracies neither 0 nor 1."""
     import mindspore as ms
     from mindrlhf.checkpoint.model_io import model_state, save_checkpoint
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.sources import load_model_yaml
     from mindrlhf.data.mindrecord_io import read_mindrecord
     from mindrlhf.data.tokenizer import load_tokenizer
     from mindrlhf.models.qwen2 import CausalLM
@@ -65,7 +65,7 @@ def _warm_up(assets, root) -> str:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A 2-step GRPO run from the warmed-up model, evaluating 12 held-out prompts at every step, exported."""
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer import evaluation
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     from mindrlhf.trainer.metrics import read_metrics
@@ -206,7 +206,7 @@ def test_a_step_saved_in_a_tensor_parallel_layout_loads_whole(trained, tmp_path)
     """A step trained dp1 x tp2 (each rank its slices, as the trainer saves them) is assembled from its
     shards into the eval's whole-model layout, every weight equal to the model it was cut from."""
     from mindrlhf.checkpoint.model_io import load_weights, model_state, save_checkpoint
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.sources import load_model_yaml
     from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.models.specs import layouts_for
     from mindrlhf.utils.atomic import write_json

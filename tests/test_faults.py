@@ -12,10 +12,8 @@ import io
 import os
 import socket
 import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 
 from grpo_helpers import WORKER, cli_args, make_grpo_assets, model_yaml

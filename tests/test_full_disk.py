@@ -7,7 +7,6 @@ import contextlib
 import errno
 import gc
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from mindrlhf.checkpoint import safetensors_io
 from mindrlhf.checkpoint.hf_interop import export_hf
 from mindrlhf.checkpoint.model_io import read_checkpoint, save_checkpoint
 from mindrlhf.configs import ModelConfig
-from mindrlhf.configs.grpo_config import load_grpo_config
+from mindrlhf.configs.grpo_load import load_grpo_config
 from mindrlhf.models.specs import param_specs
 from mindrlhf.parallel.layouts import Layout
 from mindrlhf.parallel.strategy import write_strategy

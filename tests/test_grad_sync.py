@@ -2,7 +2,6 @@
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 

@@ -6,7 +6,7 @@ import pytest
 import mindspore.dataset as ds
 from grpo_helpers import digit_fraction, grpo_overrides, make_grpo_assets, model_yaml
 from mindrlhf.configs import ConfigError
-from mindrlhf.configs.grpo_config import load_grpo_config
+from mindrlhf.configs.grpo_load import load_grpo_config
 from mindrlhf.reward.verifiers import register_verifier
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer
 

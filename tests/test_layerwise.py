@@ -1,4 +1,4 @@
-"""run.layerwise_update (trainer/update/layerwise.py): the update and the log-prob passes run one decoder layer per
+"""engine.layerwise_update (trainer/update/layerwise.py): the update and the log-prob passes run one decoder layer per
 graph give what the model-deep graphs give - losses, KL to the reference (its log-probs), gradient norms and
 weights after two GRPO steps - with the prompt shared by its group or not, with one micro-batch or several,
 on-policy or with old log-probs of their own pass, for full fine-tuning (tied embeddings: the head's and the
@@ -11,7 +11,7 @@ import pytest
 
 from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.grpo_config import load_grpo_config
+from mindrlhf.configs.grpo_load import load_grpo_config
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer
 from mindrlhf.trainer.update.layerwise import LayerwiseLogProb, LayerwiseTrainStep
 from mindrlhf.utils.params import param_as_f32
@@ -59,7 +59,7 @@ def test_layerwise_update_refuses_pipeline_stages(assets, tmp_path):
     path = model_yaml(str(tmp_path / "pp2.yaml"), pp=2, micro_batch_num=2, tie_word_embeddings=False)
     cfg = load_grpo_config(None, grpo_overrides(dict(assets, sft_path_train=path), str(tmp_path / "out"),
                                                 layerwise_update=True))
-    with pytest.raises(ConfigError, match="run.layerwise_update: .*pipeline_stage 2"):
+    with pytest.raises(ConfigError, match="engine.layerwise_update: .*pipeline_stage 2"):
         GRPOTrainer(cfg, log=lambda *a: None)
 
 

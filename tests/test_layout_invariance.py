@@ -357,7 +357,7 @@ def test_packed_trajectory_equals_the_padded_single_process(assets, runs, name):
     ("single", {}), ("train_tp2_infer_dp2", {}), ("train_dp2_infer_tp2", {}), ("single", PACKING_FLAGS)],
     ids=["single", "train_tp2_infer_dp2", "train_dp2_infer_tp2", "single_packed"])
 def test_layerwise_update_follows_the_one_graph_trajectory(assets, runs, name, extra):
-    """run.layerwise_update (one graph per decoder layer for the update and the old-policy and reference
+    """engine.layerwise_update (one graph per decoder layer for the update and the old-policy and reference
     log-probs; TP collectives inside the layer graphs) on each layout follows the one-graph single process:
     the same metrics, weights and checkpoints over 3 steps of off-policy updates with a moving reference."""
     ref, ref_weights = _check_reference(assets, runs, REFERENCE[ALL_LAYOUTS[name][4]])

@@ -12,7 +12,7 @@ from hf_reference import hf_logits, make_hf_model, tiny_model_kwargs
 from model_helpers import load_ours, model_inputs
 from mindrlhf.checkpoint.model_io import model_state, read_checkpoint
 from mindrlhf.configs import ConfigError, ModelConfig
-from mindrlhf.configs.grpo_config import load_grpo_config
+from mindrlhf.configs.grpo_load import load_grpo_config
 from mindrlhf.configs.lora import LoraSpec, parse_targets
 from mindrlhf.models.lora import ADAPTER_B, adapter_params, adapters_off, merged_weights
 from mindrlhf.utils.params import param_to_numpy, write_param

@@ -6,7 +6,8 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindrlhf.configs import ConfigError
-from mindrlhf.configs.grpo_config import GRPOConfig, load_grpo_config
+from mindrlhf.configs.grpo_config import GRPOConfig
+from mindrlhf.configs.grpo_load import load_grpo_config
 from mindrlhf.trainer.grpo_math import (CovOptions, compute_advantages, group_advantages, grpo_loss, kl_cov_policy_loss,
                                         clip_cov_policy_loss, top_entropy_mask)
 

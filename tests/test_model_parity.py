@@ -82,7 +82,7 @@ def test_gradients_match_hf(tmp_path, rng, bias, tie, kv):
 @pytest.mark.parametrize("bias,tie,kv", [CASES[0], CASES[2]])
 def test_shared_prompt_logprobs_and_gradients_match_hf(tmp_path, rng, bias, tie, kv):
     """GRPO rows [left-padded prompt | right-padded response] in groups of G with one prompt each: with the
-    prompt run once per group (run.share_prompt), the response log-probs (temperature 0.7) and the gradients
+    prompt run once per group (engine.share_prompt), the response log-probs (temperature 0.7) and the gradients
     of a masked, weighted sum of them match Hugging Face on the whole rows."""
     import mindspore as ms
     import torch

@@ -7,7 +7,7 @@ import pytest
 
 import mindspore.dataset as ds
 from grpo_helpers import grpo_overrides, make_grpo_assets
-from mindrlhf.configs.grpo_config import load_grpo_config
+from mindrlhf.configs.grpo_load import load_grpo_config
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer
 
 G = 4

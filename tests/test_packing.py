@@ -1,6 +1,6 @@
 """Sequence packing (trainer/packing.py): several sequences per row, attention within each, positions restarting.
 Log-probs, the loss and every gradient on packed rows equal the padded rows' (<= 1e-5), and a GRPO run with
-rl.sequence_packing follows the padded run's trajectory."""
+engine.sequence_packing follows the padded run's trajectory."""
 import numpy as np
 import pytest
 import mindspore as ms
@@ -133,7 +133,7 @@ def test_packed_loss_and_gradients_equal_padded(model, beta, tis, on_policy):
 
 def test_packing_config_checks(tmp_path):
     from grpo_helpers import grpo_overrides, make_grpo_assets
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     assets = make_grpo_assets(str(tmp_path))
     for k, (extra, pattern) in enumerate((({"loss_agg": "seq-mean-token-mean"}, "needs rl.loss_agg token-mean"),
@@ -147,7 +147,7 @@ def test_packing_config_checks(tmp_path):
         with pytest.raises(ConfigError, match=pattern):
             GRPOTrainer(cfg, log=lambda *a: None)
     cfg = load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "y"), max_packing_token_size=2 * 47))
-    with pytest.raises(ConfigError, match="rl.sequence_packing is false"):
+    with pytest.raises(ConfigError, match="engine.sequence_packing is false"):
         GRPOTrainer(cfg, log=lambda *a: None)
     # by default one packed row of prompt width 16 + max_tokens 8 - 1 per micro-batch; share_prompt is off
     cfg = load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "z"), sequence_packing=True,
@@ -163,7 +163,7 @@ def test_packed_run_follows_the_padded_trajectory(tmp_path, monkeypatch):
     from grpo_helpers import grpo_overrides, make_grpo_assets
     from mindrlhf.checkpoint.model_io import model_state, save_checkpoint
     from mindrlhf.configs import load_model_yaml
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     from mindrlhf.utils.params import param_as_f32
     assets = make_grpo_assets(str(tmp_path))
@@ -196,7 +196,7 @@ def test_packed_run_follows_the_padded_trajectory(tmp_path, monkeypatch):
                                                     verifier_function="digit_fraction_test",
                                                     sequence_packing=packing, max_packing_token_size=2 * 47))
         if not packing:
-            cfg.rl.max_packing_token_size = 0
+            cfg.engine.max_packing_token_size = 0
         trainer = GRPOTrainer(cfg, log=lambda *a: None)
         assert (trainer.run.packing is not None) == packing
         history = [trainer.train_one_step() for _ in range(2)]

@@ -296,11 +296,11 @@ def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg, cuts):
     """micro_batch_interleave_num 2 (MindFormers' top-level key) cuts each update's mini-batch in two parts run
     one after another: 2 GRPO steps give the same losses, gradient norms and weights as whole mini-batches
     (<= 1e-5), for the token mean and for a sequence mean (whose parts weigh 1/2 each: summed, the loss and
-    gradient double); each part runs its group's prompt once (run.share_prompt), the whole mini-batch its two
+    gradient double); each part runs its group's prompt once (engine.share_prompt), the whole mini-batch its two
     groups'."""
     import yaml
     from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     from mindrlhf.utils.params import param_as_f32
     assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
@@ -316,7 +316,7 @@ def test_micro_batch_interleave_gives_the_same_updates(tmp_path, agg, cuts):
     from mindrlhf.configs import load_model_yaml
     save_checkpoint(model_state(CausalLM(load_model_yaml(path).model)), init)
     results = {}
-    # the same cut asked for by the GRPO config: rl.micro_batch_size 4 rows of the mini-batch's 8
+    # the same cut asked for by the GRPO config: engine.micro_batch_size 4 rows of the mini-batch's 8
     variants = (("whole", assets["sft_path_train"], {}), ("parts", path, {}),
                 ("micro_batch_size", assets["sft_path_train"], {"micro_batch_size": 4}))
     for name, yaml_path, extra in (v for v in variants if v[0] == "whole" or v[0] in cuts):

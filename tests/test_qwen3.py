@@ -182,7 +182,7 @@ def _config_json(folder, **edits):
     ("head_dim", 25, "head_dim: 25 must be even"),
 ])
 def test_qwen3_config_json_keys_we_cannot_honour_are_refused(qwen3, tmp_path, key, value, pattern):
-    from mindrlhf.configs.hf_config import model_config_from_hf
+    from mindrlhf.configs.compat.hf import model_config_from_hf
     folder = str(tmp_path / "m")
     os.makedirs(folder)
     with open(os.path.join(qwen3[0], "config.json")) as src, open(os.path.join(folder, "config.json"), "w") as dst:
@@ -195,7 +195,7 @@ def test_qwen3_config_json_keys_we_cannot_honour_are_refused(qwen3, tmp_path, ke
 def test_qwen3_yaml_written_from_the_folder_reads_back(qwen3, tmp_path):
     """`python -m mindrlhf.configs.hf_config DIR -o f.yaml`: the YAML carries head_dim and qk_layernorm (a
     Qwen2 folder's YAML carries neither) and loads to the same model."""
-    from mindrlhf.configs.hf_config import main
+    from mindrlhf.configs.compat.hf import main
     out = tmp_path / "qwen3.yaml"
     assert main([qwen3[0], "--model_parallel", "2", "-o", str(out)]) == 0
     fields = yaml.safe_load(out.read_text())["model"]["model_config"]
@@ -207,7 +207,7 @@ def test_qwen3_yaml_written_from_the_folder_reads_back(qwen3, tmp_path):
 def test_a_transformers_5_folder_without_token_ids_gets_the_default_eos(tmp_path):
     """transformers 5 writes "eos_token_id": null for a config made without one; that was read as an
     eos_token_id of None (no end-of-sequence token at all) instead of the default, 2."""
-    from mindrlhf.configs.hf_config import model_config_from_hf
+    from mindrlhf.configs.compat.hf import model_config_from_hf
     from hf_reference import make_hf_model
     folder = str(tmp_path / "m")
     make_hf_model(folder, layers=1)                 # a Qwen2: the bug was older than Qwen3 here
@@ -306,7 +306,7 @@ def test_grpo_trains_a_qwen3_hf_folder(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
     from grpo_helpers import grpo_overrides, make_grpo_assets
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
     folder = str(tmp_path / "Qwen3-tiny")
@@ -322,10 +322,10 @@ def test_grpo_trains_a_qwen3_hf_folder(tmp_path):
 
 
 def test_qwen3_layerwise_update_equals_the_one_graph_update(tmp_path):
-    """run.layerwise_update copies each layer's weights into a template DecoderLayer by name: the q/k norms
+    """engine.layerwise_update copies each layer's weights into a template DecoderLayer by name: the q/k norms
     travel with them, and two GRPO steps give the one-graph update's losses, gradient norms and weights."""
     from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     from mindrlhf.utils.params import param_as_f32
     assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
@@ -395,7 +395,7 @@ def test_qwen3_convert_weight_flags_round_trip(qwen3, tmp_path):
     under our names), and --reversed back to the same HF tensors bit for bit."""
     from mindrlhf.checkpoint.convert import mindformers_main
     from mindrlhf.checkpoint.model_io import read_checkpoint
-    from mindrlhf.configs.hf_config import main as write_yaml
+    from mindrlhf.configs.compat.hf import main as write_yaml
     folder = qwen3[0]
     yaml_path = str(tmp_path / "qwen3.yaml")
     assert write_yaml([folder, "-o", yaml_path]) == 0
@@ -407,3 +407,14 @@ def test_qwen3_convert_weight_flags_round_trip(qwen3, tmp_path):
                              "--config_path", yaml_path]) == 0
     a, b = _tensors(folder), _tensors(str(tmp_path / "back"))
     assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_the_yaml_writer_command_runs_without_warnings(qwen3):
+    """`python -m mindrlhf.configs.hf_config DIR` (the README's command) prints the YAML and nothing on stderr:
+    running a module the package itself imports makes runpy warn of "unpredictable behaviour"."""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-m", "mindrlhf.configs.hf_config", qwen3[0]], capture_output=True,
+                         text=True, check=True)
+    assert yaml.safe_load(run.stdout)["model"]["model_config"]["qk_layernorm"] is True
+    assert not run.stderr, run.stderr

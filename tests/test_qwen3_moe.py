@@ -276,14 +276,14 @@ def _edited(src, folder, **edits):
     (dict(moe_router_type="sigmoid"), "moe_router_type: unknown config.json key"),
 ])
 def test_qwen3_moe_config_json_keys_we_cannot_honour_are_refused(moe, tmp_path, edits, pattern):
-    from mindrlhf.configs.hf_config import model_config_from_hf
+    from mindrlhf.configs.compat.hf import model_config_from_hf
     folder = _edited(moe[0], str(tmp_path / "m"), **edits)
     with pytest.raises(ConfigError, match=pattern):
         model_config_from_hf(folder)
 
 
 def test_qwen3_moe_aux_coef_zero_is_allowed_and_tp2_is_refused(moe, tmp_path):
-    from mindrlhf.configs.hf_config import main, model_config_from_hf
+    from mindrlhf.configs.compat.hf import main, model_config_from_hf
     assert model_config_from_hf(_edited(moe[0], str(tmp_path / "z"), router_aux_loss_coef=0)).router_aux_loss_coef \
         == 0.0
     assert main([moe[0], "--model_parallel", "2", "-o", str(tmp_path / "f.yaml")]) == 2
@@ -296,7 +296,7 @@ def test_qwen3_moe_yaml_written_from_the_folder_reads_back(tmp_path):
     """The YAML of a model with dense layers reads back to the same model: mlp_only_layers came back as
     strings (['0']: the list fields were strings or floats) and was refused."""
     import yaml
-    from mindrlhf.configs.hf_config import main
+    from mindrlhf.configs.compat.hf import main
     folder = str(tmp_path / "hf")
     make_qwen3_moe_model(folder, **MIXED)
     out = tmp_path / "moe.yaml"
@@ -325,7 +325,7 @@ their own reused subgraph, layer_graphs.LayerGraphs), the rollout's log-probs eq
     import torch
     from transformers import AutoModelForCausalLM
     from grpo_helpers import grpo_overrides, make_grpo_assets
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
     folder = str(tmp_path / "Qwen3-MoE-tiny")
@@ -381,7 +381,7 @@ def test_convert_weight_qwen3_moe_round_trips(moe, tmp_path):
     """convert_weight.py --model qwen3_moe: the HF folder -> our stacked names (checked against the YAML) -> HF
     again, the per-expert tensors bit-equal."""
     from mindrlhf.checkpoint.convert import mindformers_main
-    from mindrlhf.configs.hf_config import main as yaml_main
+    from mindrlhf.configs.compat.hf import main as yaml_main
     folder = moe[0]
     model_yaml = str(tmp_path / "moe.yaml")
     assert yaml_main([folder, "-o", model_yaml]) == 0

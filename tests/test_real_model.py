@@ -61,7 +61,7 @@ def _hf_logprobs(model, prompt_ids, response_ids, temperature=1.0):
 # ---- the folder as a model config --------------------------------------------------------------------------
 def test_config_json_maps_to_the_model_config(slice_dir):
     from transformers import AutoConfig
-    from mindrlhf.configs.hf_config import model_config_from_hf
+    from mindrlhf.configs.compat.hf import model_config_from_hf
     ignored = []
     cfg = model_config_from_hf(slice_dir, ignored)
     hf = AutoConfig.from_pretrained(slice_dir)
@@ -74,8 +74,8 @@ def test_config_json_maps_to_the_model_config(slice_dir):
 
 
 def test_model_yaml_written_from_the_folder_reads_back_the_same(slice_dir, tmp_path):
-    from mindrlhf.configs.hf_config import main, model_config_from_hf
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.hf import main, model_config_from_hf
+    from mindrlhf.configs.compat.sources import load_model_yaml
     out = tmp_path / "finetune.yaml"
     assert main([slice_dir, "--data_parallel", "2", "-o", str(out)]) == 0
     spec = load_model_yaml(str(out))
@@ -98,13 +98,13 @@ def _with_config(tmp_path, src, **changes):
     ({"hidden_act": "gelu"}, "hidden_act: 'gelu' is not supported"),
 ])
 def test_config_json_values_we_cannot_honour_are_refused_by_name(slice_dir, tmp_path, changes, message):
-    from mindrlhf.configs.hf_config import model_config_from_hf
+    from mindrlhf.configs.compat.hf import model_config_from_hf
     with pytest.raises(ConfigError, match=message):
         model_config_from_hf(_with_config(tmp_path, slice_dir, **changes))
 
 
 def test_tp2_is_a_setup_error_naming_both_head_counts(slice_dir):
-    from mindrlhf.configs.hf_config import model_yaml_from_hf
+    from mindrlhf.configs.compat.hf import model_yaml_from_hf
     from mindrlhf.configs.model_config import ParallelConfig
     with pytest.raises(ConfigError, match=r"model_parallel=2 does not divide .*num_heads=9, n_kv_heads=3.*model_"
                                           r"parallel 1 or 3 would"):
@@ -118,7 +118,7 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path, rng):
     from transformers import LlamaConfig, LlamaForCausalLM
     from hf_reference import hf_logits
     from model_helpers import load_ours, model_inputs
-    from mindrlhf.configs.hf_config import model_config_from_hf
+    from mindrlhf.configs.compat.hf import model_config_from_hf
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}
     hf_cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -194,7 +194,7 @@ def _grpo_assets(model_dir, root, rows=16, prompt_len=64):
 
 
 def _trainer(model_dir, tmp_path, **flags):
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     overrides = dict(TEST_DEFAULTS, sft_path_train=model_dir, mind_dataset_dir=_grpo_assets(model_dir, str(tmp_path)),
                      save_ckpt_dir=str(tmp_path / "ckpt"), total_steps=1, batch_size=2, num_generations=4,
@@ -348,7 +348,7 @@ def test_compile_cache_key_and_node_check_read_the_folders_files(slice_dir, tmp_
     rewritten config.json) gets another compile cache (stale graphs would run otherwise) and another node
     fingerprint."""
     import shutil
-    from mindrlhf.configs.grpo_config import load_grpo_config
+    from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.node_check import _file_crc, compile_cache_dir
     folder = tmp_path / "model"
     folder.mkdir()

@@ -6,7 +6,7 @@ import pytest
 from hf_reference import hf_scores, make_hf_classifier
 from mindrlhf.checkpoint.model_io import load_weights
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.hf_config import classifier_config_from_hf, model_config_from_hf
+from mindrlhf.configs.compat.hf import classifier_config_from_hf, model_config_from_hf
 from mindrlhf.models.reward_model import SequenceClassifier
 
 

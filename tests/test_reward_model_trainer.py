@@ -8,7 +8,7 @@ import pytest
 from grpo_helpers import digit_fraction, grpo_overrides, make_grpo_assets
 from hf_reference import make_hf_classifier
 from mindrlhf.configs import ConfigError
-from mindrlhf.configs.grpo_config import load_grpo_config
+from mindrlhf.configs.grpo_load import load_grpo_config
 from mindrlhf.trainer import grpo_trainer
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer
 

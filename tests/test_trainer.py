@@ -8,7 +8,7 @@ import pytest
 from grpo_helpers import WORKER, cli_args, grpo_overrides, make_grpo_assets, model_yaml
 from mindrlhf.checkpoint.model_io import model_state
 from mindrlhf.configs import CheckpointError, ConfigError
-from mindrlhf.configs.grpo_config import load_grpo_config
+from mindrlhf.configs.grpo_load import load_grpo_config
 from mindrlhf.trainer import checkpointing, grpo_trainer
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer, TrainingError
 from mindrlhf.trainer.resolve import ResolvedRun
@@ -156,7 +156,7 @@ def test_parallel_yaml_without_use_parallel(assets, tmp_path):
 
 
 def test_grpo_config_yaml_and_cli_precedence(tmp_path):
-    from mindrlhf.configs.grpo_config import config_from_argv
+    from mindrlhf.configs.grpo_load import config_from_argv
     cfg_file = tmp_path / "g.yaml"
     cfg_file.write_text("rl:\n  num_generations: 16\n  beta: 0.04\nsampling:\n  max_tokens: 32\n")
     cfg = config_from_argv(["--config", str(cfg_file), "--beta", "0.1"])
@@ -167,6 +167,33 @@ def test_grpo_config_yaml_and_cli_precedence(tmp_path):
         config_from_argv(["--config", str(cfg_file)])
     with pytest.raises(ConfigError, match=r"--loss_agg: expected one of"):
         config_from_argv(["--loss_agg", "mean"])
+
+
+def test_engine_switches_written_in_their_earlier_sections_still_load(tmp_path):
+    """The engine switches moved to one section (engine.*); a file that writes them where they were (run.*,
+    rl.*) loads the same values with a one-line note each, the flags never changed, and both spellings at once
+    is an error."""
+    from mindrlhf.configs.grpo_config import MOVED_FIELDS
+    from mindrlhf.configs.grpo_load import config_from_argv
+    old = tmp_path / "old.yaml"
+    old.write_text("run:\n  layerwise_update: true\n  share_prompt: false\n  seed: 3\nrl:\n  micro_batch_size: 4\n"
+                   "  sequence_packing: true\n  max_packing_token_size: 512\n  beta: 0.0\n")
+    new = tmp_path / "new.yaml"
+    new.write_text("run:\n  seed: 3\nengine:\n  layerwise_update: true\n  share_prompt: false\n  micro_batch_size: 4\n"
+                   "  sequence_packing: true\n  max_packing_token_size: 512\nrl:\n  beta: 0.0\n")
+    from_old, from_new = config_from_argv(["--config", str(old)]), config_from_argv(["--config", str(new)])
+    assert vars(from_old.engine) == vars(from_new.engine) == {
+        "share_prompt": False, "layerwise_update": True, "micro_batch_size": 4, "sequence_packing": True,
+        "max_packing_token_size": 512}
+    assert from_old.explicit == from_new.explicit
+    notes = [line for line in from_old.derived if "deprecated" in line]
+    assert len(notes) == len(MOVED_FIELDS) == 5 and not any("deprecated" in line for line in from_new.derived)
+    assert any(line.startswith("engine.micro_batch_size: 4 (written rl.micro_batch_size") for line in notes)
+    assert config_from_argv(["--micro_batch_size", "2"]).engine.micro_batch_size == 2
+    both = tmp_path / "both.yaml"
+    both.write_text("run:\n  layerwise_update: true\nengine:\n  layerwise_update: false\n")
+    with pytest.raises(ConfigError, match="run.layerwise_update and engine.layerwise_update are both given"):
+        config_from_argv(["--config", str(both)])
 
 
 @pytest.mark.msrun
@@ -519,7 +546,7 @@ def test_three_column_file_without_final_answers_is_refused(assets, tmp_path):
 
 
 def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
-    """run.share_prompt (each prompt runs once for its group in the reference and training forwards): the same
+    """engine.share_prompt (each prompt runs once for its group in the reference and training forwards): the same
     losses, KL, gradient norms and weights as every row run whole; a layout it cannot serve says so."""
     common = dict(total_steps=2, beta=0.05, verifier_function="digit_fraction_test", temperature=0.7,
                   num_iterations=2)          # two groups a mini-batch; the old-policy pass runs too
@@ -541,7 +568,7 @@ def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
     split = GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(tmp_path / "split"), mini_batch_size=2,
                                                               share_prompt=True)), log=logs.append)
     assert split.run.shared_prompt == (0, 0)
-    assert any("run.share_prompt" in m and "mini-batches of 2 rows split groups of 4" in m for m in logs), logs
+    assert any("engine.share_prompt" in m and "mini-batches of 2 rows split groups of 4" in m for m in logs), logs
 
 
 # ---- run.enable_compile_cache: one cache directory per job -----------------------------------------------

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from grpo_helpers import make_grpo_assets
-from mindrlhf.configs import ConfigError, load_model_yaml, upstream
-from mindrlhf.configs.grpo_config import config_from_argv, load_grpo_config, resolved_config_text
+from mindrlhf.configs import ConfigError, load_model_yaml
+from mindrlhf.configs.compat import mindformers, mindrlhf_grpo as upstream
+from mindrlhf.configs.grpo_load import config_from_argv, load_grpo_config, resolved_config_text
 from mindrlhf.trainer.optim import mindrlhf_lr
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "upstream")
@@ -154,8 +155,8 @@ def test_upstream_model_yamls_load_and_report_every_inert_key():
             raw = yaml.safe_load(fh)
         reported = {k for k, _ in y.ignored}
         expected = {k for k in raw if k not in ("model", "parallel_config", "micro_batch_interleave_num")}
-        expected |= {f"model.model_config.{k}" for k in raw["model"]["model_config"] if k in upstream.MODEL_INERT}
-        expected |= {f"parallel_config.{k}" for k in raw["parallel_config"] if k in upstream.PARALLEL_INERT}
+        expected |= {f"model.model_config.{k}" for k in raw["model"]["model_config"] if k in mindformers.MODEL_INERT}
+        expected |= {f"parallel_config.{k}" for k in raw["parallel_config"] if k in mindformers.PARALLEL_INERT}
         if raw["parallel_config"].get("pipeline_stage", 1) == 1:    # pipeline settings without stages
             expected |= {"parallel_config.micro_batch_num"}           # (offset 0 is the split without stages)
         assert reported == expected
@@ -380,7 +381,7 @@ def test_settings_that_rule_out_a_default_replace_it_and_say_so(tmp_path):
 def test_the_layout_sizes_can_come_from_the_grpo_config_and_win_over_the_yaml(assets, tmp_path):
     """parallel.<role>_* (flags or the GRPO config) replace the model YAML's parallel_config sizes, said at
     start-up; data_parallel not given is what the other sizes leave; the infer layout keeps its own file's."""
-    from mindrlhf.configs.grpo_config import load_grpo_config as load
+    from mindrlhf.configs.grpo_load import load_grpo_config as load
     from mindrlhf.trainer.resolve import resolve
     from grpo_helpers import model_yaml
     train = model_yaml(str(tmp_path / "train.yaml"), dp=2)

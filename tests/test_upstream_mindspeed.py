@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from grpo_helpers import make_grpo_assets
-from mindrlhf.configs import ConfigError, load_model_yaml, upstream_mindspeed as ms
-from mindrlhf.configs.grpo_config import config_from_argv, load_grpo_config
+from mindrlhf.configs import ConfigError, load_model_yaml
+from mindrlhf.configs.compat import mindspeed as ms
+from mindrlhf.configs.grpo_load import config_from_argv, load_grpo_config
 from mindrlhf.trainer.optim import megatron_lr
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "upstream", "mindspeed")
@@ -79,7 +80,7 @@ def test_the_example_maps_onto_our_fields(tmp_path):
     cfg = load_grpo_config(path)
     run, rl, smp, opt = cfg.run, cfg.rl, cfg.sampling, cfg.optim
     assert rl.num_generations == 5 and rl.batch_size == 4 and rl.mini_batch_size == 10   # 2 prompts x 5 samples
-    assert (rl.micro_batch_size, rl.num_iterations, rl.beta, rl.kl_estimator, rl.clip_low, rl.clip_high) == \
+    assert (cfg.engine.micro_batch_size, rl.num_iterations, rl.beta, rl.kl_estimator, rl.clip_low, rl.clip_high) == \
         (3, 1, 0.001, "k3", 0.2, 0.2)
     assert (smp.max_tokens, smp.top_k, smp.top_p, smp.min_p, smp.temperature) == (8, 0, 1.0, 0.0, 1.0)
     assert (opt.lr, opt.min_lr, opt.lr_schedule, opt.decay_steps, opt.warmup_steps) == \

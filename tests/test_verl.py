@@ -1,7 +1,7 @@
 """Coming from verl: its RL parquet rows (examples/data_preprocess/gsm8k.py's schema) convert with
 rlhf_data.py --dataset_type verl, the prompt rendered by the model folder's chat template as transformers'
 apply_chat_template renders it; bad rows are named by file, row and field; its GRPO quickstart's overrides
-translate to our fields (configs/upstream_verl.py); unknown and refused keys are errors naming the key; and
+translate to our fields (configs/compat/verl.py); unknown and refused keys are errors naming the key; and
 `python -m mindrlhf.verl_main ...` runs two GRPO steps on the tiny model."""
 import json
 import os
@@ -13,7 +13,7 @@ import pytest
 
 from data_helpers import arithmetic_rows, make_tokenizer_files
 from mindrlhf.configs import ConfigError
-from mindrlhf.configs import upstream_verl as verl
+from mindrlhf.configs.compat import verl
 from mindrlhf.configs.grpo_config import _field_of
 from mindrlhf.data.convert import build_parser, convert
 from mindrlhf.data.mindrecord_io import read_mindrecord
@@ -274,7 +274,7 @@ def test_verl_main_runs_two_grpo_steps(tmp_path):
 
 
 def test_rollout_tensor_parallel_writes_both_layouts_from_the_folder(tmp_path):
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.sources import load_model_yaml
     from mindrlhf.verl_main import _layout_yamls
     model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
     train, infer = _layout_yamls(model, 4, 2, str(tmp_path))

@@ -31,7 +31,7 @@ def convert(hf_dir: str = "", output: str = "", dtype=None, to_hf: bool = False,
     if to_hf:
         if not (input_path and model_yaml):
             raise ConfigError("converting to HF needs the MindSpore checkpoint and the model YAML that describes it")
-        from mindrlhf.configs.model_source import load_model_yaml
+        from mindrlhf.configs.compat.sources import load_model_yaml
         cfg = load_model_yaml(model_yaml).model
         tensors = {n: cast(require_float(a, n, input_path)) for n, a in iter_checkpoint(input_path)}
         export_hf(tensors, output, cfg, torch_dtype=dtype or "float32")
@@ -75,7 +75,7 @@ MINDFORMERS_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32
 
 def _check_fits_yaml(tensors, config_path: str):
     """Every parameter of the YAML's model is among `tensors` (name, array) with the YAML's shape."""
-    from mindrlhf.configs.model_source import load_model_yaml
+    from mindrlhf.configs.compat.sources import load_model_yaml
     from mindrlhf.models.specs import param_specs
     specs = param_specs(load_model_yaml(config_path).model)
     seen = set()

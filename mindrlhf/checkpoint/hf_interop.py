@@ -17,7 +17,7 @@ import numpy as np
 from mindrlhf.checkpoint.safetensors_io import (ITEMSIZE, SafeTensorsFile, SafeTensorsStreamWriter, require_float,
                                                 tensor_stream, write_safetensors)
 from mindrlhf.configs.errors import CheckpointError
-from mindrlhf.configs.hf_config import hf_config_dict
+from mindrlhf.configs.compat.hf import hf_config_dict
 from mindrlhf.configs.model_config import ModelConfig
 from mindrlhf.utils.atomic import write_json
 from mindrlhf.utils.output_dir import owned_output_dir

@@ -1,27 +1,20 @@
 """GRPO run configuration: one dataclass per section, every field typed, defaulted and documented.
 
-Sources, later wins: dataclass defaults < `--config grpo_config.yaml` < command-line flags that were
-actually given (a flag's absence never overrides the YAML). The CLI and docs/CONFIG.md's config reference are
-both generated from these dataclasses, so they cannot drift.
+The CLI and docs/CONFIG.md's config reference are both generated from these dataclasses, so they cannot
+drift; configs/grpo_load.py fills them from a file (ours or another tool's, through configs/compat/) and flags.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-import os
 import types
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-import yaml
-
-from mindrlhf.configs import choices, upstream, upstream_mindspeed
-from mindrlhf.configs.coerce import coerce, type_name
+from mindrlhf.configs import choices
+from mindrlhf.configs.coerce import type_name
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.fields import default_of, help_field as _f
-from mindrlhf.configs.hf_config import is_hf_folder
 
 
 class _Section:
@@ -97,14 +90,6 @@ class RunConfig(_Section):
     log_dir: str = _f("", "metrics JSONL / TensorBoard directory (default: save_ckpt_dir)")
     tensorboard: bool = _f(True, "also write TensorBoard events when a writer is installed (torch's, else "
                                  "tensorboardX); torch's costs ~200 MB of memory on rank 0 for the import alone")
-    share_prompt: bool = _f(True, "log-prob and training forwards run each prompt once for its num_generations "
-                            "responses (same values; layouts with pipeline stages or sequence parallelism, or "
-                            "mini-/micro-batches that split a group, run every row whole, and say so)")
-    layerwise_update: bool = _f(False, "compile the policy update as one graph per decoder layer, driven layer "
-                                "by layer (trainer/update/layerwise.py): first-step compile time and update memory "
-                                "stop growing with depth, and each layer's forward runs again in its backward "
-                                "(docs/BENCHMARKS.md); whole model per rank: no pipeline stages or sequence "
-                                "parallelism")
     export_hf: bool = _f(True, "export the final policy as HF safetensors to save_ckpt_dir/hf_policy")
     progress: bool = _f(True, "show a progress bar over steps (rank 0)")
     rollout_backend: str = _f("mindspore", "rollout engine: mindspore (built in, any device); "
@@ -119,15 +104,19 @@ class RunConfig(_Section):
 
 
 @dataclass
-class RLConfig(_Section):
-    """GRPO algorithm."""
-    num_generations: int = _f(8, "G: completions per prompt (one group)")
-    batch_size: int = _f(4, "prompts per rollout-DP rank per step")
-    mini_batch_size: int = _f(0, "sequences per optimizer update on each train-DP rank (a global mini-batch is "
-                              "this x train data_parallel); 0 = all at once")
+class EngineConfig(_Section):
+    """How the update and the log-prob passes run: each choice changes speed and memory, never the trajectory."""
+    share_prompt: bool = _f(True, "log-prob and training forwards run each prompt once for its num_generations "
+                            "responses (same values; layouts with pipeline stages or sequence parallelism, or "
+                            "mini-/micro-batches that split a group, run every row whole, and say so)")
+    layerwise_update: bool = _f(False, "compile the policy update as one graph per decoder layer, driven layer "
+                                "by layer (trainer/update/layerwise.py): first-step compile time and update memory "
+                                "stop growing with depth, and each layer's forward runs again in its backward "
+                                "(docs/BENCHMARKS.md); whole model per rank: no pipeline stages or sequence "
+                                "parallelism")
     micro_batch_size: int = _f(0, "sequences per forward/backward pass within an update on each train-DP rank "
-                               "(verl's ppo_micro_batch_size_per_gpu): the update's gradients are summed over its "
-                               "micro-batches, the same update with a smaller activation peak; 0 = the whole "
+                               "(verl's ppo_micro_batch_size_per_gpu; MindSpeed-RL's micro_batch_size): the "
+                               "update's gradients are summed over its micro-batches, the same update with a smaller activation peak; 0 = the whole "
                                "mini-batch (or the model YAML's micro_batch_num x micro_batch_interleave_num)")
     sequence_packing: bool = _f(False, "the training, old and reference log-prob forwards run on rows packed with "
                                 "several sequences (attention within each, positions restarting) instead of one "
@@ -138,6 +127,15 @@ class RLConfig(_Section):
                                      "(MindSpeed-RL's name; verl's ppo_max_token_len_per_gpu), in rows of the "
                                      "padded row's width (prompt + response - 1); 0 = one such row per "
                                      "micro-batch")
+
+
+@dataclass
+class RLConfig(_Section):
+    """GRPO algorithm."""
+    num_generations: int = _f(8, "G: completions per prompt (one group)")
+    batch_size: int = _f(4, "prompts per rollout-DP rank per step")
+    mini_batch_size: int = _f(0, "sequences per optimizer update on each train-DP rank (a global mini-batch is "
+                              "this x train data_parallel); 0 = all at once")
     num_iterations: int = _f(1, "passes over each rollout; the ratio's denominator is always the log-probs of the "
                              "policy before the step's first update (PPO's old policy): with one update per "
                              "rollout (1 pass, one mini-batch) the train forward's own, detached, with no extra pass")
@@ -363,6 +361,7 @@ class ToolsConfig(_Section):
 class GRPOConfig(_Section):
     run: RunConfig = field(default_factory=RunConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -426,8 +425,8 @@ class GRPOConfig(_Section):
         nonneg = [("optim.warmup_steps", self.optim.warmup_steps), ("optim.decay_steps", self.optim.decay_steps),
                   ("run.epochs", self.run.epochs), ("run.max_num_seqs", self.run.max_num_seqs),
                   ("run.max_model_len", self.run.max_model_len), ("rl.mini_batch_size", self.rl.mini_batch_size),
-                  ("rl.micro_batch_size", self.rl.micro_batch_size),
-                  ("rl.max_packing_token_size", self.rl.max_packing_token_size),
+                  ("engine.micro_batch_size", self.engine.micro_batch_size),
+                  ("engine.max_packing_token_size", self.engine.max_packing_token_size),
                   ("rl.ref_sync_steps", self.rl.ref_sync_steps), ("run.cpu_threads", self.run.cpu_threads),
                   ("reward.verifier_timeout", self.reward.verifier_timeout),
                   ("run.watchdog_timeout", self.run.watchdog_timeout)]
@@ -515,6 +514,11 @@ class GRPOConfig(_Section):
 
 
 SECTIONS = [f.name for f in dataclasses.fields(GRPOConfig)]
+# fields that changed section: the earlier "section.field" -> today's; a file's earlier spelling still loads,
+# with a one-line note (configs/grpo_load.py); flags are field names and never changed
+MOVED_FIELDS = {"run.layerwise_update": "engine.layerwise_update", "run.share_prompt": "engine.share_prompt",
+                "rl.micro_batch_size": "engine.micro_batch_size", "rl.sequence_packing": "engine.sequence_packing",
+                "rl.max_packing_token_size": "engine.max_packing_token_size"}
 
 
 def _section_fields():
@@ -523,140 +527,8 @@ def _section_fields():
             yield sec.name, f
 
 
-def _read_yaml(path: str) -> Dict[str, Any]:
-    if not os.path.isfile(path):
-        raise ConfigError(f"--config: file not found: {path}")
-    with open(path, encoding="utf-8") as fh:
-        try:
-            raw = yaml.safe_load(fh) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping (sections {SECTIONS}, MindRLHF's flat fields or "
-                          f"MindSpeed-RL's sections)")
-    return raw
-
-
 def _field_of(section: str, name: str) -> dataclasses.Field:
     return next(f for sec, f in _section_fields() if sec == section and f.name == name)
-
-
-def _file_sections(path: str, cfg: GRPOConfig) -> Dict[str, Dict[str, Any]]:
-    """Our sectioned form, MindRLHF's flat grpo_config.yaml (mapped by configs/upstream.py) or MindSpeed-RL's
-    GRPO YAML (configs/upstream_mindspeed.py)."""
-    raw = _read_yaml(path)
-    if upstream_mindspeed.is_mindspeed(raw):
-        sections, ignored, derived = upstream_mindspeed.translate(raw, path, _field_of)
-        cfg.ignored += [(path, key, why) for key, why in ignored]
-        cfg.derived += derived
-        return sections
-    sectioned = [k for k in raw if k in SECTIONS and isinstance(raw[k], dict)]
-    if sectioned and len(sectioned) != len(raw):
-        flat = [k for k in raw if k not in sectioned]
-        raise ConfigError(f"{path}: mixes sections ({', '.join(sectioned)}) with flat MindRLHF fields "
-                          f"({', '.join(flat[:5])}); use one form")
-    if sectioned:
-        for sec_name, values in raw.items():
-            if not isinstance(values, dict):
-                raise ConfigError(f"{path}: {sec_name}: expected a mapping of fields")
-        return raw
-    sections, ignored = upstream.flat_grpo_sections(raw, path)
-    cfg.ignored += [(path, key, why) for key, why in ignored]
-    return sections
-
-
-def load_grpo_config(path: Optional[str] = None, overrides: Optional[Dict[str, Any]] = None) -> GRPOConfig:
-    """Defaults < YAML file (our sections, or MindRLHF's flat form) < overrides {field_name: value} from the CLI."""
-    cfg = GRPOConfig()
-    if path:
-        for sec_name, values in _file_sections(path, cfg).items():
-            section = getattr(cfg, sec_name)
-            known = {f.name: f for f in dataclasses.fields(section)}
-            for key, value in values.items():
-                if key not in known:
-                    raise ConfigError(f"{path}: {sec_name}.{key}: unknown field (known: {', '.join(known)})")
-                cfg.set_from(f"{sec_name}.{key}", coerce(value, known[key], f"{path}: {sec_name}.{key}"), path,
-                             explicit=True)
-    where = {f.name: (sec, f) for sec, f in _section_fields()}
-    for key, value in (overrides or {}).items():
-        sec, f = where[key]
-        cfg.set_from(f"{sec}.{key}", coerce(value, f, f"--{key}"), f"--{key}", explicit=True)
-    _hf_folder_defaults(cfg)
-    _loss_mode_defaults(cfg)
-    _implied_defaults(cfg)
-    return cfg.validate()
-
-
-# GSPO's ratio is a geometric mean over a whole response, so it moves far less than a token's: the paper clips
-# it at 3e-4 / 4e-4 (Zheng et al. 2025, section 5.1; verl's and TRL's GSPO recipes use the same) and averages
-# per sequence (its objective is a mean over the group's sequences; verl's gspo forces seq-mean-token-mean).
-LOSS_MODE_DEFAULTS = {"gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"}}
-
-
-def _loss_mode_defaults(cfg: GRPOConfig):
-    """A loss_mode's own defaults for the rl fields the config and flags did not set."""
-    for name, value in LOSS_MODE_DEFAULTS.get(cfg.rl.loss_mode, {}).items():
-        if f"rl.{name}" not in cfg.explicit:
-            cfg.set_from(f"rl.{name}", value, f"loss_mode {cfg.rl.loss_mode}'s default")
-            cfg.derived.append(f"rl.{name}: {value} (loss_mode {cfg.rl.loss_mode}'s default)")
-
-
-def _implied_defaults(cfg: GRPOConfig):
-    """Defaults another setting rules out: under LoRA the reference is the frozen base (nothing to sync);
-    packed rows need the token-mean loss; verifiers given without weights weigh 1 each. Only fields the
-    config and flags did not set; said at start-up."""
-    implied = []
-    if cfg.lora.lora_rank:
-        implied.append(("rl.ref_sync_steps", 0, "lora: the reference is the frozen base"))
-    if cfg.rl.sequence_packing and cfg.rl.loss_mode != "gspo":
-        implied.append(("rl.loss_agg", "token-mean", "rl.sequence_packing packs token-mean losses"))
-    functions = cfg.reward.verifier_function
-    implied.append(("reward.verifier_weight", [1.0] * len(functions), f"1 for each of the {len(functions)} "
-                    f"verifier_function entries, as upstream's reward_weights"))
-    for key, value, why in implied:
-        sec, name = key.split(".")
-        if key not in cfg.explicit and getattr(getattr(cfg, sec), name) != value:
-            cfg.set_from(key, value, why)
-            cfg.derived.append(f"{key}: {value} ({why})")
-
-
-def _hf_folder_defaults(cfg: GRPOConfig):
-    """A Hugging Face folder as sft_path_train also gives the policy's weights and the tokenizer, unless
-    those are set."""
-    run = cfg.run
-    if not is_hf_folder(run.sft_path_train):
-        return
-    for name in ("load_sft_checkpoint_train", "vocab_path"):
-        if not getattr(run, name):
-            cfg.set_from(f"run.{name}", run.sft_path_train, "the Hugging Face folder given as sft_path_train")
-            cfg.derived.append(f"run.{name}: {run.sft_path_train} (the Hugging Face folder given as sft_path_train)")
-
-
-def build_arg_parser() -> argparse.ArgumentParser:
-    """Every config field as --field_name; unset flags stay absent so they never override the YAML."""
-    p = argparse.ArgumentParser(description="GRPO training with mindrlhf (run under msrun for several ranks)",
-                                argument_default=argparse.SUPPRESS)
-    p.add_argument("--config", help="grpo_config.yaml: sections " + ", ".join(SECTIONS) + ", MindRLHF's flat "
-                                    "fields or MindSpeed-RL's GRPO YAML (docs/UPSTREAM.md)")
-    for sec, f in _section_fields():
-        default = default_of(f)
-        p.add_argument(f"--{f.name}", metavar=str(f.type).upper().replace("LIST[", "").rstrip("]"),
-                       help=f"[{sec}] {f.metadata['help']} (default: {default})")
-    for flag, (ours, note) in upstream.FLAG_ALIASES.items():
-        p.add_argument(f"--{flag}", nargs=upstream.FLAG_NARGS.get(flag),
-                       help=f"[MindRLHF] {'= --' + ours + ': ' if ours else 'accepted, inert: '}{note}")
-    for flag, (allowed, why) in upstream.FLAG_CHECKS.items():
-        p.add_argument(f"--{flag}", help=f"[MindRLHF] {allowed!r} only: {why}")
-    return p
-
-
-def config_from_argv(argv=None) -> GRPOConfig:
-    ns = vars(build_arg_parser().parse_args(argv))
-    path = ns.pop("config", None)
-    ns, ignored_flags = upstream.translate_flags(ns)
-    cfg = load_grpo_config(path, ns)
-    cfg.ignored += [("command line", flag, why) for flag, why in ignored_flags]
-    return cfg
 
 
 def config_reference_markdown() -> str:
@@ -671,35 +543,3 @@ def config_reference_markdown() -> str:
 def field_defaults() -> Dict[str, Any]:
     """"section.field" -> its dataclass default."""
     return {f"{sec}.{f.name}": default_of(f) for sec, f in _section_fields()}
-
-
-def _field_origins(cfg: GRPOConfig):
-    """(section, field, value, where it came from) for every field: a file, a flag, what derived it, or the
-    default (with MindRLHF's value where it runs another)."""
-    for sec in SECTIONS:
-        for f in dataclasses.fields(getattr(cfg, sec)):
-            key, value = f"{sec}.{f.name}", getattr(getattr(cfg, sec), f.name)
-            yield sec, f.name, value, cfg.origin.get(key) or "default" + upstream.upstream_default_note(key, value)
-
-
-def describe_fields(cfg: GRPOConfig) -> List[str]:
-    """The fields not at their plain default - set by a file or flag, derived, or a default MindRLHF runs
-    otherwise - with their value and origin, printed once at start-up; every field is in the run directory's
-    config_resolved.yaml (resolved_config_text)."""
-    lines = ["config (fields not at their default: value  <- where it came from; all: config_resolved.yaml):"]
-    for sec in SECTIONS:
-        rows = [f"    {name} = {value!r}  <- {where}" for s, name, value, where in _field_origins(cfg)
-                if s == sec and where != "default"]
-        if rows:
-            lines += [f"  [{sec}]"] + rows
-    return lines
-
-
-def resolved_config_text(cfg: GRPOConfig) -> str:
-    """Every field of the run as our sectioned YAML (it loads back as --config), each with its origin."""
-    lines = ["# the resolved GRPO config: every field, its value and (after #) where it came from"]
-    for sec in SECTIONS:
-        lines.append(f"{sec}:")
-        lines += [f"  {name}: {json.dumps(value)}  # {where}" for s, name, value, where in _field_origins(cfg)
-                  if s == sec]
-    return "\n".join(lines) + "\n"

@@ -1,10 +1,8 @@
-"""Model and parallel configs, read from MindFormers-style YAML.
+"""Model and parallel configs: the decoder's shape and numerics and the layout, as typed dataclasses.
 
-The YAML keeps MindFormers' field names (``model.model_config.*``, ``parallel_config.*``) so one file
-serves both projects, and MindRLHF's own model YAMLs load as they are. Fields we use are typed dataclass
-fields; the generation fields (max_decode_length, top_k, ...) are kept for the rollout's sampling; every
-other MindFormers key is listed in configs/upstream.py as inert (reported at start-up, with the reason)
-or checked (an error unless it has the value we implement). Anything else is an error naming the field.
+The field names are MindFormers' (``model.model_config.*``, ``parallel_config.*``) so one YAML serves both
+projects; reading that YAML, with the MindFormers keys we accept but do not use, is
+configs/compat/mindformers.py. This module knows no file format beyond a YAML mapping.
 """
 from __future__ import annotations
 
@@ -16,8 +14,6 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import yaml
 
-from mindrlhf.configs import upstream
-from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.fields import help_field as _f
 
@@ -254,60 +250,6 @@ class ModelYaml:
     generation: Dict[str, Any] = dataclasses.field(default_factory=dict)   # sampling field -> value
     ignored: List[Tuple[str, str]] = dataclasses.field(default_factory=list)  # (key, reason), reported at start-up
 
-
-def _build(cls, raw: Dict[str, Any], inert: Dict[str, str], checked: Dict, where: str, ignored: list):
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in raw.items():
-        if key in known:
-            kwargs[key] = coerce(value, known[key], f"{where}.{key}")
-        elif key in checked:
-            ok, expected = checked[key]
-            try:
-                good = ok(value, raw)
-            except (TypeError, ValueError):
-                good = False
-            if not good:
-                raise ConfigError(f"{where}.{key}: {value!r} is not supported (expected {expected}); it would "
-                                  f"change the model, so it cannot be ignored")
-        elif key in inert:
-            ignored.append((f"{where}.{key}", inert[key]))
-        else:
-            raise ConfigError(f"{where}.{key}: unknown field (known fields: {', '.join(sorted(known))}; the "
-                              f"MindFormers keys accepted are listed in docs/UPSTREAM.md)")
-    try:
-        return cls(**kwargs)
-    except ConfigError as err:
-        raise ConfigError(f"{err}") from None
-
-
-def _generation_fields(raw: Dict[str, Any], where: str) -> Dict[str, Any]:
-    """model_config's generation keys, as sampling fields (types checked by the sampling config later)."""
-    out = {}
-    for key, ours in upstream.GENERATION_KEYS.items():
-        if key in raw and raw[key] is not None:
-            value = raw[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
-            out[ours] = value
-    return out
-
-
-def model_config_from_dict(raw: Dict[str, Any], where: str = "model.model_config",
-                           ignored: Optional[list] = None) -> ModelConfig:
-    body = {k: v for k, v in (raw or {}).items() if k not in upstream.GENERATION_KEYS}
-    return _build(ModelConfig, body, upstream.MODEL_INERT, upstream.MODEL_CHECKED, where,
-                  ignored if ignored is not None else [])
-
-
-def parallel_config_from_dict(raw: Dict[str, Any], where: str = "parallel_config",
-                              ignored: Optional[list] = None) -> ParallelConfig:
-    return _build(ParallelConfig, raw or {}, upstream.PARALLEL_INERT, upstream.PARALLEL_CHECKED, where,
-                  ignored if ignored is not None else [])
-
-
 def read_yaml_mapping(path: str) -> Dict[str, Any]:
     """A YAML file whose top level is a mapping; errors name the file."""
     if not os.path.isfile(path):
@@ -320,44 +262,3 @@ def read_yaml_mapping(path: str) -> Dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return raw
-
-
-def model_yaml_from_raw(raw: Dict[str, Any], path: str) -> ModelYaml:
-    """A MindFormers-style model YAML's contents (`model.model_config`, `parallel_config`); errors name the file
-    and the field. configs/model_source.load_model_yaml tells this form from the others."""
-    ignored: List[Tuple[str, str]] = []
-    try:
-        for key in raw:
-            if key in ("model", "parallel_config", "micro_batch_interleave_num"):
-                continue
-            if key not in upstream.TOP_LEVEL_INERT:
-                raise ConfigError(f"{key}: unknown top-level section (the MindFormers sections accepted are "
-                                  f"listed in docs/UPSTREAM.md)")
-            ignored.append((key, upstream.TOP_LEVEL_INERT[key]))
-        model_section = raw.get("model")
-        if not isinstance(model_section, dict) or "model_config" not in model_section:
-            raise ConfigError("model.model_config: missing")
-        model_raw = model_section["model_config"]
-        model = model_config_from_dict(model_raw, ignored=ignored)
-        generation = _generation_fields(model_raw, "model.model_config")
-        parallel_raw = dict(raw.get("parallel_config") or {})
-        if "micro_batch_interleave_num" in raw:       # MindFormers' place for it: the top level
-            if parallel_raw.get("micro_batch_interleave_num", raw["micro_batch_interleave_num"]) != \
-                    raw["micro_batch_interleave_num"]:
-                raise ConfigError("micro_batch_interleave_num: given at the top level and in parallel_config "
-                                  "with different values")
-            parallel_raw["micro_batch_interleave_num"] = raw["micro_batch_interleave_num"]
-        parallel = parallel_config_from_dict(parallel_raw, ignored=ignored)
-        parallel.check_model(model)
-        if parallel.use_seq_parallel and parallel.model_parallel == 1:
-            ignored.append(("parallel_config.use_seq_parallel", "splits the sequence over model_parallel ranks; "
-                                                                 "model_parallel is 1"))
-        if parallel.pipeline_stage == 1:      # pipeline settings mean nothing without stages (as in MindFormers)
-            if "micro_batch_num" in (raw.get("parallel_config") or {}):
-                ignored.append(("parallel_config.micro_batch_num", "pipeline micro-batches; pipeline_stage is 1"))
-            if "offset" in model_raw and model_raw["offset"] not in (0, None):
-                ignored.append(("model.model_config.offset", "layer split between pipeline stages; "
-                                                              "pipeline_stage is 1"))
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
-    return ModelYaml(model=model, parallel=parallel, path=path, generation=generation, ignored=ignored)

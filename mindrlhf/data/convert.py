@@ -40,7 +40,7 @@ class ConvertSummary:
     data_sources: Dict[str, int] = field(default_factory=dict)     # verl rows: data_source -> rows written
 
     def lines(self, path: str) -> List[str]:
-        from mindrlhf.configs.upstream_verl import data_source_line
+        from mindrlhf.configs.compat.verl import data_source_line
         return [f"rows read:        {self.rows_in}",
                 f"rows written:     {self.rows_written}  -> {path} (+ .db)",
                 f"prompts > max_prompt_length: {self.prompts_truncated} truncated, {self.prompts_skipped} skipped",

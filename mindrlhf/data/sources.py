@@ -29,7 +29,7 @@ class Example:
     answer_text: str   # what an SFT target would be (full worked answer)
     solution: str      # the final answer the verifier compares against
     messages: Optional[List[Dict[str, str]]] = None   # verl: the prompt as chat messages (the chat template renders them)
-    data_source: str = ""                             # verl: which scorer verl would pick (configs/upstream_verl.py)
+    data_source: str = ""                             # verl: which scorer verl would pick (configs/compat/verl.py)
     where: str = ""                                   # file and line/item/row, for errors found later (too long)
 
 

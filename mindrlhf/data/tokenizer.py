@@ -9,7 +9,7 @@ import os
 from typing import List, Optional, Sequence
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.hf_config import read_json_object
+from mindrlhf.configs.compat.hf import read_json_object
 
 QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                            r"""\s*[\r\n]+|\s+(?!\S)|\s+""")

@@ -14,14 +14,15 @@ import os
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
-from mindrlhf.configs import upstream
+from mindrlhf.configs.compat.keys import describe_ignored
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.grpo_config import GRPOConfig, describe_fields
-from mindrlhf.configs.hf_config import is_hf_folder
+from mindrlhf.configs.grpo_config import GRPOConfig
+from mindrlhf.configs.grpo_load import describe_fields
+from mindrlhf.configs.compat.hf import is_hf_folder
 from mindrlhf.configs.lora import LoraSpec, parse_targets
 from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
-from mindrlhf.configs.model_source import load_model_yaml
+from mindrlhf.configs.compat.sources import load_model_yaml
 from mindrlhf.data.dataset import PromptDataset
 from mindrlhf.data.tokenizer import load_tokenizer
 from mindrlhf.parallel.mesh import Mesh, mesh_for
@@ -55,7 +56,7 @@ class ResolvedRun:
     reward_fn: RewardFn
     shared_prompt: Tuple[int, int]      # (group, prompt width), or (0, 0): see models/layer_graphs.SharedPrompt
     lora: Optional[LoraSpec] = None     # the policy's adapters; None: full fine-tuning
-    packing: Optional[PackingLayout] = None     # rl.sequence_packing; None: one padded row per sequence
+    packing: Optional[PackingLayout] = None     # engine.sequence_packing; None: one padded row per sequence
     # the reward-model role: None (reward.reward_model empty: rules only) or the frozen sequence classifier
     # in the train layout. The one place that decides; build.py and the loop ask (trainer/reward_model.py)
     reward_model: Optional[RewardModelSpec] = None
@@ -111,7 +112,7 @@ class ResolvedRun:
         """How the policy update runs (trainer/update/): "layerwise" (a graph per decoder layer, layerwise.py),
         "host" (micro-batches or pipeline stages driven from the host, pipelined.py) or "one" (one graph per
         update, one_graph.py)."""
-        if self.cfg.run.layerwise_update:
+        if self.cfg.engine.layerwise_update:
             return "layerwise"
         return "host" if self.micro_batches > 1 or self.train_mesh.pp > 1 or self.packing else "one"
 
@@ -301,7 +302,7 @@ def _report_ignored(cfg: GRPOConfig, yamls: List[ModelYaml], log):
         if y.ignored:             # one line per file: a MindSpeed-RL file is the config and the model YAML
             by_source.setdefault(y.path, []).extend(y.ignored)
     for source, items in by_source.items():
-        log(upstream.describe_ignored(source, items))
+        log(describe_ignored(source, items))
     for line in cfg.derived:
         log(line)
 
@@ -316,9 +317,9 @@ def micro_batch_count(rows: int, micro_batches: int, where: str) -> int:
 def _check_layouts(cfg: GRPOConfig, train_yaml: ModelYaml, infer_yaml: ModelYaml):
     run = cfg.run
     par = train_yaml.parallel
-    if run.layerwise_update and (par.pipeline_stage > 1 or par.use_seq_parallel):
+    if cfg.engine.layerwise_update and (par.pipeline_stage > 1 or par.use_seq_parallel):
         setting = f"pipeline_stage {par.pipeline_stage}" if par.pipeline_stage > 1 else "use_seq_parallel True"
-        raise ConfigError(f"run.layerwise_update: runs the whole model on each train rank's whole sequence, and "
+        raise ConfigError(f"engine.layerwise_update: runs the whole model on each train rank's whole sequence, and "
                           f"{train_yaml.path} sets parallel_config.{setting} (turn one of them off)")
     if not run.use_parallel and (train_yaml.parallel.world_size > 1 or infer_yaml.parallel.world_size > 1):
         raise ConfigError(f"use_parallel is False but {run.sft_path_train} asks for "
@@ -348,21 +349,21 @@ def _check_lengths(cfg: GRPOConfig, model_cfg: ModelConfig, prompt_width: int):
 
 
 def _micro_batches(cfg: GRPOConfig, geometry: StepGeometry, mesh: Mesh, pipeline: int, yaml_path: str, log) -> int:
-    """Micro-batches per update: the model YAML's, or rl.micro_batch_size rows each. These must fill the
+    """Micro-batches per update: the model YAML's, or engine.micro_batch_size rows each. These must fill the
     mini-batch, and with pipeline stages come in a multiple of the YAML's micro_batch_num."""
     where = f"{yaml_path}: parallel_config.micro_batch_num x micro_batch_interleave_num"
-    count, size, mini = pipeline, cfg.rl.micro_batch_size, geometry.mini_batch
+    count, size, mini = pipeline, cfg.engine.micro_batch_size, geometry.mini_batch
     if size:
         if mini % size:
-            raise ConfigError(f"rl.micro_batch_size: {size} does not divide the {mini} sequences of a mini-batch on "
+            raise ConfigError(f"engine.micro_batch_size: {size} does not divide the {mini} sequences of a mini-batch on "
                               f"one train data-parallel rank (rl.mini_batch_size)")
         if mesh.pp == 1 and pipeline > 1:
-            raise ConfigError(f"rl.micro_batch_size: set, and {where} = {pipeline}; both cut the mini-batch "
+            raise ConfigError(f"engine.micro_batch_size: set, and {where} = {pipeline}; both cut the mini-batch "
                               f"into micro-batches: set one of them")
         if (mini // size) % pipeline:
-            raise ConfigError(f"rl.micro_batch_size: {mini // size} micro-batches of {size} rows are not a multiple "
+            raise ConfigError(f"engine.micro_batch_size: {mini // size} micro-batches of {size} rows are not a multiple "
                               f"of the pipeline's {where} = {pipeline}")
-        count, where = mini // size, "rl.micro_batch_size"
+        count, where = mini // size, "engine.micro_batch_size"
     if count > 1:
         micro_batch_count(mini, count, where)
         if 1 < mesh.pp and count < mesh.pp:
@@ -373,24 +374,24 @@ def _micro_batches(cfg: GRPOConfig, geometry: StepGeometry, mesh: Mesh, pipeline
 
 def _packing(cfg: GRPOConfig, prompt_width: int) -> Optional[PackingLayout]:
     """Packed rows are as wide as a padded input row (any one sequence fits); a micro-batch holds as many as
-    rl.max_packing_token_size allows, by default one (an update's last micro-batch is filled up with empty
+    engine.max_packing_token_size allows, by default one (an update's last micro-batch is filled up with empty
     rows: one-row micro-batches waste none, and measured as fast as two, benchmarks/bench_packing.py)."""
-    rl = cfg.rl
-    if not rl.sequence_packing:
-        if rl.max_packing_token_size:
-            raise ConfigError("rl.max_packing_token_size: set, but rl.sequence_packing is false (it sizes packed "
+    rl, engine = cfg.rl, cfg.engine
+    if not engine.sequence_packing:
+        if engine.max_packing_token_size:
+            raise ConfigError("engine.max_packing_token_size: set, but engine.sequence_packing is false (it sizes packed "
                               "micro-batches only)")
         return None
     if rl.loss_agg != "token-mean":
-        raise ConfigError(f"rl.sequence_packing: needs rl.loss_agg token-mean (got {rl.loss_agg!r}: its per-sequence "
+        raise ConfigError(f"engine.sequence_packing: needs rl.loss_agg token-mean (got {rl.loss_agg!r}: its per-sequence "
                           f"means over packed rows are not implemented)")
     if rl.loss_mode == "gspo":
-        raise ConfigError("rl.sequence_packing: rl.loss_mode gspo takes a ratio per sequence; over packed rows that "
+        raise ConfigError("engine.sequence_packing: rl.loss_mode gspo takes a ratio per sequence; over packed rows that "
                           "is not implemented (use a token-level loss_mode or sequence_packing false)")
     width = prompt_width + cfg.sampling.max_tokens - 1
-    budget = rl.max_packing_token_size or width
+    budget = engine.max_packing_token_size or width
     if budget < width:
-        raise ConfigError(f"rl.max_packing_token_size: {budget} tokens hold no packed row of {width} (prompt width "
+        raise ConfigError(f"engine.max_packing_token_size: {budget} tokens hold no packed row of {width} (prompt width "
                           f"{prompt_width} + sampling.max_tokens {cfg.sampling.max_tokens} - 1: the longest "
                           f"sequence); expected >= {width}")
     return PackingLayout(width, budget // width)
@@ -442,14 +443,14 @@ def with_solutions(dataset: PromptDataset, tokenizer, log) -> PromptDataset:
 def _shared_prompt(cfg: GRPOConfig, mesh: Mesh, geometry: StepGeometry, micro_batches: int, prompt_width: int,
                    log) -> Tuple[int, int]:
     """(group, prompt width) when the log-prob and training forwards run each prompt once for its group
-    (run.share_prompt, models/layer_graphs.SharedPrompt), else (0, 0) - with a note when asked for but not possible."""
+    (engine.share_prompt, models/layer_graphs.SharedPrompt), else (0, 0) - with a note when asked for but not possible."""
     g = cfg.rl.num_generations
-    if not cfg.run.share_prompt or g == 1:
+    if not cfg.engine.share_prompt or g == 1:
         return 0, 0
     mini = geometry.mini_batch
     micro_rows = mini // micro_batches
-    if cfg.rl.sequence_packing:
-        log("note: run.share_prompt: with rl.sequence_packing every sequence runs its prompt in its packed row")
+    if cfg.engine.sequence_packing:
+        log("note: engine.share_prompt: with engine.sequence_packing every sequence runs its prompt in its packed row")
         return 0, 0
     obstacles = [(mesh.pp > 1, "pipeline stages"), (mesh.seq_parallel, "sequence parallelism"),
                  (mini % g, f"mini-batches of {mini} rows split groups of {g}"),
@@ -457,6 +458,6 @@ def _shared_prompt(cfg: GRPOConfig, mesh: Mesh, geometry: StepGeometry, micro_ba
                  (cfg.sampling.max_tokens < 2, "one-token responses")]
     why = next((reason for present, reason in obstacles if present), "")
     if why:
-        log(f"note: run.share_prompt: every row runs its prompt itself ({why} in the train layout)")
+        log(f"note: engine.share_prompt: every row runs its prompt itself ({why} in the train layout)")
         return 0, 0
     return g, prompt_width

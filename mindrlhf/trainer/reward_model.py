@@ -13,7 +13,6 @@ outside the "reward_model" phase (swap.offload_reward_model_param; trainer/swap_
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -21,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.hf_config import classifier_config_from_hf, is_hf_folder
+from mindrlhf.configs.compat.hf import classifier_config_from_hf, is_hf_folder
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig
 from mindrlhf.data.tokenizer import load_tokenizer
 from mindrlhf.models.reward_model import SequenceClassifier

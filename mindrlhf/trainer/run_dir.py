@@ -19,7 +19,7 @@ from typing import List, Optional
 from mindrlhf.configs.errors import CheckpointError, ConfigError
 from mindrlhf.trainer import exchange
 from mindrlhf.trainer.checkpointing import step_folders
-from mindrlhf.configs.grpo_config import resolved_config_text
+from mindrlhf.configs.grpo_load import resolved_config_text
 from mindrlhf.utils.atomic import write_json, write_text
 
 RUN_FILE = "RUN"

@@ -60,7 +60,7 @@ class SampleBatch:
             rows = getattr(self, name).reshape(-1, group, self.prompt_ids.shape[1])
             if not (rows == rows[:, :1]).all():
                 raise RuntimeError(f"samples: {name} differ within a group of {group} rows; a shared-prompt "
-                                   f"forward would be wrong (run.share_prompt: false avoids it)")
+                                   f"forward would be wrong (engine.share_prompt: false avoids it)")
 
 
 @dataclass

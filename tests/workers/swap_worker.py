@@ -11,7 +11,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from grpo_helpers import grpo_overrides  # noqa: E402
 from mindrlhf.checkpoint.model_io import model_state  # noqa: E402
-from mindrlhf.configs.grpo_config import load_grpo_config  # noqa: E402
+from mindrlhf.configs.grpo_load import load_grpo_config  # noqa: E402
 from mindrlhf.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 from mindrlhf.reward.verifiers import register_verifier  # noqa: E402
 

@@ -14,5 +14,5 @@ labels)` -> (N, R) log-probs. Which engine runs is `ResolvedRun.update_graphs` /
 | one_graph.py | loss, backward, DP mean, clip, AdamW in one graph; the one-graph log-probs |
 | accumulate.py | gradients summed into buffers by several calls, then DP mean, clip, AdamW from the host |
 | pipelined.py | micro-batches and pipeline stages (1F1B) |
-| layerwise.py | a graph per decoder layer (run.layerwise_update) |
+| layerwise.py | a graph per decoder layer (engine.layerwise_update) |
 """

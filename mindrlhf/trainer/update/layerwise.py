@@ -222,7 +222,7 @@ class LayerTemplate:
         for layer in model.model.layers:
             by_suffix = {p.name.split(".", 3)[3]: p for p in layer.get_parameters()}   # model.layers.K.<name>
             if sorted(by_suffix) != sorted(self.names):
-                raise ValueError(f"run.layerwise_update: a layer of this model has parameters "
+                raise ValueError(f"engine.layerwise_update: a layer of this model has parameters "
                                  f"{sorted(by_suffix)}, the template {sorted(self.names)}")
             out.append([by_suffix[n] for n in self.names])
         return out

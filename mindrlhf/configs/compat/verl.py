@@ -13,14 +13,14 @@ Read from github.com/volcengine/verl for facts only:
     (verl/utils/dataset/rl_dataset.py);
   - the scorer of a row: verl/utils/reward_score/__init__.py default_compute_score (by data_source).
 
-Statuses as in configs/upstream.py: mapped (our field, with any conversion), inert (reported at start-up with
+Statuses as in configs/compat/keys.py: mapped (our field, with any conversion), inert (reported at start-up with
 the reason), checked (an error unless the value is one we implement; `default` is verl's value when the key is
 absent, checked too, because that is what verl would run). A key in no table is an error naming it; a row
 `prefix.*` covers every key under the prefix.
 
 Units: verl's data.train_batch_size and actor.ppo_mini_batch_size count prompts over the whole job, its
 ppo_micro_batch_size_per_gpu counts sequences on one GPU; ours count prompts per rollout replica (rl.batch_size),
-sequences per train data-parallel rank (rl.mini_batch_size, rl.micro_batch_size). Every rank of our job trains
+sequences per train data-parallel rank (rl.mini_batch_size, engine.micro_batch_size). Every rank of our job trains
 (data-parallel, as verl's FSDP actor) and the rollout replicas are ranks / rollout.tensor_model_parallel_size.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Tuple
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.upstream import CHECKED, INERT, MAPPED, Key
+from mindrlhf.configs.compat.keys import CHECKED, INERT, MAPPED, Key
 
 _ABSENT = object()      # a checked key with no default to check when it is absent
 A, R, M, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "actor_rollout_ref.ref."
@@ -110,8 +110,8 @@ def _empty(v, ns) -> bool:
 RENAMES: Dict[str, Tuple[str, str]] = {
     A + "optim.lr": ("optim", "lr"), A + "optim.weight_decay": ("optim", "weight_decay"),
     A + "grad_clip": ("optim", "max_grad_norm"), A + "optim.clip_grad": ("optim", "max_grad_norm"),
-    A + "ppo_epochs": ("rl", "num_iterations"), A + "ppo_micro_batch_size_per_gpu": ("rl", "micro_batch_size"),
-    A + "use_dynamic_bsz": ("rl", "sequence_packing"),
+    A + "ppo_epochs": ("rl", "num_iterations"), A + "ppo_micro_batch_size_per_gpu": ("engine", "micro_batch_size"),
+    A + "use_dynamic_bsz": ("engine", "sequence_packing"),
     A + "policy_loss.loss_mode": ("rl", "loss_mode"), A + "policy_loss.clip_cov_ratio": ("rl", "clip_cov_ratio"),
     A + "policy_loss.clip_cov_lb": ("rl", "clip_cov_lb"), A + "policy_loss.clip_cov_ub": ("rl", "clip_cov_ub"),
     A + "policy_loss.kl_cov_ratio": ("rl", "kl_cov_ratio"), A + "policy_loss.ppo_kl_coef": ("rl", "ppo_kl_coef"),
@@ -144,7 +144,7 @@ _mapped({
                 "the prompts)",
     A + "ppo_mini_batch_size": "rl.mini_batch_size = ppo_mini_batch_size x rollout.n / ranks (prompts per update "
                                "over the job -> sequences per update on one train data-parallel rank)",
-    A + "ppo_micro_batch_size": "rl.micro_batch_size = ppo_micro_batch_size / ranks (verl's deprecated global "
+    A + "ppo_micro_batch_size": "engine.micro_batch_size = ppo_micro_batch_size / ranks (verl's deprecated global "
                                 "form)",
     A + "use_kl_loss": "false (verl's default): rl.beta = 0 (no reference model); true: rl.beta = kl_loss_coef",
     A + "kl_loss_coef": "rl.beta (with use_kl_loss)",
@@ -188,7 +188,7 @@ _mapped({
 _checked({
     A + "entropy_coeff": (lambda v, ns: float(v) == 0.0, "0 (no entropy bonus)", 0),
     A + "shuffle": (_false, "false (mini-batches in rollout order)", False),
-    A + "ulysses_sequence_parallel_size": (lambda v, ns: int(v) == 1, "1 (rl.sequence_packing and the model "
+    A + "ulysses_sequence_parallel_size": (lambda v, ns: int(v) == 1, "1 (engine.sequence_packing and the model "
                                                                       "YAML's use_seq_parallel instead)", 1),
     A + "optim.num_cycles": (lambda v, ns: float(v) == 0.5, "0.5 (one half-cosine)", 0.5),
     A + "optim.total_training_steps": (lambda v, ns: int(v) == -1, "-1 (verl's trainer fills it in)", -1),
@@ -295,7 +295,7 @@ LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 LOSS_MODES = ("vanilla", "gspo", "kl_cov", "clip_cov")
 
-# Our defaults are MindRLHF's (configs/upstream.RUN_DEFAULTS); where a verl command leaves a field out, verl's own
+# Our defaults are MindRLHF's (configs/compat/mindrlhf_grpo.RUN_DEFAULTS); where a verl command leaves a field out, verl's own
 # default applies when it differs: (section, field) -> (value, whose default).
 ABSENT_DEFAULTS = {
     ("optim", "lr"): (1e-6, "verl's actor.optim.lr default"),
@@ -508,7 +508,7 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
         micro = num(A + "ppo_micro_batch_size", "integer")
         if micro % world:
             raise ConfigError(f"{A}ppo_micro_batch_size: {micro} sequences do not split over {world} ranks")
-        put("rl", "micro_batch_size", micro // world, A + "ppo_micro_batch_size")
+        put("engine", "micro_batch_size", micro // world, A + "ppo_micro_batch_size")
 
     # the loss
     if flag(A + "use_kl_loss", False):

@@ -1,35 +1,16 @@
-"""MindRLHF's names, in one table: every flag, `grpo_config.yaml` field and model-YAML key of MindRLHF's
-Qwen-GRPO tutorial (github.com/mindspore-ai/mindrlhf, `grpo_one_stage.py` / `main.py` era, Feb-May 2025),
-and what each one does here.
+"""MindRLHF's GRPO names, in one table: every `grpo_config.yaml` field and `grpo_one_stage.py` / `main.py` flag
+of MindRLHF's Qwen-GRPO tutorial (github.com/mindspore-ai/mindrlhf, Feb-May 2025), and what each does here
+(mapped / inert / checked: compat/keys.py). The model YAML's MindFormers keys are compat/mindformers.py.
 
-  mapped   - same meaning, under our name (given in `ours`)
-  inert    - accepted and reported once at start-up with the reason; changes nothing here (upstream never
-             reads it, or it tunes Ascend/graph execution without changing results)
-  checked  - accepted only at the value we implement; any other value is an error naming the key
-
-The loaders (grpo_config.py, model_config.py) and the CLI read this module; docs/UPSTREAM.md is generated
-from it (scripts/gen_config_reference.py), so the documented table is the enforced one.
+configs/grpo_load.py reads this module for the flat file and the flags; docs/UPSTREAM.md is generated from it
+(scripts/gen_config_reference.py), so the documented table is the enforced one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from mindrlhf.configs.compat.keys import CHECKED, INERT, MAPPED, Key, inert
 from mindrlhf.configs.errors import ConfigError
-
-MAPPED, INERT, CHECKED = "mapped", "inert", "checked"
-
-
-@dataclass(frozen=True)
-class Key:
-    name: str
-    status: str
-    ours: str          # our field (mapped) or the reason (inert / checked)
-
-
-def _inert(names: str, reason: str) -> List[Key]:
-    return [Key(n, INERT, reason) for n in names.split()]
-
 
 # ---- grpo_config.yaml (flat; upstream's GRPOConfig dataclass in mindrlhf/configs/grpo_configs.py) ----------
 # name -> (section, field) of ours, same meaning
@@ -66,27 +47,27 @@ GRPO_KEYS: List[Key] = (
        Key("save_prompt_completions_dir", MAPPED, "directory of run.rollout_log_file (with "
                                                   "save_prompt_completions_data)"),
        Key("optimizer", CHECKED, "adamw only (upstream's other choice, lamb, is not implemented)")]
-    + _inert("grpo_epochs", "declared but never read by upstream's trainer; passes over a rollout are "
+    + inert("grpo_epochs", "declared but never read by upstream's trainer; passes over a rollout are "
                             "num_iterations")
-    + _inert("lr", "never read by upstream's optimizer, whose schedule runs from start_lr to end_lr")
-    + _inert("total_steps", "never read upstream; the run length is epochs (or our --total_steps)")
-    + _inert("scheduler_name sceduler_name t_max eta_min", "never read upstream; the schedule is start_lr, "
+    + inert("lr", "never read by upstream's optimizer, whose schedule runs from start_lr to end_lr")
+    + inert("total_steps", "never read upstream; the run length is epochs (or our --total_steps)")
+    + inert("scheduler_name sceduler_name t_max eta_min", "never read upstream; the schedule is start_lr, "
                                                            "end_lr, warmup_step, decay_steps")
-    + _inert("model_name align_type checkpoint_interval eval_interval sft_model_path critic_model_path "
+    + inert("model_name align_type checkpoint_interval eval_interval sft_model_path critic_model_path "
              "reward_model_path is_shared_backbone", "never read by upstream's GRPO trainer")
-    + _inert("ppo_epochs init_kl_coef kl_coef target horizon gamma lam cliprange cliprange_value vf_coef "
+    + inert("ppo_epochs init_kl_coef kl_coef target horizon gamma lam cliprange cliprange_value vf_coef "
              "pretrain_coef scale_reward ref_mean ref_std gen_experience_kwargs", "PPO field; GRPO does not use it")
-    + _inert("sink_size device_target parallel_mode full_batch enable_alltoall micro_batch_interleaved "
+    + inert("sink_size device_target parallel_mode full_batch enable_alltoall micro_batch_interleaved "
              "inference_micro_size enable_reshard_optimizer reshard_mem_opt_level",
              "Ascend graph-execution / memory knob; results are the same without it")
-    + _inert("packing packing_sample_length pack_num", "upstream's Ascend packing layout, not read; the log-probs "
-                                                       "and loss are the same padded (rl.sequence_packing packs "
+    + inert("packing packing_sample_length pack_num", "upstream's Ascend packing layout, not read; the log-probs "
+                                                       "and loss are the same padded (engine.sequence_packing packs "
                                                        "here)")
-    + _inert("ref_model_batch_size", "batching of the reference pass; the reference log-probs are the same "
+    + inert("ref_model_batch_size", "batching of the reference pass; the reference log-probs are the same "
                                      "(ours runs it per mini-batch)")
-    + _inert("performance_stats", "phase times are always logged (metrics.jsonl time_*)")
-    + _inert("tensorboard_queue_size save_prompt_completions_interval", "logging cadence; ours writes every step")
-    + _inert("hf_config_path max_num_batched_tokens num_scheduler_steps gpu_memory_utilization detokenize",
+    + inert("performance_stats", "phase times are always logged (metrics.jsonl time_*)")
+    + inert("tensorboard_queue_size save_prompt_completions_interval", "logging cadence; ours writes every step")
+    + inert("hf_config_path max_num_batched_tokens num_scheduler_steps gpu_memory_utilization detokenize",
              "vLLM engine knob; the built-in engine has no equivalent (same samples)")
 )
 GRPO_TABLE: Dict[str, Key] = {k.name: k for k in GRPO_KEYS}
@@ -168,7 +149,7 @@ RUN_DEFAULTS: Dict[str, Tuple[Any, str]] = {
     "reward.verifier_weight": ([1.0, 1.0], ""),
     "rl.mini_batch_size": (1, "upstream's batch_size 1 is one sequence per optimizer update per data-parallel "
                               "rank, sized for Ascend memory at 7B; ours (0) is one update over the step's "
-                              "samples (on-policy, no old-policy pass), and rl.micro_batch_size bounds memory "
+                              "samples (on-policy, no old-policy pass), and engine.micro_batch_size bounds memory "
                               "without changing the update. Set mini_batch_size 1 (batch_size: 1) for upstream's"),
     "rl.num_iterations": (2, "one pass per rollout, as upstream before May 2025 (its second pass came with the "
                              "ratio clip): a second pass doubles the train phase"),
@@ -209,7 +190,7 @@ FLAG_ALIASES: Dict[str, Tuple[Optional[str], str]] = {
     "tensorboard_queue_size": (None, "logging cadence; ours writes every step"),
 }
 FLAG_NARGS = {"reward_funcs": "*", "reward_weights": "*"}
-FLAG_CHECKS = {"custom_model_name": ("qwen", "only Qwen2/Qwen2.5 (Llama-architecture) decoders are implemented")}
+FLAG_CHECKS = {"custom_model_name": ("qwen", "the model family (Qwen2, Qwen2.5, Qwen3, Qwen3-MoE) is read from the model folder or YAML")}
 
 
 def translate_flags(ns: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Tuple[str, str]]]:
@@ -235,76 +216,6 @@ def translate_flags(ns: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Tuple[str,
     return out, ignored
 
 
-# ---- model YAML (MindFormers) ------------------------------------------------------------------------------
-TOP_LEVEL_INERT: Dict[str, str] = {}
-for _names, _why in (
-        ("seed output_dir load_checkpoint src_strategy_path_or_dir auto_trans_ckpt only_save_strategy "
-         "resume_training run_mode use_parallel load_ckpt_format use_legacy",
-         "MindFormers run setting; mindrlhf takes it from its own flags"),
-        ("trainer runner_config runner_wrapper optimizer lr_schedule train_dataset train_dataset_task "
-         "eval_dataset eval_dataset_task do_eval eval_step_interval eval_epoch_interval callbacks metric "
-         "eval_callbacks processor wrapper layer_scale layer_decay lr_scale lr_scale_factor",
-         "MindFormers trainer setting; the GRPO config sets the optimizer, schedule, data and tokenizer"),
-        ("context parallel recompute_config swap_config moe_config",
-         "Ascend graph/memory setting; results are the same without it"),
-        ("profile profile_start_step profile_stop_step init_start_profile profile_communication profile_memory "
-         "auto_tune filepath_prefix autotune_per_step remote_save_url",
-         "profiling / auto-tuning / cloud setting")):
-    TOP_LEVEL_INERT.update(dict.fromkeys(_names.split(), _why))
-
-# model.model_config keys that drive sampling (read from the infer YAML): upstream name -> sampling field
-GENERATION_KEYS = {"max_decode_length": "max_tokens", "min_decode_length": "min_tokens", "temperature": "temperature",
-                   "top_k": "top_k", "top_p": "top_p", "repetition_penalty": "repetition_penalty"}
-MODEL_INERT: Dict[str, str] = {}
-for _names, _why in (
-        ("type batch_size checkpoint_name_or_path auto_map", "MindFormers bookkeeping"),
-        ("use_past use_flash_attention use_paged_attention block_size num_blocks is_dynamic use_past_shard "
-         "fine_grain_interleave use_rope_slice use_ring_attention use_attn_mask_compression qkv_concat "
-         "user_defined_mask fused_rms_norm compute_in_2d use_contiguous use_fused_rope use_fused_swiglu "
-         "use_flash_attention_in_eval input_sliced_sig pp_interleave_num residual_dtype parallel_optimizer",
-         "kernel / cache implementation choice; same results"),
-        ("emb_dropout_prob", "dropout is off in RL fine-tuning"),
-        ("do_sample", "rollouts always sample, as upstream's generate(do_sample=True); temperature 0 is greedy"),
-        ("max_position_embeddings", "HF spelling that MindFormers' LlamaConfig does not read "
-                                    "(it reads max_position_embedding)"),
-        ("multiple_of ffn_dim_multiplier", "intermediate_size is given"),
-        ("pretrain_seqlen init_method_std param_init_std", "initialisation detail; weights are loaded")):
-    MODEL_INERT.update(dict.fromkeys(_names.split(), _why))
-# keys that would change the model if they differed from what we implement: name -> (check(value, cfg), expected)
-MODEL_CHECKED = {
-    "rotary_pct": (lambda v, raw: float(v) == 1.0, "1.0 (RoPE on the whole head)"),
-    "kv_channels": (lambda v, raw: int(v) == int(raw.get("head_dim") or int(raw.get("hidden_size", 0)) //
-                                                  int(raw.get("num_heads", 0) or 1)),
-                    "head_dim (default hidden_size / num_heads): Megatron's name for the head width"),
-    "rotary_emb_base": (lambda v, raw: "theta" not in raw or float(v) == float(raw["theta"]), "theta"),
-    "pet_config": (lambda v, raw: not v, "unset: LoRA is the GRPO config's lora section (lora_rank, lora_alpha, "
-                   "target_modules, which takes pet_config's '.*wq|.*wv' form)"),
-}
-PARALLEL_INERT: Dict[str, str] = {
-    "vocab_emb_dp": "embedding placement; the embedding is vocab-split over model_parallel either way",
-    "gradient_aggregation_group": "Ascend gradient fusion; same results",
-    "optimizer_shard": "parallel-optimizer sharding on Ascend; same results",
-    "expert_parallel": "MoE experts; the Qwen2 decoders here have none",
-}
-# keys that our model/parallel config fields read under their MindFormers names (listed for the reference table)
-MAPPED_PARALLEL = {
-    "model.model_config.offset": "decoder layers per pipeline stage, as MindFormers splits them (configs.model_config."
-                                 "layer_split); reported as inert when pipeline_stage is 1",
-    "parallel_config.pipeline_stage": "pipeline stages of the train layout (1F1B schedule); the infer layout must be 1",
-    "parallel_config.micro_batch_num": "micro-batches per mini-batch through the pipeline; reported as inert when "
-                                       "pipeline_stage is 1",
-    "micro_batch_interleave_num": "(top level or parallel_config) each micro-batch cut into that many parts run "
-                                  "one after another, gradients summed: the same update, a smaller activation "
-                                  "peak; Ascend's overlap of one part's communication with the other's compute "
-                                  "is not done (CPU collectives are synchronous)",
-    "parallel_config.use_seq_parallel": "Megatron sequence parallelism over model_parallel ranks in the train "
-                                        "layout (and the reference model); the rollout layout keeps whole "
-                                        "activations (reported); nothing to split when model_parallel is 1",
-}
-PARALLEL_CHECKED = {"context_parallel": (lambda v, raw: int(v) == 1, "1"),
-                    "use_ring_attention": (lambda v, raw: not v, "False")}
-
-
 def table_markdown() -> str:
     """docs/UPSTREAM.md's tables."""
     out = ["### grpo_config.yaml (flat form)", "", "| key | status | here |", "| --- | --- | --- |"]
@@ -314,24 +225,4 @@ def table_markdown() -> str:
     for flag, (ours, note) in FLAG_ALIASES.items():
         out.append(f"| `--{flag}` | {'mapped' if ours else 'inert'} | {('`' + ours + '`: ') if ours else ''}{note} |")
     out += [f"| `--{f}` | checked | {allowed!r} only: {why} |" for f, (allowed, why) in FLAG_CHECKS.items()]
-    out += ["", "### model YAML: model.model_config", "", "| key | status | here |", "| --- | --- | --- |"]
-    out += [f"| `{k}` | mapped | sampling.{v} (infer YAML; the GRPO config wins when it sets it) |"
-            for k, v in GENERATION_KEYS.items()]
-    out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in MODEL_CHECKED.items()]
-    out += [f"| `{k}` | inert | {why} |" for k, why in MODEL_INERT.items()]
-    out += ["", "### model YAML: parallel_config", "", "| key | status | here |", "| --- | --- | --- |"]
-    out += [f"| `{k.split('.')[-1]}` | mapped | {why} |" for k, why in MAPPED_PARALLEL.items()]
-    out += [f"| `{k}` | inert | {why} |" for k, why in PARALLEL_INERT.items()]
-    out += [f"| `{k}` | checked | must be {exp} |" for k, (_, exp) in PARALLEL_CHECKED.items()]
-    out += ["", "### model YAML: top-level sections", "", "| key | status | here |", "| --- | --- | --- |"]
-    out += [f"| `{k}` | inert | {why} |" for k, why in TOP_LEVEL_INERT.items()]
     return "\n".join(out)
-
-
-def describe_ignored(source: str, ignored: List[Tuple[str, str]]) -> str:
-    """One start-up line per file: the inert keys grouped by reason."""
-    by_reason: Dict[str, List[str]] = {}
-    for key, why in ignored:
-        by_reason.setdefault(why, []).append(key)
-    parts = [f"{', '.join(keys)} ({why})" for why, keys in by_reason.items()]
-    return f"ignored in {source}: " + "; ".join(parts)

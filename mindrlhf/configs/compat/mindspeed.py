@@ -25,7 +25,7 @@ Read from github.com/Ascend/MindSpeed-RL (commit 05a90d7, April 2026), for facts
     workers/reward_woker.py (its score at the last token, prompt_length + response_length - 1, written as
     the samples' rm_scores, as workers/rule_reward.py writes its own).
 
-Statuses as in configs/upstream.py: mapped (our field), inert (reported at start-up with the reason),
+Statuses as in configs/compat/keys.py: mapped (our field), inert (reported at start-up with the reason),
 checked (an error unless the value is one we implement; `default` is MindSpeed-RL's value when the key is
 absent, checked too, because that is what it would run). A key in no table is an error naming the file
 and the key. The model entry is mapped onto our ModelConfig, so the file alone describes the policy:
@@ -43,9 +43,9 @@ import yaml
 
 from mindrlhf.configs.coerce import coerce, coerce_kind
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.hf_config import read_json_object
+from mindrlhf.configs.compat.hf import read_json_object
 from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
-from mindrlhf.configs.upstream import CHECKED, INERT, MAPPED, Key
+from mindrlhf.configs.compat.keys import CHECKED, INERT, MAPPED, Key
 
 SECTIONS = ("defaults", "model", "megatron_training", "actor_config", "ref_config", "reward_config", "rl_config",
             "generate_config", "profiler_config", "msprobe_config")
@@ -99,7 +99,7 @@ MEGATRON_RENAMES: Dict[str, Tuple[str, str]] = {
     "lr": ("optim", "lr"), "min_lr": ("optim", "min_lr"), "weight_decay": ("optim", "weight_decay"),
     "clip_grad": ("optim", "max_grad_norm"), "adam_beta1": ("optim", "beta1"), "adam_beta2": ("optim", "beta2"),
     "train_iters": ("run", "total_steps"), "save_interval": ("run", "save_steps"), "save": ("run", "save_ckpt_dir"),
-    "seed": ("run", "seed"), "micro_batch_size": ("rl", "micro_batch_size"),
+    "seed": ("run", "seed"), "micro_batch_size": ("engine", "micro_batch_size"),
 }
 MEGATRON: Dict[str, Key] = {k: Key(k, MAPPED, f"{s}.{f}") for k, (s, f) in MEGATRON_RENAMES.items()}
 MEGATRON.update({k: Key(k, MAPPED, f"model: {v}") for k, v in MODEL_MAPPED.items()})
@@ -270,7 +270,7 @@ _inert(RL, "actor_rollout_dispatch_size actor_logprob_dispatch_size ref_dispatch
        "actor_max_packing_token_size update_max_packing_token_size dynamic_max_batch_size "
        "ref_dynamic_max_batch_size actor_dynamic_max_batch_size update_dynamic_max_batch_size",
        "batching / packing of a phase, not read; the same log-probs (the update's micro-batches are "
-       "micro_batch_size; rl.sequence_packing and rl.max_packing_token_size pack here)")
+       "micro_batch_size; engine.sequence_packing and engine.max_packing_token_size pack here)")
 _inert(RL, "tp_split_expert", "MoE setting; dense models")
 _inert(RL, "vit_resource vit_forward_micro_batch_size actor_image_embeds_dispatch_size reuse_image_embeds "
        "colocate_actor_and_vit", "multimodal setting; is_multimodal is false")
@@ -510,7 +510,7 @@ def layouts(doc: Dict[str, Any], path: str) -> Layouts:
 
 def _token_ids(folder: Optional[str]) -> Dict[str, Any]:
     """bos/eos/pad ids from the tokenizer's HF folder (config.json, then generation_config.json's eos, as
-    configs/hf_config.py reads them); without them the tokenizer's own EOS and pad are used (eos [])."""
+    configs/compat/hf.py reads them); without them the tokenizer's own EOS and pad are used (eos [])."""
     ids: Dict[str, Any] = {"eos_token_id": []}
     if not folder or not os.path.isdir(folder):
         return ids
@@ -814,7 +814,7 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
     return sections, ignored, derived
 
 
-# Our defaults are MindRLHF's (configs/upstream.RUN_DEFAULTS); where a MindSpeed-RL file leaves a field out,
+# Our defaults are MindRLHF's (configs/compat/mindrlhf_grpo.RUN_DEFAULTS); where a MindSpeed-RL file leaves a field out,
 # MindSpeed-RL's own default applies instead when it differs: (section, field) -> (value, whose default).
 ABSENT_DEFAULTS = {
     ("optim", "beta2"): (0.999, "Megatron's adam_beta2 default"),
