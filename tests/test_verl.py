@@ -177,7 +177,7 @@ def test_the_grpo_quickstart_translates_to_our_fields():
     assert (tr.world, tr.infer_tp) == (8, 2)
     assert s["rl"]["batch_size"] == 1024 // 4              # prompts over the job / 4 rollout replicas of TP 2
     assert s["rl"]["mini_batch_size"] == 256 * 5 // 8      # prompts per update x n -> sequences per rank
-    assert s["rl"]["micro_batch_size"] == 16 and s["rl"]["num_generations"] == 5
+    assert s["engine"]["micro_batch_size"] == 16 and s["rl"]["num_generations"] == 5
     assert (s["rl"]["beta"], s["rl"]["kl_estimator"], s["rl"]["adv_estimator"]) == (0.001, "k3", "grpo")
     assert (s["rl"]["clip_low"], s["rl"]["clip_high"], s["rl"]["loss_agg"]) == (0.2, 0.2, "token-mean")
     assert s["rl"]["ref_sync_steps"] == 0
@@ -353,7 +353,7 @@ trainer.val_before_train=True trainer.save_freq=5 trainer.test_freq=5 trainer.to
 def test_verls_ascend_grpo_example_translates_key_by_key():
     tr = _translate(NPU_EXAMPLE)
     s = tr.sections
-    assert (s["rl"]["batch_size"], s["rl"]["mini_batch_size"], s["rl"]["micro_batch_size"]) == (64, 40, 10)
+    assert (s["rl"]["batch_size"], s["rl"]["mini_batch_size"], s["engine"]["micro_batch_size"]) == (64, 40, 10)
     assert tr.data.on_long_prompt == "skip" and s["run"]["save_ckpt_dir"] == "/ckpts/GRPO/GRPO-Qwen3-8B-npu"
     inert = dict(tr.ignored)
     assert {"trainer.device", "actor_rollout_ref.actor.entropy_from_logits_with_chunking",
