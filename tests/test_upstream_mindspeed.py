@@ -374,7 +374,7 @@ REFUSED = {
 
 def test_every_shipped_file_is_here_and_names_its_source():
     files = sorted(os.path.relpath(os.path.join(d, f), SHIPPED) for d, _, fs in os.walk(SHIPPED) for f in fs)
-    runs = [f for f in files if not f.startswith("model") and "/model/" not in f]
+    runs = [f for f in files if f.split("/")[-2:-1] not in (["model"], ["tools"])]
     assert sorted(runs) == sorted(RUNS + list(REFUSED))
     for f in files:
         with open(os.path.join(SHIPPED, f)) as fh:
@@ -432,6 +432,12 @@ def test_stage_ray_dapo_sets_dapo(tmp_path):
     assert (rl.beta, rl.loss_agg, rl.clip_low, rl.clip_high, rl.dynamic_sampling) == (0.0, "token-mean", 0.2, 0.28,
                                                                                       False)
     assert not cfg.run.shuffle and cfg.tools.max_tool_calls == 1
+    # the tool file it names (configs/tools/retool_config.yaml, from MindSpeed-RL's root) reads as our tools
+    from mindrlhf.tools import load_tool_config
+    assert cfg.tools.tool_config_path == "./configs/tools/retool_config.yaml"
+    notes = []
+    tools = load_tool_config(os.path.join(SHIPPED, "tools", "retool_config.yaml"), notes=notes)
+    assert [t.name for t in tools] == ["code_interpreter"] and any("num_workers = 128 is inert" in n for n in notes)
     line = next(d for d in cfg.derived if d.startswith("stage ray_dapo"))
     assert "rl.beta 0" in line and "rl.clip_low 0.2 / rl.clip_high 0.28" in line
     ignored = {key for _, key, _ in cfg.ignored}
