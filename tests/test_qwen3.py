@@ -349,10 +349,10 @@ def test_qwen3_layerwise_update_equals_the_one_graph_update(tmp_path):
 
 
 def test_mindspeed_qwen3_8b_grpo_file_writes_its_strategy_files(tmp_path):
-    """MindSpeed-RL's Qwen3-8B GRPO file as shipped, with one edit: its `finetune: false` beside `load` is
-    refused here (a Megatron resume; we take load as the initial weights with finetune true), so it is set
-    true. --only_save_strategy then writes the train layout (tp2 x pp2 x dp4, sequence parallel: 18 layers per
-    stage, the q/k norms replicated) and the infer layout (dp16) for its 16 NPUs."""
+    """MindSpeed-RL's Qwen3-8B GRPO file as shipped, unchanged (its `finetune: false` beside `load` starts from
+    load's weights, as with a Megatron release checkpoint, and says so). --only_save_strategy then writes the
+    train layout (tp2 x pp2 x dp4, sequence parallel: 18 layers per stage, the q/k norms replicated) and the
+    infer layout (dp16) for its 16 NPUs."""
     import shutil
     import subprocess
     import sys
@@ -362,9 +362,7 @@ def test_mindspeed_qwen3_8b_grpo_file_writes_its_strategy_files(tmp_path):
     shutil.copytree(os.path.join(fixture, "model"), str(tmp_path / "model"))
     with open(os.path.join(fixture, "grpo_qwen3_8b_A3.yaml")) as fh:
         doc = yaml.safe_load(fh)
-    with pytest.raises(ConfigError, match="actor_config.finetune: False is not supported"):
-        load_model_yaml(_write_yaml(tmp_path / "as_shipped.yaml", doc))
-    doc["actor_config"]["finetune"] = True
+    assert doc["actor_config"]["finetune"] is False
     path = _write_yaml(tmp_path / "grpo.yaml", doc)
     train = load_model_yaml(path)
     assert train.model.qk_layernorm and train.model.head_dim == 128 and train.model.num_layers == 36

@@ -209,7 +209,6 @@ def test_an_unknown_key_in_a_model_file_names_that_file(tmp_path):
     ("actor_config.optimizer", "sgd", r"actor_config.optimizer: 'sgd' is not supported \(we implement adam"),
     ("actor_config.lr_decay_style", "WSD", r"actor_config.lr_decay_style: 'WSD' is not supported"),
     ("actor_config.context_parallel_size", 2, r"context_parallel_size: 2 is not supported"),
-    ("actor_config.finetune", False, r"actor_config.finetune: False is not supported \(we implement true when load"),
     ("actor_config.lr_warmup_fraction", 0.3, r"lr_warmup_fraction: 0.3 x 4 decay updates .* = 1.2 is not supported"),
     ("generate_config.infer_pipeline_parallel_size", 2, r"infer_pipeline_parallel_size: 2 is not supported"),
     ("megatron_training.split", "98,1,1", r"megatron_training.split: '98,1,1' is not supported"),
@@ -354,3 +353,120 @@ def test_the_outcome_reward_model_maps_onto_reward_model(tmp_path):
 def test_an_outcome_reward_model_we_cannot_read_is_refused(tmp_path, edit, message):
     with pytest.raises(ConfigError, match=message):
         load_grpo_config(_orm(tmp_path, **edit)[1])
+
+
+# ---- MindSpeed-RL's own files, as its repository ships them ----------------------------------------------
+SHIPPED = os.path.join(FIXTURE, "shipped")
+# every GRPO / DAPO file under its configs/ for a model we implement (commit 05a90d7; before_acb2c70/: the
+# 7B file as of 63fefd0, the last to spell shuffle_minibatch), with the model/ entries their defaults name
+RUNS = ["grpo_qwen25_7b_A3.yaml", "before_acb2c70/grpo_qwen25_7b_A3.yaml", "grpo_qwen25_32b_A3.yaml",
+        "grpo_qwen25_32b_A2.yaml", "grpo_qwen3_8b_A3.yaml", "dapo_qwen25_32b_A3.yaml", "dapo_qwen3_32b_A3.yaml",
+        "dapo_qwen25_7b_A2_multi_turn.yaml"]
+# what we do not implement, refused by name at load
+REFUSED = {
+    "dapo_qwen25_32b_A2_20k.yaml": r"actor_config.context_parallel_size: 2 is not supported \(we implement 1\)",
+    "dapo_qwen25_32b_A3_32k.yaml": r"actor_config.context_parallel_size: 2 is not supported \(we implement 1\)",
+    "dapo_qwen3_30b_a3b_A3.yaml": r"actor_config.expert_model_parallel_size: 2 is not supported",
+    "grpo_qwen3_235b_a22b_A2.yaml": r"actor_config.expert_model_parallel_size: 4 is not supported",
+    "grpo_lora_qwen25_32b_A2.yaml": r"megatron_training.lora_target_modules: \[.*\] is not supported",
+}
+
+
+def test_every_shipped_file_is_here_and_names_its_source():
+    files = sorted(os.path.relpath(os.path.join(d, f), SHIPPED) for d, _, fs in os.walk(SHIPPED) for f in fs)
+    runs = [f for f in files if f.split("/")[-2:-1] not in (["model"], ["tools"])]
+    assert sorted(runs) == sorted(RUNS + list(REFUSED))
+    for f in files:
+        with open(os.path.join(SHIPPED, f)) as fh:
+            first = fh.readline()
+        assert first.startswith("# from github.com/Ascend/MindSpeed-RL configs/") and " at commit " in first, f
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_shipped_file_loads_unchanged_and_writes_its_strategies(name, tmp_path):
+    """load_grpo_config and both model entries, then --only_save_strategy's writer in-process: one strategy
+    file per rank of each role's layout."""
+    from mindrlhf.cli import save_role_strategies
+    path = os.path.join(SHIPPED, name)
+    cfg = load_grpo_config(path)
+    train, infer = load_model_yaml(path), load_model_yaml(path, role="infer")
+    with open(path) as fh:
+        doc = yaml.safe_load(fh)
+    world = doc["rl_config"]["actor_resource"]["num_npus"]
+    assert train.parallel.world_size == infer.parallel.world_size == world
+    assert cfg.run.use_parallel and cfg.run.shuffle == (not doc["megatron_training"].get("no_shuffle", False))
+    cfg.run.save_ckpt_dir = str(tmp_path)
+    written = save_role_strategies(cfg)
+    for role in ("train", "infer"):
+        folder = tmp_path / "strategy" / f"{role}_strategy"
+        assert len([f for f in os.listdir(folder) if f.endswith(".ckpt")]) == world, role
+    assert written
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_shipped_file_we_cannot_run_is_refused_by_name(name):
+    path = os.path.join(SHIPPED, name)
+    with pytest.raises(ConfigError, match=f"{path}: {REFUSED[name]}"):
+        load_grpo_config(path)
+
+
+def test_shuffle_minibatch_of_older_files_is_inert():
+    path = os.path.join(SHIPPED, "before_acb2c70", "grpo_qwen25_7b_A3.yaml")
+    ignored = {key: why for _, key, why in load_grpo_config(path).ignored}
+    assert "never read" in ignored["rl_config.shuffle_minibatch"]
+
+
+def test_finetune_false_starts_from_the_weights_and_says_so():
+    cfg = load_grpo_config(os.path.join(SHIPPED, "grpo_qwen3_8b_A3.yaml"))
+    assert cfg.run.load_sft_checkpoint_train == "./qwen3-8b-tp2-pp2/" and not cfg.run.resume
+    assert any(line.startswith("actor_config.finetune: false read as true") and "--resume" in line
+               for line in cfg.derived)
+
+
+def test_stage_ray_dapo_sets_dapo(tmp_path):
+    """The multi-turn file: no KL, token-mean, clip-higher, prompts in file order, tool episodes; its disabled
+    overlong and group-filter keys are reported."""
+    path = os.path.join(SHIPPED, "dapo_qwen25_7b_A2_multi_turn.yaml")
+    cfg = load_grpo_config(path)
+    rl = cfg.rl
+    assert (rl.beta, rl.loss_agg, rl.clip_low, rl.clip_high, rl.dynamic_sampling) == (0.0, "token-mean", 0.2, 0.28,
+                                                                                      False)
+    assert not cfg.run.shuffle and cfg.tools.max_tool_calls == 1
+    # the tool file it names (configs/tools/retool_config.yaml, from MindSpeed-RL's root) reads as our tools
+    from mindrlhf.tools import load_tool_config
+    assert cfg.tools.tool_config_path == "./configs/tools/retool_config.yaml"
+    notes = []
+    tools = load_tool_config(os.path.join(SHIPPED, "tools", "retool_config.yaml"), notes=notes)
+    assert [t.name for t in tools] == ["code_interpreter"] and any("num_workers = 128 is inert" in n for n in notes)
+    line = next(d for d in cfg.derived if d.startswith("stage ray_dapo"))
+    assert "rl.beta 0" in line and "rl.clip_low 0.2 / rl.clip_high 0.28" in line
+    ignored = {key for _, key, _ in cfg.ignored}
+    assert {"rl_config.filter_groups_metric", "rl_config.filter_groups_max_batches",
+            "rl_config.overlong_buffer"} <= ignored
+    # with the group filter: dynamic sampling; upstream's -1 ('no limit') keeps our bound, said at start-up
+    cfg = load_grpo_config(os.path.join(SHIPPED, "dapo_qwen3_32b_A3.yaml"))
+    assert cfg.rl.dynamic_sampling and cfg.rl.max_num_gen_batches == 4 and cfg.rl.overlong_buffer_len == 512
+    assert {"rl_config.init_kl_coef", "rl_config.kl_penalty"} <= {key for _, key, _ in cfg.ignored}
+    assert "filter_groups_max_batches -1 is upstream's 'no limit'" in next(
+        d for d in cfg.derived if d.startswith("stage ray_dapo"))
+    # the DAPO keys in a GRPO file are reported, not read; clip_higher_enable false clips with clip_ratio
+    cfg = load_grpo_config(_write(tmp_path / "g", _edited(**{"rl_config.clip_higher_enable": True,
+                                                             "rl_config.clip_ratio_high": 0.3})))
+    assert cfg.rl.clip_high == 0.2 and "rl_config.clip_higher_enable" in {key for _, key, _ in cfg.ignored}
+    cfg = load_grpo_config(_write(tmp_path / "d", _edited(**{"megatron_training.stage": "ray_dapo",
+                                                             "rl_config.token_level_loss": False,
+                                                             "rl_config.clip_ratio_high": 0.3})))
+    assert (cfg.rl.loss_agg, cfg.rl.clip_low, cfg.rl.clip_high, cfg.rl.beta) == ("seq-mean-token-mean", 0.2, 0.2, 0)
+    with pytest.raises(ConfigError, match=r"rl_config.filter_groups_train_batch_size: 3 is not supported"):
+        load_grpo_config(_write(tmp_path / "e", _edited(**{"megatron_training.stage": "ray_dapo",
+                                                           "rl_config.filter_groups_enable": True,
+                                                           "rl_config.filter_groups_train_batch_size": 3})))
+
+
+def test_no_shuffle_keeps_the_file_order(assets, tmp_path):
+    from mindrlhf.trainer.resolve import resolve
+    for no_shuffle in (True, False):
+        doc = _with_assets(_edited(**{"megatron_training.no_shuffle": no_shuffle}), assets)
+        run = resolve(load_grpo_config(_write(tmp_path / str(no_shuffle), doc)), 0, 1, lambda *a, **k: None)
+        order = run.dataset.epoch_steps(0).reshape(-1)
+        assert (list(order) == sorted(order)) == no_shuffle

@@ -79,6 +79,8 @@ class RunConfig(_Section):
                                  "shards and marks them, a step counts once every node has marked it",
                                  choices=choices.CHECKPOINT_STORAGE)
     seed: int = _f(1, "seed for sampling, data order and init")
+    shuffle: bool = _f(True, "shuffle the prompts each epoch (a permutation keyed by seed and epoch); false: the "
+                         "prompt file's own order every epoch (MindSpeed-RL's no_shuffle)")
     total_steps: int = _f(100, "GRPO steps (each: rollout, rewards, updates, weight sync); given, it wins over "
                           "epochs")
     epochs: int = _f(10, "passes over the prompt dataset (MindRLHF's epochs): > 0 sets the run to epochs x "

@@ -130,8 +130,8 @@ def dapo_accuracy(completion: str, solution: str) -> float:
 
 
 UNAVAILABLE.update({
-    "retool_reward": "MindSpeed-RL's multi-turn tool-use reward needs each completion's tool-call count, and "
-                     "mindrlhf does not run multi-turn tool rollouts",
+    "retool_reward": "MindSpeed-RL's multi-turn tool-use reward needs each completion's tool-call count, which "
+                     "our episodes count but verifiers are not given yet; register your own in a reward_module",
     "kk_reward": "MindRLHF's Knights-and-Knaves puzzle reward is not a math answer check; register it "
                  "yourself in a reward_module (docs/CONFIG.md, reward.reward_module)",
 })

@@ -185,7 +185,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     if not run.mind_dataset_dir:
         raise ConfigError("mind_dataset_dir: required (prompt MindRecord from rlhf_data.py)")
     dataset = with_solutions(PromptDataset(run.mind_dataset_dir, cfg.rl.batch_size, infer_mesh.dp,
-                                           infer_mesh.dp_index, run.seed, pad_id), tokenizer, log)
+                                           infer_mesh.dp_index, run.seed, pad_id, shuffle=run.shuffle), tokenizer, log)
     prompt_width = dataset.table["prompt_ids"].shape[1]
     _check_lengths(cfg, model_cfg, prompt_width)
     geometry = StepGeometry.from_config(cfg.rl, infer_mesh.dp, train_mesh.dp)

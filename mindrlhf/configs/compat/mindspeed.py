@@ -1,4 +1,5 @@
-"""MindSpeed-RL's GRPO YAML, in one table: every key its GRPO trainer accepts, and what each does here.
+"""MindSpeed-RL's GRPO (and DAPO: stage ray_dapo) YAML, in one table: every key its trainers accept, and what each
+does here.
 
 Read from github.com/Ascend/MindSpeed-RL (commit 05a90d7, April 2026), for facts only:
   - the file's shape: configs/grpo_qwen25_7b_A3.yaml, configs/grpo_qwen25_32b_A3.yaml,
@@ -121,6 +122,18 @@ for _k, _v in {
         "tokenizer_name_or_path": "run.vocab_path (a folder with tokenizer.json, or vocab.json + merges.txt); its "
                                   "config.json / generation_config.json give the model's token ids",
         "no_shared_storage": "run.checkpoint_storage: true -> node_local, false -> shared",
+        "stage": "ray_grpo (also when absent): the GRPO trainer, as these tables say; ray_dapo: MindSpeed-RL's DAPO "
+                 "trainer (cli/train_dapo.py): rl.beta 0 (its loss has no KL term: init_kl_coef and kl_penalty are "
+                 "inert), and rl_config's DAPO keys below (token_level_loss, clip_higher_enable, filter_groups_*) "
+                 "are read; each value so set is said at start-up. Other stages are refused",
+        "finetune": "true: load gives the initial weights. false: Megatron would also read load's iteration and "
+                    "(without no_load_optim / no_load_rng) its optimizer and RNG state; load is weights only here "
+                    "(HF / safetensors / MindSpore; a Megatron checkpoint is refused), which, as Megatron's "
+                    "release checkpoints, carries none of them, so the run starts at iteration 0 either way (said "
+                    "at start-up). Continuing one of our own runs is run.resume (--resume: save_ckpt_dir's newest "
+                    "checkpoint)",
+        "no_shuffle": "run.shuffle = not no_shuffle (true: the prompts in the file's order every epoch; false, "
+                      "upstream's default: shuffled by seed)",
 }.items():
     MEGATRON[_k] = Key(_k, MAPPED, _v)
 MEGATRON["train_iters"] = Key("train_iters", MAPPED, "run.total_steps; optim.decay_steps = train_iters x "
@@ -128,11 +141,8 @@ MEGATRON["train_iters"] = Key("train_iters", MAPPED, "run.total_steps; optim.dec
 
 # name -> (ok(value, namespace), what we implement, MindSpeed-RL's default when absent or _ABSENT)
 MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
-    "stage": (lambda v, ns: v == "ray_grpo", "ray_grpo (this table is the GRPO trainer's)", _ABSENT),
     "optimizer": (lambda v, ns: v == "adam", "adam (AdamW: decoupled weight decay, none on biases and norms)",
                   "adam"),
-    "finetune": (lambda v, ns: v is True or not ns.get("load"),
-                 "true when load is given (load gives the initial weights; a run resumes with --resume)", False),
     "context_parallel_size": (lambda v, ns: int(v) == 1, "1", 1),
     "expert_model_parallel_size": (lambda v, ns: int(v) == 1, "1 (no expert-parallel axis yet)", 1),
     "num_layers_per_virtual_pipeline_stage": (lambda v, ns: v is None, "unset (no virtual pipeline stages)", None),
@@ -159,7 +169,6 @@ MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
     "noop_layers": (lambda v, ns: v is None, "unset", None),
     "mm_model": (lambda v, ns: v is None, "unset (text models only)", None),
     "spec": (lambda v, ns: v is None, "unset (the built-in Qwen2/Llama decoder)", None),
-    "no_shuffle": (lambda v, ns: v is False, "false (prompts are shuffled by seed)", False),
     "split": (lambda v, ns: v is None or [float(x) for x in str(v).split(",")][1:] in ([], [0.0], [0.0, 0.0]),
               "train only, e.g. 100,0,0 (the GRPO trainer reads only the train split)", None),
 }
@@ -186,7 +195,8 @@ _inert(MEGATRON, "tokenizer_type tokenizer_not_use_fast tokenizer_padding_side p
        "full_shuffle_instruction_dataset", "data preparation; the prompt MindRecord (rlhf_data.py, "
                                           "--prompt_template) fixes the prompts")
 _inert(MEGATRON, "no_load_optim no_load_rng no_save_optim no_save_rng load_checkpoint_loosely pretrained_checkpoint "
-       "enable_high_availability", "checkpoint detail: load gives weights only; --resume restores a whole run")
+       "enable_high_availability", "checkpoint detail: load gives weights only (no optimizer or RNG state to read, "
+                                   "finetune true or false); --resume restores a whole run of ours")
 _inert(MEGATRON, "log_interval log_throughput eval_interval eval_iters skip_train",
        "logging / evaluation cadence; metrics are written every step")
 _inert(MEGATRON, "dpo_loss_type ref_model refer_model_iter algorithm", "not read by the GRPO trainer")
@@ -255,10 +265,31 @@ _inert(RL, "verifier_timeout num_samples_per_step advantage_whiten", "declared b
 _inert(RL, "max_prompt_length", "the prompt MindRecord fixes prompt length (rlhf_data.py --max_prompt_length)")
 _inert(RL, "reference_resource use_integrated_worker",
        "placement: every rank holds the policy, rollout and reference models here (upstream's integrated worker)")
-_inert(RL, "clip_higher_enable clip_ratio_low clip_ratio_high token_level_loss",
-       "read by the DAPO loss only (cli/train_dapo.py); GRPO's loss uses clip_ratio and a token mean")
-_inert(RL, "filter_groups_enable filter_groups_metric filter_groups_max_batches filter_groups_train_batch_size",
-       "the DAPO trainer's dynamic sampling only (cli/train_dapo.py)")
+_inert(RL, "shuffle_minibatch", "declared by upstream's RLConfig until commit acb2c70 (June 2025) but never read "
+       "(the spelling read is shuffle_mini_batch); files of that time still carry it")
+# read by the DAPO trainer only (stage ray_dapo); under ray_grpo each is reported inert, as upstream's GRPO ignores it
+DAPO_ONLY = ("token_level_loss", "clip_higher_enable", "clip_ratio_low", "clip_ratio_high", "filter_groups_enable",
+             "filter_groups_max_batches", "filter_groups_train_batch_size")
+for _k, _v in {
+        "token_level_loss": "stage ray_dapo: rl.loss_agg token-mean when true (upstream's default), seq-mean-token-mean "
+                            "when false",
+        "clip_higher_enable": "stage ray_dapo: true -> rl.clip_low = clip_ratio_low, rl.clip_high = clip_ratio_high "
+                              "(upstream's defaults 0.1 each when absent); false -> clip_ratio on both sides",
+        "clip_ratio_low": "rl.clip_low (stage ray_dapo with clip_higher_enable)",
+        "clip_ratio_high": "rl.clip_high (stage ray_dapo with clip_higher_enable)",
+        "filter_groups_enable": "stage ray_dapo: rl.dynamic_sampling (groups whose rewards are all equal are dropped "
+                                "and more prompts sampled). Upstream filters on the verifier's metric_for_dapo, here on "
+                                "the reward: the two differ only for a group of equal scores that the overlong penalty "
+                                "tells apart",
+        "filter_groups_max_batches": "rl.max_num_gen_batches when > 0; -1 (upstream's 'no limit') keeps our bound "
+                                     "(said at start-up). Past the bound upstream stops the run, here the step is "
+                                     "topped up with masked groups",
+        "filter_groups_train_batch_size": "must equal global_batch_size with filter_groups_enable (the informative "
+                                          "prompts a step holds: rl.batch_size x infer data_parallel here)",
+}.items():
+    RL[_k] = Key(_k, MAPPED, _v)
+_inert(RL, "filter_groups_metric", "not read: the DAPO group filter is on the reward (all equal: dropped); upstream's "
+       "metric_for_dapo (the verifier's score) differs only where the overlong penalty tells equal scores apart")
 _inert(RL, "blocking async_engine guarantee_order zmq_communication num_cpus_for_local_task "
        "num_cpus_for_placement_group hccl_buffersize runtime_env_path data_strategy transfer_queue_data_shard_num "
        "transfer_queue_data_shard_port_base require_max_age_all_finished verifier_parallel",
@@ -728,11 +759,28 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
         derived.append(f"rl.batch_size: {gbs // lay.infer_dp} (global_batch_size {gbs} / infer data_parallel "
                        f"{lay.infer_dp})")
 
+    stage = values.get("stage", "ray_grpo")
+    if stage not in STAGES:
+        raise ConfigError(f"{path}: {origin['stage']}: {stage!r} is not supported (we implement "
+                          f"{' and '.join(STAGES)})")
+    dapo = stage == "ray_dapo"
+    if "finetune" in values and "load" in values and \
+            not _as("flag", values["finetune"], f"{path}: {origin['finetune']}"):
+        derived.append(f"{origin['finetune']}: false read as true: {origin['load']} is weights only, with no "
+                       f"iteration, optimizer or RNG state to continue from (as a Megatron release checkpoint); the "
+                       f"run starts at iteration 0. To continue a run of ours: --resume (run.resume)")
+    if "no_shuffle" in values:
+        put("run", "shuffle", not _as("flag", values["no_shuffle"], f"{path}: {origin['no_shuffle']}"),
+            origin["no_shuffle"])
+
     # rl_config
     for key, (sec, fld) in RL_RENAMES.items():
-        if key in rl:
+        if key in rl and not (dapo and key == "init_kl_coef"):
             put(sec, fld, rl[key], f"rl_config.{key}")
-    if "kl_penalty" in rl:
+    if dapo:
+        ignored.extend((f"rl_config.{k}", "stage ray_dapo: upstream's DAPO loss has no KL term (rl.beta 0)")
+                       for k in ("init_kl_coef", "kl_penalty") if k in rl)
+    elif "kl_penalty" in rl:
         if rl["kl_penalty"] not in KL_PENALTIES:
             raise ConfigError(f"{path}: rl_config.kl_penalty: {rl['kl_penalty']!r} is not supported (we implement "
                               f"{', '.join(KL_PENALTIES)})")
@@ -740,6 +788,11 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
     if "clip_ratio" in rl:
         put("rl", "clip_low", rl["clip_ratio"], "rl_config.clip_ratio")
         put("rl", "clip_high", rl["clip_ratio"], "rl_config.clip_ratio")
+    if dapo:
+        _dapo(rl, gbs, path, put, ignored, derived, field_of)
+    else:
+        ignored.extend((f"rl_config.{k}", f"read by upstream's DAPO trainer only (stage ray_dapo); this file's "
+                                          f"stage is {stage}") for k in DAPO_ONLY if k in rl)
     n = sections.get("rl", {}).get("num_generations", field_of("rl", "num_generations").default)
     if "mini_batch_size" in rl:
         prompts = _as("integer", rl["mini_batch_size"], f"{path}: rl_config.mini_batch_size")
@@ -827,6 +880,49 @@ ABSENT_DEFAULTS = {
     ("reward", "verifier_function"): (["base_acc"], "MindSpeed-RL's rl_config.verifier_function default"),
     ("reward", "verifier_weight"): ([1.0], "MindSpeed-RL's rl_config.verifier_weight default"),
 }
+
+
+STAGES = ("ray_grpo", "ray_dapo")
+
+
+def _dapo(rl, gbs, path, put, ignored, derived, field_of):
+    """stage ray_dapo: MindSpeed-RL's DAPO trainer as our rl fields (each said at start-up): no KL term, the
+    token-level loss, clip-higher, and dynamic sampling (filter_groups)."""
+    said = ["rl.beta 0 (the DAPO loss has no KL term)"]
+    put("rl", "beta", 0.0, "megatron_training.stage")
+    token_level = _as("flag", rl.get("token_level_loss", True), f"{path}: rl_config.token_level_loss")
+    agg = "token-mean" if token_level else "seq-mean-token-mean"
+    put("rl", "loss_agg", agg, "rl_config.token_level_loss")
+    said.append(f"rl.loss_agg {agg} (token_level_loss {token_level})")
+    if _as("flag", rl.get("clip_higher_enable", False), f"{path}: rl_config.clip_higher_enable"):
+        low, high = rl.get("clip_ratio_low", 0.1), rl.get("clip_ratio_high", 0.1)
+        put("rl", "clip_low", low, "rl_config.clip_ratio_low")
+        put("rl", "clip_high", high, "rl_config.clip_ratio_high")
+        said.append(f"rl.clip_low {low} / rl.clip_high {high} (clip_higher_enable)")
+    else:
+        ignored.extend((f"rl_config.{k}", "clip_higher_enable is false (clip_ratio clips both sides)")
+                       for k in ("clip_ratio_low", "clip_ratio_high") if k in rl)
+    if _as("flag", rl.get("filter_groups_enable", False), f"{path}: rl_config.filter_groups_enable"):
+        put("rl", "dynamic_sampling", True, "rl_config.filter_groups_enable")
+        said.append("rl.dynamic_sampling true (filter_groups_enable)")
+        size = rl.get("filter_groups_train_batch_size", 1)
+        if gbs is None or _as("integer", size, f"{path}: rl_config.filter_groups_train_batch_size") != gbs:
+            raise ConfigError(f"{path}: rl_config.filter_groups_train_batch_size: {size!r} is not supported (we "
+                              f"implement megatron_training.global_batch_size's value, {gbs}: a step holds that many "
+                              f"informative prompts)")
+        batches = _as("integer", rl.get("filter_groups_max_batches", 1), f"{path}: rl_config.filter_groups_max_batches")
+        if batches > 0:
+            put("rl", "max_num_gen_batches", batches, "rl_config.filter_groups_max_batches")
+            said.append(f"rl.max_num_gen_batches {batches} (filter_groups_max_batches)")
+        else:
+            bound = field_of("rl", "max_num_gen_batches").default
+            said.append(f"rl.max_num_gen_batches {bound} (filter_groups_max_batches {batches} is upstream's 'no "
+                        f"limit'; our bound, then a step is topped up with masked groups: --max_num_gen_batches "
+                        f"raises it)")
+    else:
+        ignored.extend((f"rl_config.{k}", "filter_groups_enable is false") for k in
+                       ("filter_groups_max_batches", "filter_groups_train_batch_size") if k in rl)
+    derived.append("stage ray_dapo (MindSpeed-RL's DAPO trainer): " + "; ".join(said))
 
 
 def _multi_turn(rl, path, put, ignored, derived):
