@@ -193,3 +193,58 @@ def test_docstring_sections():
     assert summary == "Summary."
     assert args == {"a": "first more", "b": "second"}
     assert returns == "a value"
+
+
+def test_rlhf_data_prompts_offer_the_tools_as_transformers_renders_them(tmp_path):
+    """`rlhf_data.py --prompt_template chat --tool_module tools.py`: every prompt in the MindRecord is the
+    tokens of transformers' apply_chat_template(messages, tools=[the functions], add_generation_prompt=True),
+    the tools loaded as the trainer loads tools.tool_module; the flag is refused without a chat template."""
+    import os
+    import shutil
+    import numpy as np
+    from mindspore.mindrecord import FileReader
+    from transformers import Qwen2Tokenizer
+    from data_helpers import arithmetic_rows, make_tokenizer_files, write_jsonl
+    from mindrlhf.configs import ConfigError
+    from mindrlhf.data.convert import build_parser, convert
+    from mindrlhf.data.tokenizer import load_qwen2_tokenizer
+    vocab, merges = make_tokenizer_files(str(tmp_path / "tok"))
+    template = os.path.join(os.path.dirname(__file__), "fixtures", "qwen3_chat_template.jinja")
+    shutil.copy(template, tmp_path / "tok" / "chat_template.jinja")
+    load_qwen2_tokenizer(vocab, merges)._tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    (tmp_path / "calc.py").write_text('''
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+TOOLS = [add]
+''')
+    rows = arithmetic_rows(3)
+    src = write_jsonl(str(tmp_path / "q.jsonl"), rows)
+    args = ["--vocab_path", str(tmp_path / "tok"), "--file_path", src, "--prompt_template", "chat",
+            "--max_prompt_length", "1024", "--seq_length", "1100", "--no_progress",
+            "--tool_module", str(tmp_path / "calc.py")]
+    convert(build_parser().parse_args(args + ["--output_path", str(tmp_path / "out.mindrecord")]))
+    namespace = {}
+    exec((tmp_path / "calc.py").read_text(), namespace)
+    tok, ours = Qwen2Tokenizer(vocab=vocab, merges=merges), load_qwen2_tokenizer(vocab, merges)
+    reader = FileReader(str(tmp_path / "out.mindrecord"))
+    got = list(reader.get_next())
+    reader.close()
+    assert len(got) == len(rows)
+    for row, example in zip(got, rows):
+        text = tok.apply_chat_template([{"role": "user", "content": example["question"]}], tools=[namespace["add"]],
+                                       tokenize=False, add_generation_prompt=True, chat_template=open(template).read())
+        assert '"name": "add"' in text
+        ids = np.asarray(row["prompt_ids"])[:int(row["prompt_length"])]
+        assert list(ids) == ours.encode(text) and ours.decode(list(ids), skip_special_tokens=False) == text
+    with pytest.raises(ConfigError, match="--tool_module / --tool_config_path: .* --prompt_template chat"):
+        convert(build_parser().parse_args(args[:4] + ["--prompt_template", "plain", "--tool_module",
+                                                      str(tmp_path / "calc.py"), "--output_path",
+                                                      str(tmp_path / "o2.mindrecord"), "--no_progress"]))

@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable_thinking", default=None, type=_flag,
                    help="with --prompt_template chat: the template's enable_thinking (Qwen3: false closes an empty "
                         "<think> block in each prompt; default: unset, the template's own default)")
+    p.add_argument("--tool_module", default="",
+                   help="with --prompt_template chat: offer these tools in every prompt (the chat template's tools=), "
+                        "a .py file or module of plain typed, documented functions: the GRPO config's "
+                        "tools.tool_module, so the prompts offer the tools the episodes run")
+    p.add_argument("--tool_config_path", default="",
+                   help="with --prompt_template chat: offer the tools of a MindSpeed-RL / verl tool config file (the "
+                        "GRPO config's tools.tool_config_path)")
     p.add_argument("--on_long_prompt", default="truncate", choices=["truncate", "skip", "error"],
                    help="what to do with prompts longer than --max_prompt_length (truncate keeps the end, as verl's "
                         "data.truncation=left; skip is verl's filter_overlong_prompts; error names the row, as "
@@ -135,15 +142,16 @@ class _ChatPrompt:
     through the model folder's chat template with the generation prompt added (as verl's RLHFDataset);
     `variables` (enable_thinking) reach the template."""
 
-    def __init__(self, folder: str, system_prompt: str, variables: dict):
+    def __init__(self, folder: str, system_prompt: str, variables: dict, tools: Optional[List[dict]] = None):
         from mindrlhf.data.chat_template import ChatTemplate
         self.chat, self.system_prompt, self.variables = ChatTemplate(folder), system_prompt, variables
+        self.tools = tools or None          # the tools' schemas, offered in every prompt
 
     def __call__(self, question: str) -> str:
-        return self.chat.prompt(question, self.system_prompt, **self.variables)
+        return self.chat.prompt(question, self.system_prompt, tools=self.tools, **self.variables)
 
     def render_messages(self, messages) -> str:
-        return self.chat.render(messages, **self.variables)
+        return self.chat.render(messages, tools=self.tools, **self.variables)
 
 
 def prompt_text(template: Callable[[str], str], example: Example) -> str:
@@ -159,19 +167,23 @@ def prompt_text(template: Callable[[str], str], example: Example) -> str:
 
 
 def resolve_template(name: Optional[str], vocab_path: str = "", system_prompt: str = "",
-                     enable_thinking: Optional[bool] = None) -> Callable[[str], str]:
+                     enable_thinking: Optional[bool] = None, tools: Optional[List[dict]] = None) -> Callable[[str], str]:
     """question -> prompt text: a named template, a text file with '{question}', or `chat` (the model
     folder's own chat template, data/chat_template.py, which also renders verl's message lists;
-    `enable_thinking` None leaves the variable unset, as apply_chat_template without it)."""
+    `enable_thinking` None leaves the variable unset, as apply_chat_template without it; `tools`: schemas
+    every chat prompt offers)."""
     name = name or "none"
     if enable_thinking is not None and name != "chat":
         raise ConfigError("--enable_thinking: a chat template variable; give --prompt_template chat")
+    if tools and name != "chat":
+        raise ConfigError("--tool_module / --tool_config_path: the tools are offered by the model folder's chat "
+                          "template; give --prompt_template chat")
     if name == "chat":
         if not vocab_path or not os.path.isdir(vocab_path):
             raise ConfigError(f"--prompt_template chat: renders the model folder's chat template; give the folder "
                               f"as --vocab_path (got {vocab_path!r})")
         return _ChatPrompt(vocab_path, system_prompt,
-                           {} if enable_thinking is None else {"enable_thinking": enable_thinking})
+                           {} if enable_thinking is None else {"enable_thinking": enable_thinking}, tools)
     if system_prompt:
         raise ConfigError("--system_prompt: only --prompt_template chat has a system message")
     if name in PROMPT_TEMPLATES:
@@ -186,6 +198,21 @@ def resolve_template(name: Optional[str], vocab_path: str = "", system_prompt: s
         raise ConfigError(f"--prompt_template {name}: the template has no {{question}} placeholder")
     # a file's other braces are literal (\boxed{}): only the placeholder is filled in
     return lambda question: text.replace("{question}", question)
+
+
+def _offered_tools(args) -> List[dict]:
+    """--tool_module / --tool_config_path: the tools' schemas, loaded as the trainer loads them; said once."""
+    module, config = getattr(args, "tool_module", ""), getattr(args, "tool_config_path", "")
+    if not (module or config):
+        return []
+    from mindrlhf.tools import load_tools
+    notes: List[str] = []
+    tools = load_tools(module, config, notes)
+    print(f"prompts offer {len(tools)} tool(s): {', '.join(t.name for t in tools)} (from "
+          f"{' and '.join(x for x in (module, config) if x)}; the GRPO run's tools section must name the same)")
+    for line in notes:
+        print(line)
+    return [t.schema for t in tools]
 
 
 def convert(args) -> ConvertSummary:
@@ -213,7 +240,8 @@ def convert(args) -> ConvertSummary:
     if args.dataset_type == "verl" and args.system_prompt:
         raise ConfigError("--system_prompt: verl rows carry their own messages (a system turn, if any, is in "
                           "their prompt column)")
-    template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt, args.enable_thinking)
+    template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt, args.enable_thinking,
+                                _offered_tools(args))
     tok = load_tokenizer(args.vocab_path, args.merges_file_path)
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
     if pad is None:

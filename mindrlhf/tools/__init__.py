@@ -38,7 +38,7 @@ import importlib
 # names -> their module, imported on first use (so `python -m mindrlhf.tools.sandbox` runs the module once)
 _WHERE = {
     "parser": ("PARSERS", "HermesParser", "ToolCall", "ToolCallParser", "get_parser", "register_parser"),
-    "registry": ("CODE_INTERPRETER_SCHEMA", "CodeInterpreter", "Tool", "load_tool_config", "load_tool_module",
+    "registry": ("CODE_INTERPRETER_SCHEMA", "CodeInterpreter", "Tool", "load_tool_config", "load_tool_module", "load_tools",
                  "register_tool", "sandbox_status"),
     "runner": ("ToolResult", "ToolRunner", "ToolStats", "check_arguments", "truncate"),
     "sandbox": ("LocalSandbox", "SandboxFusionClient", "SandboxLimits", "SandboxResult"),

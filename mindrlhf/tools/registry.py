@@ -225,6 +225,21 @@ CONFIG_KEYS = {
 }
 
 
+def load_tools(tool_module: str = "", tool_config_path: str = "", notes: Optional[List[str]] = None) -> List[Tool]:
+    """The tools a run (or rlhf_data.py's prompts) offers: `tool_module`'s functions and `tool_config_path`'s
+    entries, one name each. The one loader for the trainer and the data command, so the prompts offer exactly
+    the tools the episodes run."""
+    tools = load_tool_module(tool_module) if tool_module else []
+    if tool_config_path:
+        tools += load_tool_config(tool_config_path, notes=notes)
+    names = [tool.name for tool in tools]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"tools: {', '.join(dupes)} defined twice (tool_module {tool_module!r} and "
+                          f"tool_config_path {tool_config_path!r})")
+    return tools
+
+
 def load_tool_config(path: str, use_local_sandbox: bool = False, notes: Optional[List[str]] = None) -> List[Tool]:
     """Tools from a MindSpeed-RL / verl tool config file. `use_local_sandbox`: ignore a `sandbox_fusion_url`
     and run code in the local sandbox (said in `notes`). Inert keys are listed in `notes` with the reason."""

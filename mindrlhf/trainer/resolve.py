@@ -248,17 +248,10 @@ def _episodes(cfg: GRPOConfig, tokenizer, log):
         return None
     from mindrlhf.data.chat_template import ChatTemplate
     from mindrlhf.rollout.episodes import episode_tools
-    from mindrlhf.tools import load_tool_config, load_tool_module, sandbox_status
-    tools, notes = [], []
-    if t.tool_module:
-        tools += load_tool_module(t.tool_module)
-    if t.tool_config_path:
-        tools += load_tool_config(t.tool_config_path, notes=notes)
+    from mindrlhf.tools import load_tools, sandbox_status
+    notes = []
+    tools = load_tools(t.tool_module, t.tool_config_path, notes)
     names = [tool.name for tool in tools]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"tools: {', '.join(dupes)} defined twice (tools.tool_module {t.tool_module!r} and "
-                          f"tools.tool_config_path {t.tool_config_path!r})")
     folder = cfg.run.vocab_path if os.path.isdir(cfg.run.vocab_path) else os.path.dirname(cfg.run.vocab_path)
     try:
         template = ChatTemplate(folder)
