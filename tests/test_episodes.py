@@ -298,9 +298,10 @@ def _tool_run(root, monkeypatch, **extra):
     logs = []
     if extra.pop("evaluate", False):
         extra.update(eval_dataset=assets["mind_dataset_dir"], eval_steps=1, eval_prompts=4)
+    extra.setdefault("verifier_function", "digit_fraction_test")
     cfg = load_grpo_config(None, grpo_overrides(
         assets, str(root / "run"), max_tokens=112, max_tool_calls=2, tool_module=str(tool_file),
-        verifier_function="digit_fraction_test", save_data_file=str(root / "exp.mindrecord"),
+        save_data_file=str(root / "exp.mindrecord"),
         rollout_log_file=str(root / "rollouts.mindrecord"), **extra))
     trainer = GRPOTrainer(cfg, log=logs.append)
     return trainer, logs
@@ -333,6 +334,21 @@ def test_grpo_run_with_a_tool(tmp_path, monkeypatch):
     assert sum(h > 0 for h in holes) >= len(with_tool) // 2
 
 
+
+
+def test_retool_reward_reads_each_episodes_tool_calls(tmp_path, monkeypatch):
+    """MindSpeed-RL's multi-turn verifier in a GRPO run: each sample's reward is -1 raised by 0.1 per tool call
+    of its own episode (none of the tiny model's answers is right), so the even samples, forced to call once,
+    score -0.9 and the others -1: the trainer hands every verifier that asks for it the episode's count."""
+    import mindspore.dataset as ds
+    trainer, _ = _tool_run(tmp_path, monkeypatch, verifier_function="retool_reward", total_steps=1)
+    trainer.fit()
+    rows = list(ds.MindDataset(str(tmp_path / "rollouts.mindrecord"), shuffle=False).create_dict_iterator(
+        output_numpy=True, num_epochs=1))
+    calls = np.array([int(r["tool_calls"]) for r in rows])
+    rewards = np.array([float(r["reward"]) for r in rows])
+    assert (calls > 0).any() and (calls == 0).any()
+    np.testing.assert_allclose(rewards, np.minimum(0.0, -1.0 + 0.1 * calls), atol=1e-6)
 
 
 def test_packed_rows_train_an_episode_as_padded_rows(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ import random
 import re
 import time
 
+import numpy as np
 import pytest
 
 from mindrlhf.configs import ConfigError
@@ -23,10 +24,29 @@ def test_every_name_of_both_frameworks_is_registered():
     assert mindspeed | mindrlhf | {"reasoning_steps"} <= set(VERIFIERS)
 
 
-@pytest.mark.parametrize("name,why", [("retool_reward", "tool-call count"), ("kk_reward", "Knights-and-Knaves")])
+@pytest.mark.parametrize("name,why", [("kk_reward", "Knights-and-Knaves")])
 def test_names_we_cannot_honour_are_refused_by_name(name, why):
     with pytest.raises(ConfigError, match=f"'{name}' cannot be used here: .*{why}"):
         RewardFn(["accuracy_reward", name], [1.0, 1.0])
+
+
+def test_retool_reward_is_mindspeeds_strict_box_with_a_tool_call_bonus():
+    """MindSpeed-RL's retool_reward (models/rule_verifier.py over math_dapo.compute_score, strict_box_verify):
+    the last \\boxed{} of the last 100 characters must hold the label's exact text; a miss scores -1 + 0.1 per
+    tool call, capped at 0. The count reaches it through RewardFn.score_rows; other verifiers never see it."""
+    from mindrlhf.reward.compat import retool_reward
+    assert retool_reward("so \\boxed{42}", "42") == 1.0
+    assert retool_reward("so \\boxed{42.0}", "42") == -1.0                  # no normalisation: strict
+    assert retool_reward("\\boxed{42}" + "x" * 100, "42") == -1.0          # outside the last 100 characters
+    assert retool_reward("\\boxed{41} then \\boxed{42}", "42") == 1.0     # the last box counts
+    assert retool_reward("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}") == 1.0   # nested braces
+    assert retool_reward("no box", "42", 3) == pytest.approx(-0.7) and retool_reward("no box", "42", 20) == 0.0
+    assert retool_reward("\\boxed{42}", "42", 5) == 1.0                     # the bonus only lifts a miss
+    fn = RewardFn(["retool_reward", "accuracy_reward"], [1.0, 0.0])
+    table = fn.score_rows(["no box", "no box", "#### 42"], ["42", "42", "42"], [0, 4, 2])
+    np.testing.assert_allclose(table[:, 1], [-1.0, -0.6, -0.8], atol=1e-6)
+    np.testing.assert_allclose(table[:, 2], [0.0, 0.0, 1.0])
+    np.testing.assert_allclose(fn.score_rows(["no box"], ["42"])[:, 1], [-1.0])   # single-turn: no calls
 
 
 def test_acc_rewards_a_box_and_penalises_its_absence():

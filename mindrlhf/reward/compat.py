@@ -129,9 +129,22 @@ def dapo_accuracy(completion: str, solution: str) -> float:
     return 1.0 if math_equal(answer, solution) else -1.0
 
 
+RETOOL_TAIL_CHARS = 100     # retool_reward's strict box: only the completion's last 100 characters are read
+
+
+@register_verifier("retool_reward")
+def retool_reward(completion: str, solution: str, tool_calls: int = 0) -> float:
+    """MindSpeed-RL's multi-turn 'retool_reward': 1 if the last \\boxed{...} in the completion's last
+    RETOOL_TAIL_CHARS characters holds exactly the solution's text (no normalisation: its strict box check),
+    else -1 raised by 0.1 for each tool call of the episode, to at most 0 (trying the tool pays, never as much
+    as a right answer)."""
+    answer = _boxed(completion[-RETOOL_TAIL_CHARS:])
+    if answer is not None and answer == solution:
+        return 1.0
+    return min(0.0, -1.0 + 0.1 * tool_calls)
+
+
 UNAVAILABLE.update({
-    "retool_reward": "MindSpeed-RL's multi-turn tool-use reward needs each completion's tool-call count, which "
-                     "our episodes count but verifiers are not given yet; register your own in a reward_module",
     "kk_reward": "MindRLHF's Knights-and-Knaves puzzle reward is not a math answer check; register it "
                  "yourself in a reward_module (docs/CONFIG.md, reward.reward_module)",
 })

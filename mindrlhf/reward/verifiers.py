@@ -33,6 +33,8 @@ _LOADING: List[List[str]] = []      # names registered while load_reward_module 
 
 
 def register_verifier(name: str):
+    """`fn(completion, solution) -> float`; a verifier with a third parameter named `tool_calls` is also given
+    the episode's tool-call count (0 for a single-turn sample), as MindSpeed-RL's retool_reward reads it."""
     def wrap(fn):
         VERIFIERS[name] = fn
         for names in _LOADING:
@@ -322,19 +324,21 @@ class RewardFn:
     def columns(self) -> int:
         return 1 + len(self.names) + len(self.FLAGS)
 
-    def score_rows(self, completions: Sequence[str], solutions: Sequence[str]) -> np.ndarray:
+    def score_rows(self, completions: Sequence[str], solutions: Sequence[str],
+                   tool_calls: Optional[Sequence[int]] = None) -> np.ndarray:
         """(n, columns) float32: per completion the weighted reward, each verifier's value, and the flags
         `reward/errors` (share of verifier calls that raised or overran), `answer/missing` (no final answer
         in a recognised form), `answer/strict_flexible_disagree` (the strict answer (boxed, <answer>, ####)
         and the last number in the text differ in correctness; the strict one judged by accuracy_reward when
         it is configured), `answer/latex_unjudged` (a verifier needed math-verify for this answer and it is
         not installed). Rows of a table are independent, so ranks can each score a share of a batch and add
-        their tables (the trainer does)."""
+        their tables (the trainer does). `tool_calls`: each completion's episode tool calls (default none), for the
+        verifiers that read them (register_verifier)."""
         table = np.zeros((len(completions), self.columns), np.float32)
         parts = np.zeros((len(completions), len(self.names)))        # float64 until the weighted sum
         errors = np.zeros(len(completions))
         for k, n in enumerate(self.names):
-            values = score_each(VERIFIERS[n], completions, solutions, self.time_limit)
+            values = score_each(VERIFIERS[n], completions, solutions, self.time_limit, tool_calls)
             errors += [v is None for v in values]
             parts[:, k] = [0.0 if v is None else float(v) for v in values]
         table[:, 0] = [sum(w * float(v) for w, v in zip(self.weights, row)) for row in parts]
@@ -366,10 +370,25 @@ class RewardFn:
         return self.scores_of(self.score_rows(completions, solutions))
 
 
-def score_each(fn, completions: Sequence[str], solutions: Sequence[str], time_limit: float) -> List[Optional[float]]:
-    """fn(completion, solution) for each pair, None where it raised or ran past `time_limit` seconds."""
+def score_each(fn, completions: Sequence[str], solutions: Sequence[str], time_limit: float,
+               tool_calls: Optional[Sequence[int]] = None) -> List[Optional[float]]:
+    """fn(completion, solution) for each pair (and the tool-call count, for a verifier that takes it), None
+    where it raised or ran past `time_limit` seconds."""
     with _time_limits(time_limit) as call:
-        return [call(fn, c, s) for c, s in zip(completions, solutions)]
+        if not takes_tool_calls(fn):
+            return [call(fn, c, s) for c, s in zip(completions, solutions)]
+        counts = [0] * len(completions) if tool_calls is None else [int(n) for n in tool_calls]
+        return [call(fn, c, s, n) for c, s, n in zip(completions, solutions, counts)]
+
+
+def takes_tool_calls(fn) -> bool:
+    """Whether a verifier's third parameter is `tool_calls` (register_verifier)."""
+    import inspect
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 3 and params[2] == "tool_calls"
 
 
 class _Overrun(BaseException):

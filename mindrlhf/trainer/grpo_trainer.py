@@ -95,7 +95,7 @@ class GRPOTrainer:
         # time limit, or one that differs by host, cannot give TP peers different rewards
         mine, reward_fn = range(self.rank, len(texts), self.world), self.run.reward_fn
         table = np.zeros((len(texts), reward_fn.columns), np.float32)
-        table[mine] = reward_fn.score_rows([texts[i] for i in mine], [sols[i] for i in mine])
+        table[mine] = reward_fn.score_rows(*([x[i] for i in mine] for x in (texts, sols, samples.tool_calls)))
         result = reward_fn.scores_of(exchange.rows_of_all_ranks(table))
         result = self.reward_model.join(samples, result) if self.reward_model else result
         return np.array(result.total, np.float32), result, texts
