@@ -136,6 +136,8 @@ def build_config_file(overrides: List[str], ours: List[str]) -> str:
         print(upstream_verl.data_source_line(name, rows), flush=True)
     if any(flag in ours for flag in ("--verifier_function", "--reward_funcs")):
         print("verl data: scored by your --verifier_function (the data_source lines above say what verl runs)")
+    elif sections.get("reward", {}).get("reward_model"):
+        print("verl data: scored by the reward model alone (reward_model.enable), as verl scores it")
     else:
         sections.setdefault("reward", {})["verifier_function"] = \
             upstream_verl.verifiers_for(sources, ", ".join(plan.train_files + plan.val_files))

@@ -218,7 +218,7 @@ def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
 @pytest.mark.parametrize("extra,pattern", [
     (["trainer.not_a_key=1"], r"trainer\.not_a_key: unknown verl key"),
     (["actor_rollout_ref.actor.entropy_coeff=0.01"], r"actor_rollout_ref\.actor\.entropy_coeff: 0\.01 is not supported"),
-    (["reward_model.enable=True"], r"reward_model\.enable: True is not supported"),
+    (["reward_model.enable=True"], r"reward_model\.model\.path: missing with reward_model\.enable=True"),
     (["algorithm.adv_estimator=gae"], r"algorithm\.adv_estimator: 'gae' is not supported"),
     (["algorithm.use_kl_in_reward=True"], r"algorithm\.use_kl_in_reward: True is not supported"),
     (["actor_rollout_ref.actor.kl_loss_type=abs"], r"actor_rollout_ref\.actor\.kl_loss_type: 'abs' is not supported"),
@@ -232,6 +232,27 @@ def test_unknown_and_refused_keys_are_named(extra, pattern):
     base = [a for a in QUICKSTART if not any(a.startswith(e.split("=")[0].lstrip("~") + "=") for e in extra)]
     with pytest.raises(ConfigError, match=pattern):
         _translate(base + extra)
+
+
+def test_a_verl_reward_model_becomes_ours_and_scores_alone():
+    """reward_model.enable=True with reward_model.model.path: our reward model role, and no rule verifier (verl's
+    naive reward manager returns rm_scores unchanged when they exist); its batch size mapped, its FSDP keys
+    inert; the sections load and validate as a GRPO config. data.shuffle=False keeps the file's order."""
+    from mindrlhf.configs.grpo_config import GRPOConfig
+    tr = _translate(QUICKSTART + ["reward_model.enable=True", "reward_model.model.path=/models/rm",
+                                  "reward_model.micro_batch_size_per_gpu=4", "reward_model.model.fsdp_config."
+                                  "param_offload=True", "data.shuffle=False"])
+    r = tr.sections["reward"]
+    assert (r["reward_model"], r["reward_model_batch_size"], r["verifier_function"], r["verifier_weight"]) == \
+        ("/models/rm", 4, [], [])
+    assert tr.sections["run"]["shuffle"] is False
+    assert "reward_model.model.fsdp_config.param_offload" in dict(tr.ignored)
+    assert any("reward model's score alone" in line for line in tr.derived)
+    cfg = GRPOConfig()
+    for sec, values in tr.sections.items():
+        for k, v in values.items():
+            setattr(getattr(cfg, sec), k, v)
+    cfg.validate()
 
 
 def test_gae_by_default_is_refused_naming_the_key():

@@ -125,6 +125,7 @@ RENAMES: Dict[str, Tuple[str, str]] = {
     M + "target_modules": ("lora", "target_modules"),
     "trainer.total_epochs": ("run", "epochs"), "trainer.total_training_steps": ("run", "total_steps"),
     "trainer.default_local_dir": ("run", "save_ckpt_dir"), "data.seed": ("run", "seed"),
+    "data.shuffle": ("run", "shuffle"),
 }
 _mapped({k: f"{s}.{f}" for k, (s, f) in RENAMES.items()})
 _mapped({
@@ -206,14 +207,12 @@ _checked({
     R + "val_kwargs.temperature": (lambda v, ns: float(v) == 0, "0 (greedy eval)", 0),
     R + "val_kwargs.n": (lambda v, ns: int(v) == 1, "1 (one greedy answer per prompt)", 1),
     "actor_rollout_ref.hybrid_engine": (_true, "true (every rank holds the policy and the rollout model)", True),
-    "data.shuffle": (_true, "true (prompts shuffled by run.seed)", True),
     "data.reward_fn_key": (lambda v, ns: v == "data_source", "data_source", "data_source"),
     "data.custom_cls.path": (_null, "null (the verl row schema)", None),
     "data.sampler.class_path": (_null, "null (shuffled by run.seed)", None),
     "data.datagen.path": (_null, "null", None),
     "data.apply_chat_template_kwargs": (_empty, "{} (the template renders with its defaults)", {}),
     "critic.enable": (lambda v, ns: not _true(v, ns), "null/false (GRPO has no critic)", None),
-    "reward_model.enable": (_false, "false (rewards are rule-based: the data_source's verifier)", False),
     "reward_model.reward_manager": (lambda v, ns: v == "naive", "naive (each sample scored by its row's rule)",
                                     "naive"),
     "custom_reward_function.path": (_null, "null: verl's compute_score(data_source, solution_str, ground_truth, "
@@ -273,7 +272,15 @@ _inert("use_shm trust_remote_code dataloader_num_workers filter_overlong_prompts
 _inert("data.val_batch_size", "batching of validation; every validation row is evaluated")
 _inert("data.validation_shuffle", "order of validation; accuracy is over every row")
 _inert("critic.*", "the critic (PPO's GAE); GRPO has none")
-_inert("reward_model.*", "the reward-model worker; reward_model.enable is false")
+_mapped({"reward_model.enable": "true: reward.reward_model = reward_model.model.path (a sequence-classification "
+                                 "folder) and, as verl's naive reward manager returns the reward model's score alone "
+                                 "when one runs, no rule verifiers (--verifier_function adds them); false: the "
+                                 "data_source's verifier",
+         "reward_model.model.path": "reward.reward_model (with reward_model.enable)",
+         "reward_model.micro_batch_size_per_gpu": "reward.reward_model_batch_size (with reward_model.enable)"})
+_inert("reward_model.*", "the reward-model worker's engine and placement (FSDP, offload, dynamic batching, its own "
+       "tokenizer: ours scores the policy's tokens, in the train layout, and its tokenizer must equal the policy's, "
+       "checked at start-up); unused when reward_model.enable is false")
 _inert("custom_reward_function.name", "custom_reward_function.path is null")
 _inert("algorithm.gamma algorithm.lam", "GAE discounting; grpo-type estimators do not use it")
 _inert("algorithm.kl_penalty algorithm.kl_ctrl.*", "the in-reward KL; algorithm.use_kl_in_reward is false (the KL "
@@ -562,6 +569,8 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
                                   f"not supported; give a positive bound")
             put("rl", "max_num_gen_batches", batches, "algorithm.filter_groups.max_num_gen_batches")
 
+    if flag("reward_model.enable", False):
+        _reward_model(ov, put, derived)
     ignored = [(k, row.ours) for k, row in rows.items() if row.status == INERT]
     reported = {k for k, _ in mapped}
     for k, row in rows.items():          # every given key is said at start-up, the ones read above by their row
@@ -575,6 +584,23 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
             sections.setdefault(sec, {})[fld] = coerce(value, field_of(sec, fld), why)
             derived.append(f"{sec}.{fld}: {value!r} ({why}; the command leaves it out)")
     return Translation(sections, mapped, ignored, derived, plan, world, infer_tp)
+
+
+def _reward_model(ov, put, derived):
+    """reward_model.enable: the folder scores every sample, and (verl's naive reward manager returns rm_scores
+    unchanged when they exist) it alone: no rule verifiers unless the command line adds them."""
+    if not ov.get("reward_model.model.path"):
+        raise ConfigError("reward_model.model.path: missing with reward_model.enable=True (the reward model's "
+                          "Hugging Face sequence-classification folder)")
+    put("reward", "reward_model", str(ov["reward_model.model.path"]), "reward_model.model.path")
+    if ov.get("reward_model.micro_batch_size_per_gpu") is not None:
+        put("reward", "reward_model_batch_size", ov["reward_model.micro_batch_size_per_gpu"],
+            "reward_model.micro_batch_size_per_gpu")
+    put("reward", "verifier_function", [], "reward_model.enable")
+    put("reward", "verifier_weight", [], "reward_model.enable")
+    put("reward", "reward_model_weight", 1.0, "reward_model.enable")
+    derived.append("reward: the reward model's score alone (verl returns rm_scores as the reward when a reward model "
+                   "runs); --verifier_function / --verifier_weight add rule verifiers")
 
 
 def _schedule(ov, put, derived, num, tbs, mini, sections):
