@@ -321,7 +321,7 @@ def test_grpo_trains_a_qwen3_moe_hf_folder(tmp_path):
     """Two GRPO steps with a Qwen3-MoE folder as --sft_path_train (one dense layer, one sparse): the trainer
     builds, rolls out and updates it (shared prompt on: the dense and the sparse layer each compiled once as
 their own reused subgraph, layer_graphs.LayerGraphs), the rollout's log-probs equal the train model's, and the export is a
-    Qwen3-MoE transformers loads."""
+    Qwen3-MoE transformers loads. The folder's router_aux_loss_coef, not applied yet, is said at start-up."""
     import torch
     from transformers import AutoModelForCausalLM
     from grpo_helpers import grpo_overrides, make_grpo_assets
@@ -332,7 +332,9 @@ their own reused subgraph, layer_graphs.LayerGraphs), the rollout's log-probs eq
     make_qwen3_moe_model(folder, vocab=416, mlp_only=(0,))
     cfg = load_grpo_config(None, grpo_overrides(dict(assets, sft_path_train=folder), str(tmp_path / "out"),
                                                 share_prompt=True, export_hf=True, save_steps=2))
-    rows = GRPOTrainer(cfg, log=lambda *a, **k: None).fit()
+    logs = []
+    rows = GRPOTrainer(cfg, log=lambda *a, **k: logs.append(" ".join(map(str, a)))).fit()
+    assert any("router_aux_loss_coef 0.01 is not applied" in line for line in logs)    # config.json's, said
     assert len(rows) == 2
     assert all(np.isfinite(r["loss"]) and r["rollout_train_logprob_gap"] <= 1e-4 for r in rows)
     back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "hf_policy"), dtype=torch.float32)

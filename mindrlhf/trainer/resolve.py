@@ -180,6 +180,10 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     check_backend(run.rollout_backend)
 
     model_cfg = train_yaml.model
+    if model_cfg.num_experts and model_cfg.router_aux_loss_coef:
+        log(f"note: {run.sft_path_train}: router_aux_loss_coef {model_cfg.router_aux_loss_coef:g} is not applied: the "
+            f"load-balancing loss is not part of the GRPO update yet (as transformers / TRL without "
+            f"output_router_logits); the routers learn from the policy-gradient and KL terms only")
     tokenizer = load_tokenizer(run.vocab_path, run.merges_file_path)
     pad_id, eos_ids = special_ids(tokenizer, model_cfg)
     if not run.mind_dataset_dir:
