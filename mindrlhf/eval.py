@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from mindrlhf.configs.errors import CheckpointError, ConfigError
 from mindrlhf.configs.fields import default, flag_parser, from_flags, help_field as _f
-from mindrlhf.configs.grpo_config import RewardConfig, RunConfig, SamplingConfig
+from mindrlhf.configs.grpo_config import RewardConfig, RunConfig, SamplingConfig, ToolsConfig
 from mindrlhf.data.convert import DEFAULTS as CONVERT_DEFAULTS
 from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES
 from mindrlhf.data.sources import DATASET_TYPES
@@ -106,9 +106,16 @@ class EvalConfig:
     reward_module: str = _f("", "a .py file or module registering more verifiers")
     verifier_timeout: float = _f(default(RewardConfig, "verifier_timeout"), "seconds one verifier may spend on "
                                  "one completion (0 scores it)")
+    max_tool_calls: int = _f(default(ToolsConfig, "max_tool_calls"), "multi-turn: tool calls per completion "
+                             "(the GRPO config's tools.max_tool_calls; 0: one turn); the other tool settings are "
+                             "the tools section's defaults")
+    tool_module: str = _f("", "with --max_tool_calls: a .py file or module of tools (tools.tool_module); a chat "
+                          "--prompt_template also offers them in each prompt")
+    tool_config_path: str = _f("", "with --max_tool_calls: MindSpeed-RL's / verl's tool config file "
+                               "(tools.tool_config_path)")
     correct_threshold: float = _f(1.0, "a completion with a score at least this is correct (accuracy, pass@k)")
     output: str = _f("", "write every completion here as JSON lines (index, sample, prompt, completion, solution, "
-                     "score, correct, length, finish_reason)")
+                     "score, correct, length, finish_reason, tool_calls)")
     chunk_rows: int = _f(32, "completions per generate call on a rank (the trainer's eval uses rl.batch_size x "
                          "rl.num_generations, 4 x 8 by default: the same number gives its greedy accuracy exactly)")
     use_parallel: bool = _f(False, "under msrun: each rank evaluates every world-th prompt")
@@ -143,6 +150,13 @@ def check_args(args):
         raise ConfigError(f"--checkpoint: not found: {args.checkpoint}")
     if not os.path.exists(args.dataset):
         raise ConfigError(f"--dataset: not found: {args.dataset}")
+    if args.max_tool_calls < 0:
+        raise ConfigError(f"--max_tool_calls: expected >= 0, got {args.max_tool_calls}")
+    if not args.max_tool_calls and (args.tool_module or args.tool_config_path):
+        raise ConfigError("--tool_module / --tool_config_path: give --max_tool_calls > 0 to let the model call them")
+    if args.max_tool_calls and not (args.tool_module or args.tool_config_path):
+        raise ConfigError(f"--max_tool_calls {args.max_tool_calls}: no tools; give --tool_module and/or "
+                          f"--tool_config_path")
     if args.output:
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder):
@@ -216,9 +230,10 @@ def is_mindrecord(path: str) -> bool:
     return os.path.isfile(path) and (path.endswith(MINDRECORD_SUFFIX) or os.path.isfile(path + ".db"))
 
 
-def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log) -> Dict[str, np.ndarray]:
+def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log, tools=()) -> Dict[str, np.ndarray]:
     """prompt_ids (right-padded), prompt_length and solution of the first --limit prompts: a MindRecord's
-    columns, or a jsonl/JSON/parquet input tokenized as rlhf_data.py would write it."""
+    columns, or a jsonl/JSON/parquet input tokenized as rlhf_data.py would write it (a chat template offering
+    `tools`, as rlhf_data.py --tool_module)."""
     from mindrlhf.data.dataset import PromptDataset
     from mindrlhf.trainer.resolve import with_solutions
     path = args.dataset
@@ -229,7 +244,8 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log) -> Dict[
     from mindrlhf.data.sources import Source, parse_map_keys
     source = Source(path, args.dataset_type, parse_map_keys(args.map_keys))
     thinking = {"": None, "true": True, "false": False}[args.enable_thinking]
-    template = resolve_template(args.prompt_template, tokenizer_dir, args.system_prompt, thinking)
+    offered = [t.schema for t in tools] if tools and args.prompt_template == "chat" else None
+    template = resolve_template(args.prompt_template, tokenizer_dir, args.system_prompt, thinking, offered)
     summary = ConvertSummary()
     rows = tokenized_rows(source.examples(), template, tokenizer, args.max_prompt_length, args.on_long_prompt, None,
                           summary)
@@ -250,6 +266,26 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log) -> Dict[
     columns = {"prompt_ids": ids, "prompt_length": np.array([len(r[0]) for r in rows], np.int64),
                "solution": np.array([r[2] for r in rows], dtype=object)}
     return PromptDataset(path, 1, pad_token_id=pad_id, shuffle=False, columns=columns).table
+
+
+def episode_tools_of(args, tokenizer, tokenizer_dir: str, log):
+    """(the tools, rollout/episodes.EpisodeTools) for --max_tool_calls > 0, loaded and built as the trainer
+    builds them (the tools section's defaults besides the three flags; the chat template of the tokenizer's
+    folder renders the results); ([], None) for one turn."""
+    if not args.max_tool_calls:
+        return [], None
+    from mindrlhf.data.chat_template import ChatTemplate
+    from mindrlhf.rollout.episodes import episode_tools
+    from mindrlhf.tools import load_tools
+    section = ToolsConfig(max_tool_calls=args.max_tool_calls, tool_module=args.tool_module,
+                          tool_config_path=args.tool_config_path)
+    notes: List[str] = []
+    tools = load_tools(args.tool_module, args.tool_config_path, notes)
+    episodes = episode_tools(section, tools, tokenizer, ChatTemplate(tokenizer_dir))
+    log(f"tools: {', '.join(t.name for t in tools)}; up to {args.max_tool_calls} call(s) per completion")
+    for line in notes:
+        log(line)
+    return tools, episodes
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
@@ -277,7 +313,8 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
     weights = weights_path(args)
     tokenizer, tokenizer_dir = tokenizer_of(args)
     pad_id, eos_ids = special_ids(tokenizer, model_cfg)
-    table = prompt_table(args, tokenizer, tokenizer_dir, pad_id, log)
+    tools, episodes = episode_tools_of(args, tokenizer, tokenizer_dir, log)
+    table = prompt_table(args, tokenizer, tokenizer_dir, pad_id, log, tools)
     count, width = len(table["prompt_ids"]), table["prompt_ids"].shape[1]
     if count < world:
         raise ConfigError(f"--dataset/--limit: {count} prompt(s) cannot give each of the {world} ranks one")
@@ -293,7 +330,7 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
         log(f"note: --n {args.n} with greedy decoding: a prompt's completions are all equal (give --temperature > 0 "
             f"to sample)")
     model = model_with_weights(model_cfg, Mesh(dp=world, tp=1, rank=rank), weights, log=log)
-    engine = make_engine("mindspore", model, pad_id, width)
+    engine = make_engine("mindspore", model, pad_id, width, tools=episodes)
     idx = evaluation.replica_prompts(count, world, rank)
     how = "greedy" if params.greedy else f"temperature {params.temperature}, top_p {params.top_p}, top_k {params.top_k}"
     log(f"eval: {weights} on {args.dataset}: {count} prompts x {args.n} completion(s), {how}, max_tokens "
@@ -310,11 +347,13 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
             progress.update(done - progress.n)
 
     done = evaluation.complete(engine, tokenizer, table, idx, params, args.chunk_rows,
-                               lambda texts, sols: reward_fn.score_rows(texts, sols)[:, 0], after_chunk=after_chunk)
+                               lambda texts, sols, calls: reward_fn.score_rows(texts, sols, calls)[:, 0],
+                               after_chunk=after_chunk)
     if progress:
         progress.close()
     sample = np.tile(np.arange(args.n), len(idx))
-    ints = exchange.rows_over_world(np.stack([done.prompt_index, sample, done.lengths, done.finished], 1))
+    ints = exchange.rows_over_world(np.stack([done.prompt_index, sample, done.lengths, done.finished,
+                                              done.tool_calls], 1))
     ids = exchange.rows_over_world(done.response_ids)
     scores = exchange.rows_over_world(done.scores.astype(np.float32)).astype(np.float64)
     watchdog.stop()
@@ -323,6 +362,8 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
     order = np.lexsort((ints[:, 1], ints[:, 0]))
     ints, ids, scores = ints[order], ids[order], scores[order]
     report = summarize(scores >= args.correct_threshold, scores, ints[:, 2], args.n, time.time() - t0)
+    if args.max_tool_calls:
+        report["tool_calls_mean"] = float(ints[:, 4].mean())
     if args.output:
         write_completions(args.output, table, tokenizer, ints, ids, scores, args.correct_threshold)
         log(f"wrote {args.output} ({len(ints)} completions)")
@@ -349,11 +390,12 @@ def write_completions(path: str, table, tokenizer, ints, ids, scores, threshold:
                                         skip_special_tokens=False) for i in np.unique(ints[:, 0])}
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as fh:
-            for (index, sample, length, finished), text, score in zip(ints.tolist(), texts, scores.tolist()):
+            for (index, sample, length, finished, calls), text, score in zip(ints.tolist(), texts, scores.tolist()):
                 fh.write(json.dumps({"index": index, "sample": sample, "prompt": prompts[index], "completion": text,
                                      "solution": str(table["solution"][index]), "score": score,
                                      "correct": score >= threshold, "length": length,
-                                     "finish_reason": "stop" if finished else "length"}, ensure_ascii=False) + "\n")
+                                     "finish_reason": "stop" if finished else "length", "tool_calls": calls},
+                                    ensure_ascii=False) + "\n")
 
 
 def report_lines(report: dict) -> List[str]:

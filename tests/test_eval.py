@@ -144,7 +144,7 @@ def test_the_completions_file_and_the_report_line(trained, capsys):
     assert [(r["index"], r["sample"]) for r in rows] == [(i, 0) for i in range(EVAL_PROMPTS)]
     for r in rows:
         assert set(r) == {"index", "sample", "prompt", "completion", "solution", "score", "correct", "length",
-                          "finish_reason"}
+                          "finish_reason", "tool_calls"} and r["tool_calls"] == 0
         # the prompt's last --max_prompt_length (16) tokens, as rlhf_data.py keeps them
         question = f"What is {r['index']} + {r['index'] + 3}?"
         assert f"Question: {question}\nAnswer:".endswith(r["prompt"]) and question[4:] in r["prompt"]
@@ -269,3 +269,51 @@ def test_two_msrun_workers_give_the_single_process_completions(trained, capsys, 
     msrun_report = json.loads(lines[-1])
     assert msrun_report["accuracy"] == report["accuracy"] and msrun_report["samples"] == EVAL_PROMPTS
     assert "rank r takes prompts r::2" in open(tmp_path / "log" / "worker_0.log", errors="replace").read()
+
+
+def test_multi_turn_eval_runs_the_tools_and_scores_with_their_counts(trained, capsys, tmp_path, monkeypatch):
+    """--max_tool_calls with --tool_module: each completion is an episode as in training (the even rows' first
+    turn forced to call `inc`, the tool answers, the model goes on), the completions file holds the tool's reply
+    and each row's call count, and retool_reward scores with that count; the flags are checked first."""
+    from test_episodes import CHATML_TOOLS, call
+    from mindrlhf.data.tokenizer import load_qwen2_tokenizer, load_tokenizer
+    from mindrlhf.rollout.engine import GenerationEngine
+    from mindrlhf.rollout.sampling import token_logprobs
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    load_qwen2_tokenizer(trained["vocab_path"], trained["merges_file_path"])._tok.save(str(folder / "tokenizer.json"))
+    (folder / "chat_template.jinja").write_text(CHATML_TOOLS)
+    tool_file = tmp_path / "my_tools.py"
+    tool_file.write_text("def inc(x: int) -> int:\n    \"\"\"Add 4.\n\n    Args:\n        x: a number\n"
+                         "    \"\"\"\n    return x + 4\n\nTOOLS = [inc]\n")
+    call_ids = load_tokenizer(str(folder)).encode(call("inc", x=1))
+    original = GenerationEngine._draw
+
+    def draw(self, logits, params, seen, suppress_eos, u, seqs, positions):
+        tokens, logp = original(self, logits, params, seen, suppress_eos, u, seqs, positions)
+        forced = (seqs % 2 == 0) & (positions < len(call_ids))
+        if forced.any():
+            tokens = tokens.copy()
+            tokens[forced] = np.array(call_ids)[positions[forced]]
+            logp = token_logprobs(logits, tokens, params.logprob_temperature)
+        return tokens, logp
+    monkeypatch.setattr(GenerationEngine, "_draw", draw)
+    path = str(tmp_path / "episodes.jsonl")
+    argv = ["--model", trained["hf"], "--vocab_path", str(folder), "--dataset", trained["eval_mr"], "--max_tokens",
+            "112", "--chunk_rows", "4", "--progress", "False", "--output", path, "--max_tool_calls", "2",
+            "--tool_module", str(tool_file), "--verifier_function", "retool_reward"]
+    capsys.readouterr()
+    assert eval_cmd.main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    with open(path, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    called = [r for r in rows if r["tool_calls"]]
+    assert called and len(called) < len(rows) and report["tool_calls_mean"] == pytest.approx(
+        np.mean([r["tool_calls"] for r in rows]))
+    assert all("<tool_response>\n5\n</tool_response>" in r["completion"] for r in called)
+    assert all(r["score"] == pytest.approx(min(0.0, -1.0 + 0.1 * r["tool_calls"])) for r in rows)
+    base = argv[:argv.index("--max_tool_calls")]
+    assert eval_cmd.main(base + ["--tool_module", str(tool_file)]) == 2                # tools without calls
+    assert "give --max_tool_calls > 0" in capsys.readouterr().err
+    assert eval_cmd.main(base + ["--max_tool_calls", "2"]) == 2                        # calls without tools
+    assert "no tools" in capsys.readouterr().err

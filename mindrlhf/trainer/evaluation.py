@@ -17,7 +17,8 @@ import numpy as np
 from mindrlhf.reward.verifiers import accuracy_reward, score_each
 from mindrlhf.rollout.sampling import SamplingParams
 
-Scorer = Callable[[List[str], List[str]], Sequence[float]]     # (completions, solutions) -> one score each
+# (completions, solutions, each completion's episode tool calls) -> one score each
+Scorer = Callable[[List[str], List[str], Sequence[int]], Sequence[float]]
 
 
 def replica_prompts(count: int, replicas: int, replica: int) -> np.ndarray:
@@ -28,7 +29,8 @@ def replica_prompts(count: int, replicas: int, replica: int) -> np.ndarray:
 
 def accuracy_scores(time_limit: float) -> Scorer:
     """accuracy_reward per completion (0 where it raised or overran `time_limit`): the trainer's eval score."""
-    return lambda texts, solutions: [v or 0.0 for v in score_each(accuracy_reward, texts, solutions, time_limit)]
+    return lambda texts, solutions, tool_calls: [v or 0.0 for v in score_each(accuracy_reward, texts, solutions,
+                                                                             time_limit)]
 
 
 def share(part: float, whole: float) -> float:
@@ -45,6 +47,7 @@ class Completions:
     finished: np.ndarray           # (N,) int64: 1 ended with EOS ("stop"), 0 reached max_tokens ("length")
     texts: List[str]
     scores: np.ndarray             # (N,) float64
+    tool_calls: np.ndarray         # (N,) int64: the episode's tool calls (0 single-turn)
 
 
 def complete(engine, tokenizer, table: Dict[str, np.ndarray], idx: np.ndarray, params: SamplingParams, rows: int,
@@ -56,14 +59,16 @@ def complete(engine, tokenizer, table: Dict[str, np.ndarray], idx: np.ndarray, p
     (the trainer's swap schedule); `after_chunk(prompts done)` is called after each chunk (progress)."""
     prompts = [table["prompt_ids"][i][:table["prompt_length"][i]].tolist() for i in idx]
     per_call = max(1, rows // params.n)
-    ids, lengths, finished, texts, scores = [], [], [], [], []
+    ids, lengths, finished, texts, scores, calls = [], [], [], [], [], []
     for start in range(0, len(prompts), per_call):
         chunk = idx[start:start + per_call]
         with generating():
             out = engine.generate(prompts[start:start + per_call], params, [(int(i),) for i in chunk])
         chunk_texts = tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(out.response_ids,
                                                                                  out.response_mask)])
-        scores += [float(s) for s in score(chunk_texts, [str(table["solution"][i]) for i in chunk[out.prompt_index]])]
+        scores += [float(s) for s in score(chunk_texts, [str(table["solution"][i]) for i in chunk[out.prompt_index]],
+                                           out.tool_calls)]
+        calls.append(out.tool_calls)
         ids.append(out.response_ids)
         lengths.append(out.response_lengths)
         finished += [r == "stop" for r in out.finish_reason]
@@ -76,4 +81,5 @@ def complete(engine, tokenizer, table: Dict[str, np.ndarray], idx: np.ndarray, p
     return Completions(np.repeat(np.asarray(idx, np.int64), params.n),
                        np.concatenate(ids).astype(np.int64) if ids else np.zeros((0, width), np.int64),
                        np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64),
-                       np.array(finished, np.int64), texts, np.array(scores, np.float64))
+                       np.array(finished, np.int64), texts, np.array(scores, np.float64),
+                       np.concatenate(calls).astype(np.int64) if calls else np.zeros(0, np.int64))
