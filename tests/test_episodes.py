@@ -267,22 +267,13 @@ def test_tool_tokens_get_no_gradient_and_change_no_loss_term():
         assert (grad[tool] == 0).all() and np.abs(grad[trained == 1]).sum() > 0
 
 
-def _tool_run(root, monkeypatch, **extra):
-    """A GRPO run with --tool_module in one process: half the samples' first turn is a call to `inc` (the model's
-    draws forced there, with its own log-probs), the tool answers, the model continues."""
-    from grpo_helpers import grpo_overrides, make_grpo_assets
-    from mindrlhf.configs.grpo_load import load_grpo_config
-    from mindrlhf.data.tokenizer import load_tokenizer
-    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+INC_TOOL = ("def inc(x: int) -> int:\n    \"\"\"Add 4.\n\n    Args:\n        x: a number\n    \"\"\"\n"
+            "    return x + 4\n\nTOOLS = [inc]\n")     # a --tool_module file
 
-    assets = make_grpo_assets(str(root / "assets"))
-    with open(os.path.join(os.path.dirname(assets["vocab_path"]), "chat_template.jinja"), "w") as fh:
-        fh.write(CHATML_TOOLS)
-    tool_file = root / "my_tools.py"
-    tool_file.write_text("def inc(x: int) -> int:\n    \"\"\"Add 4.\n\n    Args:\n        x: a number\n"
-                         "    \"\"\"\n    return x + 4\n\nTOOLS = [inc]\n")
-    tok = load_tokenizer(assets["vocab_path"], assets["merges_file_path"])
-    call_ids = tok.encode(call("inc", x=1))
+
+def force_a_call_on_even_rows(monkeypatch, call_ids):
+    """The engine's draws on even rows forced to `call_ids` at the episode's first positions (their log-probs
+    the model's own), so a tiny random model calls a tool."""
     original = GenerationEngine._draw
 
     def draw(self, logits, params, seen, suppress_eos, u, seqs, positions):
@@ -295,6 +286,23 @@ def _tool_run(root, monkeypatch, **extra):
         return tokens, logp
 
     monkeypatch.setattr(GenerationEngine, "_draw", draw)
+
+
+def _tool_run(root, monkeypatch, **extra):
+    """A GRPO run with --tool_module in one process: half the samples' first turn is a call to `inc` (the model's
+    draws forced there, with its own log-probs), the tool answers, the model continues."""
+    from grpo_helpers import grpo_overrides, make_grpo_assets
+    from mindrlhf.configs.grpo_load import load_grpo_config
+    from mindrlhf.data.tokenizer import load_tokenizer
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+
+    assets = make_grpo_assets(str(root / "assets"))
+    with open(os.path.join(os.path.dirname(assets["vocab_path"]), "chat_template.jinja"), "w") as fh:
+        fh.write(CHATML_TOOLS)
+    tool_file = root / "my_tools.py"
+    tool_file.write_text(INC_TOOL)
+    tok = load_tokenizer(assets["vocab_path"], assets["merges_file_path"])
+    force_a_call_on_even_rows(monkeypatch, tok.encode(call("inc", x=1)))
     logs = []
     if extra.pop("evaluate", False):
         extra.update(eval_dataset=assets["mind_dataset_dir"], eval_steps=1, eval_prompts=4)

@@ -275,29 +275,15 @@ def test_multi_turn_eval_runs_the_tools_and_scores_with_their_counts(trained, ca
     """--max_tool_calls with --tool_module: each completion is an episode as in training (the even rows' first
     turn forced to call `inc`, the tool answers, the model goes on), the completions file holds the tool's reply
     and each row's call count, and retool_reward scores with that count; the flags are checked first."""
-    from test_episodes import CHATML_TOOLS, call
+    from test_episodes import CHATML_TOOLS, INC_TOOL, call, force_a_call_on_even_rows
     from mindrlhf.data.tokenizer import load_qwen2_tokenizer, load_tokenizer
-    from mindrlhf.rollout.engine import GenerationEngine
-    from mindrlhf.rollout.sampling import token_logprobs
     folder = tmp_path / "tok"
     folder.mkdir()
     load_qwen2_tokenizer(trained["vocab_path"], trained["merges_file_path"])._tok.save(str(folder / "tokenizer.json"))
     (folder / "chat_template.jinja").write_text(CHATML_TOOLS)
     tool_file = tmp_path / "my_tools.py"
-    tool_file.write_text("def inc(x: int) -> int:\n    \"\"\"Add 4.\n\n    Args:\n        x: a number\n"
-                         "    \"\"\"\n    return x + 4\n\nTOOLS = [inc]\n")
-    call_ids = load_tokenizer(str(folder)).encode(call("inc", x=1))
-    original = GenerationEngine._draw
-
-    def draw(self, logits, params, seen, suppress_eos, u, seqs, positions):
-        tokens, logp = original(self, logits, params, seen, suppress_eos, u, seqs, positions)
-        forced = (seqs % 2 == 0) & (positions < len(call_ids))
-        if forced.any():
-            tokens = tokens.copy()
-            tokens[forced] = np.array(call_ids)[positions[forced]]
-            logp = token_logprobs(logits, tokens, params.logprob_temperature)
-        return tokens, logp
-    monkeypatch.setattr(GenerationEngine, "_draw", draw)
+    tool_file.write_text(INC_TOOL)
+    force_a_call_on_even_rows(monkeypatch, load_tokenizer(str(folder)).encode(call("inc", x=1)))
     path = str(tmp_path / "episodes.jsonl")
     argv = ["--model", trained["hf"], "--vocab_path", str(folder), "--dataset", trained["eval_mr"], "--max_tokens",
             "112", "--chunk_rows", "4", "--progress", "False", "--output", path, "--max_tool_calls", "2",
