@@ -374,6 +374,22 @@ def test_packed_rows_train_an_episode_as_padded_rows(tmp_path, monkeypatch):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
 
+@pytest.mark.slow
+def test_the_layerwise_update_trains_an_episode_as_the_one_graph_update(tmp_path, monkeypatch):
+    """engine.layerwise_update reads the same present and trained masks: with tool tokens inside the responses,
+    its losses, KL and gradient norms equal the one-graph update's step by step."""
+    runs = {}
+    for layerwise in (False, True):
+        trainer, _ = _tool_run(tmp_path / str(layerwise), monkeypatch, layerwise_update=layerwise, beta=0.04,
+                               mini_batch_size=4)
+        assert trainer.run.update_graphs == ("layerwise" if layerwise else "one")
+        runs[layerwise] = trainer.fit()
+    for a, b in zip(runs[False], runs[True]):
+        assert a["episode/tool_tokens_mean"] == b["episode/tool_tokens_mean"] > 0
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "reward_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+
+
 def test_mindspeed_multi_turn_keys_map_onto_the_tools_section(tmp_path):
     from test_upstream_mindspeed import _edited, _write
     from mindrlhf.configs import ConfigError
