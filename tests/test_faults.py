@@ -175,6 +175,7 @@ def _survives(job, out, fault, outcome, seconds):
 
 
 @pytest.mark.msrun
+@pytest.mark.slow      # ~84 s: the watchdog's timeout; the default run keeps the other faults
 def test_a_hung_rank_ends_the_job_naming_it_and_resume_is_exact(job, tmp_path):
     flags, _ = job
     out = str(tmp_path / "run")
