@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BENCH_MODEL, ours_kernel_threads, run_child  # noqa: E402
+from common import BENCH_MODEL, ours_kernel_threads, run_child, train_tokens_per_s  # noqa: E402
 
 BATCH, SEQ, WARMUP, STEPS = 8, 256, 2, 6
 PROMPTS, PROMPT, NEW = 16, 64, 64
@@ -39,24 +39,9 @@ def model(arch: str):
 
 
 def train(arch: str) -> float:
-    from mindspore import Tensor
-    from mindrlhf.models.padding import causal_bias
-    from mindrlhf.trainer.optim import AdamW
-    from mindrlhf.trainer.sft import SFTStep
     ours_kernel_threads()
-    lm = model(arch)
-    step = SFTStep(lm, AdamW(list(lm.trainable_params()), weight_decay=0.0), max_grad_norm=0.0)
     ids = np.random.RandomState(0).randint(0, BENCH_MODEL["vocab_size"], (BATCH, SEQ + 1))
-    args = (Tensor(ids[:, :-1].astype(np.int32)), Tensor(np.tile(np.arange(SEQ, dtype=np.int32), (BATCH, 1))),
-            causal_bias(Tensor(np.ones((BATCH, SEQ), np.int32))), Tensor(ids[:, 1:].astype(np.int32)),
-            Tensor(np.ones((BATCH, SEQ), np.float32)), Tensor(np.float32(BATCH * SEQ)), Tensor(np.float32(1e-5)))
-    for _ in range(WARMUP):
-        step(*args)[0].asnumpy()
-    t0 = time.perf_counter()
-    for _ in range(STEPS):
-        loss = step(*args)[0]
-    loss.asnumpy()
-    return BATCH * SEQ * STEPS / (time.perf_counter() - t0)
+    return train_tokens_per_s(model(arch), ids, WARMUP, STEPS)
 
 
 def rollout(arch: str) -> float:

@@ -13,7 +13,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BENCH_MODEL, hf_model_dir, ours_kernel_threads, peak_rss_mb, run_child  # noqa: E402
+from common import (BENCH_MODEL, hf_model_dir, ours_kernel_threads, peak_rss_mb, run_child,  # noqa: E402
+                    train_tokens_per_s)
 
 BATCH, SEQ, WARMUP, STEPS = 8, 256, 2, 6
 
@@ -23,28 +24,13 @@ def batch(seed=0):
 
 
 def ours(hf_dir):
-    from mindspore import Tensor
     from mindrlhf.checkpoint.model_io import load_weights
     from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.padding import causal_bias
     from mindrlhf.models.qwen2 import CausalLM
-    from mindrlhf.trainer.optim import AdamW
-    from mindrlhf.trainer.sft import SFTStep
     ours_kernel_threads()
     model = CausalLM(ModelConfig(**BENCH_MODEL))
     load_weights(model, hf_dir)
-    step = SFTStep(model, AdamW(list(model.trainable_params()), weight_decay=0.0), max_grad_norm=0.0)
-    ids = batch()
-    args = (Tensor(ids[:, :-1].astype(np.int32)), Tensor(np.tile(np.arange(SEQ, dtype=np.int32), (BATCH, 1))),
-            causal_bias(Tensor(np.ones((BATCH, SEQ), np.int32))), Tensor(ids[:, 1:].astype(np.int32)),
-            Tensor(np.ones((BATCH, SEQ), np.float32)), Tensor(np.float32(BATCH * SEQ)), Tensor(np.float32(1e-5)))
-    for _ in range(WARMUP):
-        step(*args)[0].asnumpy()
-    t0 = time.perf_counter()
-    for _ in range(STEPS):
-        loss = step(*args)[0]
-    loss.asnumpy()
-    return BATCH * SEQ * STEPS / (time.perf_counter() - t0)
+    return train_tokens_per_s(model, batch(), WARMUP, STEPS)
 
 
 def reference(hf_dir):

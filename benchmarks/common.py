@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, REPO)
@@ -20,6 +21,28 @@ def ours_kernel_threads() -> int:
     from mindrlhf.utils.cpu_threads import auto_threads, run_in_calling_thread, set_kernel_threads
     run_in_calling_thread()
     return set_kernel_threads(auto_threads(1)[0])
+
+
+def train_tokens_per_s(model, ids, warmup: int, steps: int) -> float:
+    """Forward + backward + AdamW tokens/s of `model` on `ids` (batch, seq + 1): trainer/sft.SFTStep, the update
+    every engine shares, `steps` timed after `warmup`."""
+    import numpy as np
+    from mindspore import Tensor
+    from mindrlhf.models.padding import causal_bias
+    from mindrlhf.trainer.optim import AdamW
+    from mindrlhf.trainer.sft import SFTStep
+    step = SFTStep(model, AdamW(list(model.trainable_params()), weight_decay=0.0), max_grad_norm=0.0)
+    batch, seq = ids.shape[0], ids.shape[1] - 1
+    args = (Tensor(ids[:, :-1].astype(np.int32)), Tensor(np.tile(np.arange(seq, dtype=np.int32), (batch, 1))),
+            causal_bias(Tensor(np.ones((batch, seq), np.int32))), Tensor(ids[:, 1:].astype(np.int32)),
+            Tensor(np.ones((batch, seq), np.float32)), Tensor(np.float32(batch * seq)), Tensor(np.float32(1e-5)))
+    for _ in range(warmup):
+        step(*args)[0].asnumpy()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step(*args)[0]
+    loss.asnumpy()
+    return batch * seq * steps / (time.perf_counter() - t0)
 
 
 def peak_rss_mb() -> float:

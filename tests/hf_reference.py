@@ -45,7 +45,8 @@ def make_qwen3_model(out_dir, tie=False, n_kv_heads=2, vocab=160, layers=2, seed
     return _randomised_and_saved(Qwen3ForCausalLM(cfg), out_dir, seed)
 
 
-def _randomised_and_saved(model, out_dir, seed):
+def _randomised_and_saved(model, out_dir, seed, scales=None):
+    """Every weight drawn from `seed`: norms 1 + 0.1 N(0, 1), the rest 0.08 N(0, 1) (or scales[name] N(0, 1))."""
     import torch
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -53,7 +54,7 @@ def _randomised_and_saved(model, out_dir, seed):
             if "norm" in name:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             else:
-                p.copy_(0.08 * torch.randn(p.shape, generator=gen))
+                p.copy_((scales or {}).get(name, 0.08) * torch.randn(p.shape, generator=gen))
     model.eval()
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -73,7 +74,6 @@ def make_hf_classifier(out_dir, qkv_bias=True, vocab=160, layers=2, pad_token_id
     weight random (a reward model with num_labels 1), saved with save_pretrained; with `tokenizer_dir`, its
     tokenizer files (vocab.json, merges.txt) copied in, as a reward-model folder ships them."""
     import shutil
-    import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
     common = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=96, vocab_size=vocab, rms_norm_eps=1e-6, rope_theta=10000.0,
@@ -83,16 +83,7 @@ def make_hf_classifier(out_dir, qkv_bias=True, vocab=160, layers=2, pad_token_id
         model = Qwen2ForSequenceClassification(Qwen2Config(**common, use_sliding_window=False))
     else:
         model = LlamaForSequenceClassification(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_((0.5 if name == "score.weight" else 0.08) * torch.randn(p.shape, generator=gen))
-    model.eval()
-    os.makedirs(out_dir, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    _randomised_and_saved(model, out_dir, seed, {"score.weight": 0.5})
     for name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"):
         if tokenizer_dir and os.path.isfile(os.path.join(tokenizer_dir, name)):
             shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out_dir, name))
