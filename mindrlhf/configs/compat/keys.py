@@ -8,9 +8,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
+
+from mindrlhf.configs.errors import ConfigError
 
 MAPPED, INERT, CHECKED = "mapped", "inert", "checked"
+ABSENT = object()      # a checked key with no default to check when it is absent
 
 
 @dataclass(frozen=True)
@@ -31,3 +34,23 @@ def describe_ignored(source: str, ignored: List[Tuple[str, str]]) -> str:
         by_reason.setdefault(why, []).append(key)
     parts = [f"{', '.join(keys)} ({why})" for why, keys in by_reason.items()]
     return f"ignored in {source}: " + "; ".join(parts)
+
+
+def run_checks(values: Dict[str, Any], checks: Dict[str, tuple], context: Dict[str, Any], tool: str,
+               where: Callable[[str], str]):
+    """checks: key -> (ok(value, context), what we implement, the other tool's default or ABSENT). Each checked
+    key's value, or that default when the file leaves the key out, must pass; the first that does not is an
+    error at where(key) saying whether the value was given or the default that `tool` would run."""
+    for key, (ok, expected, default) in checks.items():
+        given = key in values
+        if not given and default is ABSENT:
+            continue
+        value = values[key] if given else default
+        try:
+            good = ok(value, context)
+        except (TypeError, ValueError, KeyError):
+            good = False
+        if not good:
+            what = f"{value!r} is not supported" if given else \
+                f"not given, so {tool} would run its default {value!r}, which is not supported"
+            raise ConfigError(f"{where(key)}: {what} (we implement {expected})")

@@ -190,7 +190,8 @@ FLAG_ALIASES: Dict[str, Tuple[Optional[str], str]] = {
     "tensorboard_queue_size": (None, "logging cadence; ours writes every step"),
 }
 FLAG_NARGS = {"reward_funcs": "*", "reward_weights": "*"}
-FLAG_CHECKS = {"custom_model_name": ("qwen", "the model family (Qwen2, Qwen2.5, Qwen3, Qwen3-MoE) is read from the model folder or YAML")}
+FLAG_CHECKS = {"custom_model_name": ("qwen", "the model family (Qwen2, Qwen2.5, Qwen3, Qwen3-MoE) is read from the "
+                                             "model folder or YAML")}
 
 
 def translate_flags(ns: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Tuple[str, str]]]:

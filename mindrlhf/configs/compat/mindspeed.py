@@ -46,12 +46,11 @@ from mindrlhf.configs.coerce import coerce, coerce_kind
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.compat.hf import read_json_object
 from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
-from mindrlhf.configs.compat.keys import CHECKED, INERT, MAPPED, Key
+from mindrlhf.configs.compat.keys import ABSENT as _ABSENT, CHECKED, INERT, MAPPED, Key, run_checks
 
 SECTIONS = ("defaults", "model", "megatron_training", "actor_config", "ref_config", "reward_config", "rl_config",
             "generate_config", "profiler_config", "msprobe_config")
 MARKERS = ("defaults", "megatron_training", "actor_config", "rl_config", "generate_config")
-_ABSENT = object()       # a checked key with no default to check when it is absent
 
 
 def is_mindspeed(raw: Dict[str, Any]) -> bool:
@@ -478,22 +477,6 @@ def _namespace(doc: Dict[str, Any], path: str) -> Tuple[Dict[str, Any], Dict[str
     return values, origin, name
 
 
-def _run_checks(values: Dict[str, Any], checks, where: Callable[[str], str], path: str, context: Dict[str, Any]):
-    for key, (ok, expected, default) in checks.items():
-        given = key in values
-        if not given and default is _ABSENT:
-            continue
-        value = values[key] if given else default
-        try:
-            good = ok(value, context)
-        except (TypeError, ValueError, KeyError):
-            good = False
-        if not good:
-            what = f"{value!r} is not supported" if given else \
-                f"not given, so MindSpeed-RL would run its default {value!r}, which is not supported"
-            raise ConfigError(f"{path}: {where(key)}: {what} (we implement {expected})")
-
-
 def _as(kind: str, value, where: str):
     return coerce_kind(kind, value, where)
 
@@ -625,7 +608,8 @@ def model_yaml(raw: Dict[str, Any], path: str, role: str = "train"):
     _validate_keys(doc, path)
     values, origin, name = _namespace(doc, path)
     lay = layouts(doc, path)
-    _run_checks(values, MEGATRON_CHECKS, lambda k: origin.get(k, f"model.{name}.{k}"), path, values)
+    run_checks(values, MEGATRON_CHECKS, values, "MindSpeed-RL",
+               lambda k: f"{path}: {origin.get(k, f'model.{name}.{k}')}")
     model = _model_config(values, origin, name, lay.pp, path)
     if role == "infer":
         parallel = ParallelConfig(data_parallel=lay.infer_dp, model_parallel=lay.infer_tp)
@@ -725,9 +709,10 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
                                   f"refuses that too (the actor's settings serve the reference)")
     model_yaml(raw, path, "train")            # the Megatron keys' checks and the model's errors now, not at start-up
     max_tokens = smp.get("max_tokens", field_of("sampling", "max_tokens").default)
-    _run_checks(rl, RL_CHECKS, lambda k: f"rl_config.{k}", path,
-                {**rl, "max_tokens": _as("integer", max_tokens, f"{path}: generate_config.sampling_config.max_tokens")})
-    _run_checks(gen, GENERATE_CHECKS, lambda k: f"generate_config.{k}", path, gen)
+    run_checks(rl, RL_CHECKS,
+               {**rl, "max_tokens": _as("integer", max_tokens, f"{path}: generate_config.sampling_config.max_tokens")},
+               "MindSpeed-RL", lambda k: f"{path}: rl_config.{k}")
+    run_checks(gen, GENERATE_CHECKS, gen, "MindSpeed-RL", lambda k: f"{path}: generate_config.{k}")
     lay = layouts(doc, path)
 
     # the Megatron namespace
@@ -867,8 +852,8 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
     return sections, ignored, derived
 
 
-# Our defaults are MindRLHF's (configs/compat/mindrlhf_grpo.RUN_DEFAULTS); where a MindSpeed-RL file leaves a field out,
-# MindSpeed-RL's own default applies instead when it differs: (section, field) -> (value, whose default).
+# Our defaults are MindRLHF's (configs/compat/mindrlhf_grpo.RUN_DEFAULTS); where a MindSpeed-RL file leaves a
+# field out, MindSpeed-RL's own default applies instead when it differs: (section, field) -> (value, whose default).
 ABSENT_DEFAULTS = {
     ("optim", "beta2"): (0.999, "Megatron's adam_beta2 default"),
     ("optim", "min_lr"): (0.0, "Megatron's min_lr default"),

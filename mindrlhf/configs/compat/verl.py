@@ -29,9 +29,8 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Tuple
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.compat.keys import CHECKED, INERT, MAPPED, Key
+from mindrlhf.configs.compat.keys import ABSENT as _ABSENT, CHECKED, INERT, MAPPED, Key, run_checks
 
-_ABSENT = object()      # a checked key with no default to check when it is absent
 A, R, M, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "actor_rollout_ref.ref."
 
 # data_source -> (our verifiers, what verl runs for it, how ours differs); sources not here are refused at start-up
@@ -302,8 +301,8 @@ LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 LOSS_MODES = ("vanilla", "gspo", "kl_cov", "clip_cov")
 
-# Our defaults are MindRLHF's (configs/compat/mindrlhf_grpo.RUN_DEFAULTS); where a verl command leaves a field out, verl's own
-# default applies when it differs: (section, field) -> (value, whose default).
+# Our defaults are MindRLHF's (configs/compat/mindrlhf_grpo.RUN_DEFAULTS); where a verl command leaves a field
+# out, verl's own default applies when it differs: (section, field) -> (value, whose default).
 ABSENT_DEFAULTS = {
     ("optim", "lr"): (1e-6, "verl's actor.optim.lr default"),
     ("optim", "lr_schedule"): ("constant", "verl's optim.warmup_style default"),
@@ -389,19 +388,7 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
     give keep our defaults, except where verl's own default differs (ABSENT_DEFAULTS, said at start-up)."""
     from mindrlhf.configs.coerce import coerce, coerce_kind
     rows = {k: lookup(k) for k in ov}
-    for key, (ok, expected, default) in CHECKS.items():
-        given = key in ov
-        if not given and default is _ABSENT:
-            continue
-        value = ov[key] if given else default
-        try:
-            good = ok(value, ov)
-        except (TypeError, ValueError):
-            good = False
-        if not good:
-            what = f"{value!r} is not supported" if given else \
-                f"not given, so verl would run its default {value!r}, which is not supported"
-            raise ConfigError(f"{key}: {what} (we implement {expected})")
+    run_checks(ov, CHECKS, ov, "verl", lambda k: k)
 
     sections: Dict[str, Dict[str, Any]] = {}
     mapped: List[Tuple[str, str]] = []
