@@ -21,7 +21,8 @@ def save_role_strategies(cfg) -> List[str]:
     for role, path in (("train", run.sft_path_train), ("infer", run.sft_path_infer or run.sft_path_train)):
         yaml_cfg = load_model_yaml(path, role=role)
         par = yaml_cfg.parallel
-        layouts = layouts_for(yaml_cfg.model, par.data_parallel, par.model_parallel, par.pipeline_stage)
+        layouts = layouts_for(yaml_cfg.model, par.data_parallel, par.model_parallel, par.pipeline_stage,
+                              ep=par.expert_parallel)
         written += save_role_strategy(out_dir, role, layouts, par.world_size)
     return written
 

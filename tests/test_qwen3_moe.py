@@ -313,7 +313,22 @@ def test_qwen3_moe_specs_describe_the_built_model(moe):
     specs = param_specs(ours.config)
     built = {p.name: tuple(p.shape) for p in ours.get_parameters()}
     assert {k: tuple(v[0]) for k, v in specs.items()} == built
-    assert specs["model.layers.0.feed_forward.routed_experts.ffn.w1.weight"] == ((4, 64, 32), {})
+    assert specs["model.layers.0.feed_forward.routed_experts.ffn.w1.weight"] == ((4, 64, 32), {0: "ep"})
+
+
+def test_expert_parallel_layouts_split_the_experts_and_nothing_else(moe):
+    """ep2 (taken from data_parallel 2, as MindFormers does): the stacked experts split on their first dimension,
+    the router and every dense parameter replicated; the strategy file's device matrix is [dp, ep, tp]."""
+    from mindrlhf.models.specs import layouts_for
+    _, _, ours = moe
+    ep2, dp2 = layouts_for(ours.config, 2, 1, ep=2), layouts_for(ours.config, 2, 1)
+    w1 = "model.layers.1.feed_forward.routed_experts.ffn.w2.weight"
+    assert ep2[w1].dev_matrix == (1, 2, 1) and ep2[w1].shard_shape == (2, 32, 64)
+    assert ep2[w1].shard_slices(1)[0] == slice(2, 4) and ep2[w1].shard_slices(0)[0] == slice(0, 2)
+    split = sorted(n for n, lay in ep2.items() if lay.shard_shape != lay.full_shape)
+    assert split and all(".routed_experts.ffn.w" in n for n in split)
+    assert len(split) == 3 * sum(ours.config.is_moe_layer(n) for n in range(ours.config.num_layers))
+    assert all(lay.shard_shape == lay.full_shape for lay in dp2.values())
 
 
 # ---- GRPO on Qwen3-MoE ---------------------------------------------------------------------------------------
@@ -434,5 +449,48 @@ def test_qwen3_moe_strategy_file_slices_and_merges_the_experts(moe, tmp_path):
     rank1 = read_checkpoint(str(tmp_path / "sliced" / "rank_1" / "checkpoint_1.safetensors"))
     assert rank1[name].tobytes() == full[name].tobytes()
     transform(str(tmp_path / "sliced"), str(tmp_path / "merged"), src_strategy=strat, out_format="safetensors")
+    merged = read_checkpoint(str(tmp_path / "merged" / "rank_0" / "checkpoint_0.safetensors"))
+    assert set(merged) == set(full) and all(merged[k].tobytes() == full[k].tobytes() for k in full)
+
+
+def test_expert_parallel_strategy_files_slice_the_experts_and_re_lay_them_out(moe, tmp_path):
+    """ep2 strategy files (the grpo_one_stage.py --only_save_strategy files of a YAML with expert_parallel 2):
+    transform_checkpoint gives rank r experts [2r, 2r+2) and whole dense tensors; ep2 -> dp2 (every rank all
+    experts, the online re-layout's offline twin) and back to one file are bit-exact."""
+    from mindrlhf.checkpoint.model_io import read_checkpoint, save_checkpoint
+    from mindrlhf.checkpoint.slicing import transform
+    from mindrlhf.configs.compat.hf import main as hf_main
+    from mindrlhf.configs.grpo_load import config_from_argv
+    from mindrlhf.cli import save_role_strategies
+    from mindrlhf.parallel.strategy import read_strategy
+    folder, _, ours = moe
+    yaml_path = str(tmp_path / "ep2.yaml")
+    assert hf_main([folder, "--expert_parallel", "2", "-o", yaml_path]) == 0
+    assert load_model_yaml(yaml_path).parallel.expert_parallel == 2
+    assert load_model_yaml(yaml_path).parallel.data_parallel == 2           # taken from data_parallel
+    written = save_role_strategies(config_from_argv(["--sft_path_train", yaml_path, "--save_strategy_dir",
+                                                     str(tmp_path / "strategy")]))
+    ep_strat = [p for p in written if "train" in os.path.basename(p)][0]
+    name = "model.layers.1.feed_forward.routed_experts.ffn.w2.weight"
+    entry = read_strategy(ep_strat)[name]
+    assert tuple(entry.dev_matrix) == (1, 2, 1) and tuple(entry.tensor_map) == (1, -1, -1)
+    full = {k: np.asarray(v) for k, v in model_state(ours).items()}
+    save_checkpoint(full, str(tmp_path / "full.safetensors"))
+    transform(str(tmp_path / "full.safetensors"), str(tmp_path / "ep"), dst_strategy=ep_strat,
+              out_format="safetensors")
+    for r in range(2):
+        shard = read_checkpoint(str(tmp_path / "ep" / f"rank_{r}" / f"checkpoint_{r}.safetensors"))
+        assert shard[name].tobytes() == full[name][2 * r:2 * r + 2].tobytes()
+        router = "model.layers.1.feed_forward.routed_experts.router.dense.weight"
+        assert shard[router].tobytes() == full[router].tobytes()
+    from mindrlhf.models.specs import layouts_for
+    from mindrlhf.parallel.strategy import write_strategy
+    dp_strat = str(tmp_path / "dp2.ckpt")
+    write_strategy(dp_strat, layouts_for(ours.config, dp=2, tp=1))
+    transform(str(tmp_path / "ep"), str(tmp_path / "dp"), src_strategy=ep_strat, dst_strategy=dp_strat,
+              out_format="safetensors")
+    rank1 = read_checkpoint(str(tmp_path / "dp" / "rank_1" / "checkpoint_1.safetensors"))
+    assert rank1[name].tobytes() == full[name].tobytes()
+    transform(str(tmp_path / "ep"), str(tmp_path / "merged"), src_strategy=ep_strat, out_format="safetensors")
     merged = read_checkpoint(str(tmp_path / "merged" / "rank_0" / "checkpoint_0.safetensors"))
     assert set(merged) == set(full) and all(merged[k].tobytes() == full[k].tobytes() for k in full)

@@ -320,9 +320,12 @@ class LayoutConfig(_Section):
     train_pipeline_stage: int = _f(0, "train layout: pipeline stages (parallel_config.pipeline_stage)")
     train_micro_batch_num: int = _f(0, "train layout: pipeline micro-batches per mini-batch "
                                     "(parallel_config.micro_batch_num; with pipeline stages)")
+    train_expert_parallel: int = _f(0, "train layout, MoE models: expert-parallel ranks (parallel_config."
+                                    "expert_parallel; taken from data_parallel)")
     infer_data_parallel: int = _f(0, "infer (rollout) layout: data-parallel replicas (parallel_config."
                                   "data_parallel of sft_path_infer, or of sft_path_train when none)")
     infer_model_parallel: int = _f(0, "infer (rollout) layout: tensor-parallel ranks")
+    infer_expert_parallel: int = _f(0, "infer (rollout) layout, MoE models: expert-parallel ranks")
 
     def given(self, role: str) -> Dict[str, int]:
         """The ParallelConfig fields set for `role` (train or infer), by their MindFormers names."""

@@ -204,6 +204,10 @@ class ParallelConfig:
                                 "layouts; used when model_parallel > 1)")
     micro_batch_interleave_num: int = _f(1, "each micro-batch cut in this many parts, run one after another, "
                                          "gradients summed (a smaller activation peak)")
+    expert_parallel: int = _f(1, "MoE models: expert-parallel ranks, each holding num_experts / expert_parallel of "
+                              "every sparse layer's experts. As in MindFormers it divides data_parallel; here the "
+                              "EP ranks see the same tokens (all-gather dispatcher), so data_parallel / "
+                              "expert_parallel groups hold distinct rows")
 
     def __post_init__(self):
         self.validate()
@@ -214,7 +218,7 @@ class ParallelConfig:
 
     def validate(self, where: str = "parallel_config"):
         for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
-                     "micro_batch_interleave_num"):
+                     "micro_batch_interleave_num", "expert_parallel"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{where}.{name}: expected a positive integer, got {value!r}")
@@ -229,9 +233,23 @@ class ParallelConfig:
             layer_split(model.num_layers, self.pipeline_stage, model.offset)
         if model.num_experts and (tp > 1 or self.use_seq_parallel and tp > 1):
             raise ConfigError(f"{where}.model_parallel={tp} with model.model_config.num_experts="
-                              f"{model.num_experts} is not supported yet: the experts are replicated and their "
-                              f"gradients are not reduced over TP ranks (expert parallelism, an `ep` mesh axis, "
-                              f"is the next step); use model_parallel 1 (data_parallel / pipeline_stage work)")
+                              f"{model.num_experts} is not supported yet: the experts would be replicated over the TP "
+                              f"ranks with their gradients not reduced; use model_parallel 1 and split the experts "
+                              f"with expert_parallel")
+        ep = self.expert_parallel
+        if ep > 1:
+            if not model.num_experts:
+                raise ConfigError(f"{where}.expert_parallel={ep}: the model has no experts (model.model_config."
+                                  f"num_experts is 0); use expert_parallel 1")
+            if model.num_experts % ep:
+                raise ConfigError(f"{where}.expert_parallel={ep} does not divide model.model_config.num_experts="
+                                  f"{model.num_experts} (each EP rank holds an equal share of every layer's experts)")
+            if self.data_parallel % ep:
+                raise ConfigError(f"{where}.expert_parallel={ep} does not divide data_parallel={self.data_parallel} "
+                                  f"(as in MindFormers, the EP ranks are taken from the data-parallel ones)")
+            if self.pipeline_stage > 1:
+                raise ConfigError(f"{where}.expert_parallel={ep} with pipeline_stage={self.pipeline_stage} is not "
+                                  f"supported yet (untested); use pipeline_stage 1")
         split = ("num_heads", "n_kv_heads", "intermediate_size", "vocab_size")
         bad = [f"{name}={getattr(model, name)}" for name in split if getattr(model, name) % tp]
         if bad:

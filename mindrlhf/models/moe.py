@@ -13,6 +13,16 @@ for the tiny E of CPU tests, wrong for Qwen3-30B-A3B's 128 experts. The alternat
 (token, expert) pairs by expert, gather the tokens, run one grouped matmul over the groups and scatter-add
 back (MindSpore's GroupedMatmul on Ascend; an all-to-all dispatcher under expert parallelism): not built yet.
 
+Expert parallelism (the mesh's `ep` axis): each EP rank holds experts [i E/ep, (i+1) E/ep) and the EP ranks see the
+same tokens (the all-gather dispatcher of Megatron, with the gather done by the data layout: an EP group's ranks
+get the same rows: AllGatherDispatcher). The router runs replicated; each rank runs its experts on every token,
+weighted by its columns of the routing weights, and the partial outputs are summed over the EP group (forward
+all-reduce, backward identity); the inputs' gradients (tokens and routing weights) are summed the other way. The
+collectives are this CPU backend's AllReduce on a subgroup. The price: attention runs on the same rows on every
+EP rank. An all-to-all dispatcher (each EP rank's attention on its own rows, tokens sent only to the ranks of
+their experts) is what Ascend would use; it needs the data layout to give EP ranks distinct rows and an
+all-to-all this backend lacks, so it is not built (nothing here could verify it).
+
 Parameter names are MindFormers' (vllm-mindspore / MindFormers Qwen3-MoE and DeepSeek-V3 weight conversion):
 `feed_forward.routed_experts.router.dense.weight` (E, H) and `feed_forward.routed_experts.ffn.w1/w3.weight`
 (E, H, I), `...ffn.w2.weight` (E, I, H): stacked and transposed as MindFormers stores them (x @ W).
@@ -31,6 +41,9 @@ from mindspore.common.initializer import Normal, Zero, initializer
 
 from mindrlhf.configs.model_config import ModelConfig
 from mindrlhf.models.cpu_cells import BMM
+from mindrlhf.models.graph_ops import take
+from mindrlhf.models.tp_regions import CopyToTP, Identity, ReduceFromTP
+from mindrlhf.parallel.mesh import Mesh
 
 PREFIX = "routed_experts"
 
@@ -50,11 +63,12 @@ class Router(nn.Cell):
 
 
 class ExpertsFFN(nn.Cell):
-    """E stacked SwiGLU experts: w1 = gate_proj, w3 = up_proj (E, H, I), w2 = down_proj (E, I, H)."""
+    """This EP rank's E / ep stacked SwiGLU experts: w1 = gate_proj, w3 = up_proj (E/ep, H, I), w2 = down_proj
+    (E/ep, I, H)."""
 
-    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float]):
+    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1):
         super().__init__()
-        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        e, h, i = cfg.num_experts // ep, cfg.hidden_size, cfg.moe_intermediate_size
         init = (lambda: Normal(std)) if std is not None else (lambda: Zero())
         self.w1 = nn.Cell()
         self.w1.weight = Parameter(initializer(init(), (e, h, i), param_dtype), name="weight")
@@ -65,7 +79,7 @@ class ExpertsFFN(nn.Cell):
         self.experts = e
 
     def construct(self, x, weights, compute_dtype):
-        """x (N, H), weights (N, E) -> sum_e weights[:, e] * expert_e(x), (N, H)."""
+        """x (N, H), weights (N, E/ep) of this rank's experts -> sum_e weights[:, e] * expert_e(x), (N, H)."""
         n, h = x.shape
         xe = ops.broadcast_to(ops.expand_dims(x, 0), (self.experts, n, h))               # (E, N, H)
         gate = BMM(xe, ops.cast(self.w1.weight, compute_dtype))                           # (E, N, I)
@@ -78,10 +92,10 @@ class ExpertsFFN(nn.Cell):
 class RoutedExperts(nn.Cell):
     """The router and the experts under one name (MindFormers' `feed_forward.routed_experts`)."""
 
-    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float]):
+    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1):
         super().__init__()
         self.router = Router(cfg.hidden_size, cfg.num_experts, param_dtype, std)
-        self.ffn = ExpertsFFN(cfg, param_dtype, std)
+        self.ffn = ExpertsFFN(cfg, param_dtype, std, ep)
 
 
 def top_k_mask(probs, k: int):
@@ -97,13 +111,41 @@ def top_k_mask(probs, k: int):
     return ops.stop_gradient(ops.cast(rank < k, ms.float32))
 
 
-class MoEFeedForward(nn.Cell):
-    """A sparse layer's MLP: x (..., H) -> (..., H), token by token. Experts replicated over TP (tp > 1 is refused by
-    ParallelConfig.check_model for now)."""
+class AllGatherDispatcher(nn.Cell):
+    """How tokens reach the experts of other EP ranks, the one interface a dispatcher fills: `dispatch` gives this
+    rank's tokens and its experts' routing-weight columns, `combine` its experts' partial outputs summed into
+    every token's output. Here the EP ranks already hold the same tokens (the data layout's all-gather), so
+    dispatch is the identity whose backward sums the gradients over the EP group, and combine an all-reduce
+    whose backward is the identity. With ep 1 both are the identity."""
 
-    def __init__(self, cfg: ModelConfig, param_dtype, compute_dtype, std: Optional[float]):
+    def __init__(self, mesh: Mesh, num_experts: int):
         super().__init__()
-        self.routed_experts = RoutedExperts(cfg, param_dtype, std)
+        self.ep = mesh.ep
+        self.local = num_experts // self.ep
+        self.first = mesh.index("ep") * self.local if self.ep > 1 else 0
+        group = mesh.group("ep") if self.ep > 1 else None
+        self.enter_tokens = CopyToTP(group) if self.ep > 1 else Identity()
+        self.enter_weights = CopyToTP(group) if self.ep > 1 else Identity()
+        self.leave = ReduceFromTP(group) if self.ep > 1 else Identity()
+
+    def dispatch(self, x, weights):
+        """x (N, H), weights (N, E) -> this rank's (tokens, (N, E/ep) weights of its experts)."""
+        if self.ep == 1:
+            return x, weights
+        return self.enter_tokens(x), take(self.enter_weights(weights), 1, self.first, self.first + self.local)
+
+    def combine(self, y):
+        return self.leave(y)
+
+
+class MoEFeedForward(nn.Cell):
+    """A sparse layer's MLP: x (..., H) -> (..., H), token by token. Experts split over the mesh's `ep` axis (see
+    the module's docstring); tp > 1 is refused by ParallelConfig.check_model for now."""
+
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, param_dtype, compute_dtype, std: Optional[float]):
+        super().__init__()
+        self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.ep)
+        self.dispatcher = AllGatherDispatcher(mesh, cfg.num_experts)
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.compute_dtype = compute_dtype
@@ -122,7 +164,9 @@ class MoEFeedForward(nn.Cell):
         shape = x.shape
         flat = ops.reshape(x, (-1, shape[-1]))
         _, weights = self.route(flat)
-        return ops.reshape(self.routed_experts.ffn(flat, weights, self.compute_dtype), shape)
+        tokens, mine = self.dispatcher.dispatch(flat, weights)
+        out = self.dispatcher.combine(self.routed_experts.ffn(tokens, mine, self.compute_dtype))
+        return ops.reshape(out, shape)
 
 
 def load_balancing_loss(router_logits: List, num_experts: int, top_k: int, mask=None):

@@ -206,7 +206,7 @@ class DecoderLayer(nn.Cell):
         self.attention = Attention(cfg, mesh, lora, random_init)
         # Qwen3-MoE: routed experts where cfg.is_moe_layer (models/moe.py), the dense SwiGLU elsewhere
         self.is_moe = cfg.is_moe_layer(layer_id)
-        self.feed_forward = MoEFeedForward(cfg, pdt, MS_DTYPES[cfg.compute_dtype], _std(cfg, random_init)) \
+        self.feed_forward = MoEFeedForward(cfg, mesh, pdt, MS_DTYPES[cfg.compute_dtype], _std(cfg, random_init)) \
             if self.is_moe else FeedForward(cfg, mesh, lora, random_init)
         self.enter_attn = enter_tp(mesh)        # under sequence parallelism: gather the sequence
         self.enter_ffn = enter_tp(mesh)
@@ -297,7 +297,8 @@ class CausalLM(nn.Cell):
                  random_init: bool = True):
         super().__init__()
         mesh = mesh or Mesh(1, 1, 0)
-        ParallelConfig(data_parallel=mesh.dp, model_parallel=mesh.tp, pipeline_stage=mesh.pp).check_model(cfg)
+        ParallelConfig(data_parallel=mesh.dp * mesh.ep, model_parallel=mesh.tp, pipeline_stage=mesh.pp,
+                       expert_parallel=mesh.ep).check_model(cfg)
         self.config = cfg
         self.mesh = mesh
         self.lora = lora

@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.configs.model_config import ModelConfig, layer_split
 from mindrlhf.models.lora import adapter_specs
-from mindrlhf.parallel.layouts import REPLICATED, TP_COLS, TP_ROWS, Layout, role_layouts
+from mindrlhf.parallel.layouts import EP_EXPERTS, REPLICATED, TP_COLS, TP_ROWS, Layout, role_layouts
 from mindrlhf.parallel.mesh import Mesh
 
 
@@ -35,12 +35,12 @@ def param_specs(cfg: ModelConfig, lora: Optional[LoraSpec] = None) -> Dict[str, 
             specs[p + "attention.q_layernorm.weight"] = ((hd,), REPLICATED)
             specs[p + "attention.k_layernorm.weight"] = ((hd,), REPLICATED)
         specs[p + "ffn_norm.weight"] = ((h,), REPLICATED)
-        if cfg.is_moe_layer(n):     # Qwen3-MoE (models/moe.py): router and stacked experts, replicated for now
+        if cfg.is_moe_layer(n):     # Qwen3-MoE (models/moe.py): the router replicated, the experts split over ep
             e, mi = cfg.num_experts, cfg.moe_intermediate_size
             specs[p + "feed_forward.routed_experts.router.dense.weight"] = ((e, h), REPLICATED)
-            specs[p + "feed_forward.routed_experts.ffn.w1.weight"] = ((e, h, mi), REPLICATED)
-            specs[p + "feed_forward.routed_experts.ffn.w3.weight"] = ((e, h, mi), REPLICATED)
-            specs[p + "feed_forward.routed_experts.ffn.w2.weight"] = ((e, mi, h), REPLICATED)
+            specs[p + "feed_forward.routed_experts.ffn.w1.weight"] = ((e, h, mi), EP_EXPERTS)
+            specs[p + "feed_forward.routed_experts.ffn.w3.weight"] = ((e, h, mi), EP_EXPERTS)
+            specs[p + "feed_forward.routed_experts.ffn.w2.weight"] = ((e, mi, h), EP_EXPERTS)
             continue
         specs[p + "feed_forward.w1.weight"] = ((i, h), TP_ROWS)
         specs[p + "feed_forward.w3.weight"] = ((i, h), TP_ROWS)
@@ -70,6 +70,8 @@ def mesh_layouts(cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None) 
     return role_layouts(param_specs(cfg, lora), mesh, param_stages(cfg, mesh.pp, lora) if mesh.pp > 1 else None)
 
 
-def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1, lora: Optional[LoraSpec] = None) -> Dict[str, Layout]:
-    """mesh_layouts for a role arranged [pp, dp, tp] (a layout read from a config or a checkpoint)."""
-    return mesh_layouts(cfg, Mesh(dp=dp, tp=tp, pp=pp), lora)
+def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1, lora: Optional[LoraSpec] = None,
+                ep: int = 1) -> Dict[str, Layout]:
+    """mesh_layouts for a role arranged [pp, dp, tp] (a layout read from a config or a checkpoint); `dp` counts
+    the EP ranks too (parallel_config.data_parallel), as `ep` divides it."""
+    return mesh_layouts(cfg, Mesh(dp=dp // ep, tp=tp, pp=pp, extra_axes=(("ep", ep),) if ep > 1 else ()), lora)

@@ -21,6 +21,7 @@ from mindrlhf.configs.errors import CheckpointError
 REPLICATED = MappingProxyType({})
 TP_ROWS = MappingProxyType({0: "tp"})      # output rows over the TP ranks: column-parallel weights, embeddings
 TP_COLS = MappingProxyType({1: "tp"})      # input columns over the TP ranks: row-parallel weights
+EP_EXPERTS = MappingProxyType({0: "ep"})   # stacked experts (E, ...) over the EP ranks
 
 
 def mesh_axis(dev_matrix: Tuple[int, ...], tensor_map_entry: int) -> int:
@@ -110,7 +111,7 @@ def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Dict[int, str]]], mesh,
     dev_matrix = tuple(n for _, n in mesh.device_axes)
     out = {}
     for name, (shape, split) in specs.items():
-        tmap = tuple(len(names) - 1 - names.index(split[d]) if d in split and mesh.size(split[d]) > 1 else -1
+        tmap = tuple(len(names) - 1 - names.index(split[d]) if d in split and mesh.axis_size(split[d]) > 1 else -1
                      for d in range(len(shape)))
         offset = (stages or {}).get(name, 0) * mesh.stage_size
         try:

@@ -134,6 +134,26 @@ class Mesh:
         """Whether this rank is at index 0 of every named axis: the one that speaks for its replicas."""
         return all(self.index(a) == 0 for a in axes)
 
+    @property
+    def row_replica_axes(self) -> Tuple[str, ...]:
+        """The axes whose ranks hold the same rows of a batch (tp, and any extra axis such as ep: the all-gather
+        dispatcher replicates the tokens over the EP ranks); only pp and dp tell ranks' rows apart."""
+        return tuple(a for a, _ in self.axes if a not in ("pp", "dp"))
+
+    @property
+    def is_row_leader(self) -> bool:
+        """Whether this rank speaks for the ranks that hold its rows (index 0 of every row-replica axis)."""
+        return self.is_leader(*self.row_replica_axes)
+
+    def axis_size(self, axis: str) -> int:
+        """size(axis), and 1 for an axis this mesh does not have (a dense model's mesh has no ep)."""
+        return dict(self.axes).get(axis, 1)
+
+    @property
+    def ep(self) -> int:
+        """Expert-parallel ranks (the `ep` axis; 1 without it)."""
+        return self.axis_size("ep")
+
     # ---- the pp / dp / tp queries the code reads ---------------------------------------------------------
     @property
     def world_size(self) -> int:
@@ -201,5 +221,7 @@ def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:
         raise ConfigError(f"{role} parallel_config: data_parallel={parallel.data_parallel} x "
                           f"model_parallel={parallel.model_parallel} x pipeline_stage={parallel.pipeline_stage} = "
                           f"{parallel.world_size} ranks, but the job has {world_size} (msrun --worker_num)")
-    return Mesh(dp=parallel.data_parallel, tp=parallel.model_parallel, rank=rank, pp=parallel.pipeline_stage,
-                seq_parallel=parallel.use_seq_parallel and parallel.model_parallel > 1)
+    ep = parallel.expert_parallel     # taken from data_parallel (MindFormers'): the EP ranks share their rows
+    return Mesh(dp=parallel.data_parallel // ep, tp=parallel.model_parallel, rank=rank, pp=parallel.pipeline_stage,
+                seq_parallel=parallel.use_seq_parallel and parallel.model_parallel > 1,
+                extra_axes=(("ep", ep),) if ep > 1 else ())

@@ -183,7 +183,7 @@ def policy_tensors(step_path: str, model_cfg) -> Iterator[Tuple[str, np.ndarray]
                               f"run's export (run.export_hf, lora.lora_export merged or both), or load its base "
                               f"model with the adapter through PEFT")
     (dp, tp), pp = layout["train"], layout.get("train_pipeline_stage", 1)
-    layouts = layouts_for(model_cfg, dp, tp, pp)
+    layouts = layouts_for(model_cfg, dp, tp, pp, ep=layout.get("train_expert_parallel", 1))
     source = ShardedSource(step_path, {n: StrategyEntry.of(lay) for n, lay in layouts.items()}, POLICY_FILE)
     return ((name, source.assemble(name, lay)) for name, lay in layouts.items())
 
@@ -192,4 +192,6 @@ def _describe(layout: Optional[Dict]) -> str:
     if not layout:
         return "(not recorded)"
     (tdp, ttp), (idp, itp) = layout["train"], layout["infer"]
-    return f"world_size={layout['world_size']}, train dp{tdp} x tp{ttp}, infer dp{idp} x tp{itp}"
+    tep, iep = (f" x ep{layout[k]}" if layout.get(k, 1) > 1 else "" for k in ("train_expert_parallel",
+                                                                            "infer_expert_parallel"))
+    return f"world_size={layout['world_size']}, train dp{tdp}{tep} x tp{ttp}, infer dp{idp}{iep} x tp{itp}"

@@ -29,7 +29,7 @@ def gather_samples(local: SampleBatch, infer_mesh) -> SampleBatch:
 
 
 def mean_over_ranks(values: Sequence[float]) -> np.ndarray:
-    """Mean of per-rank values over all ranks. TP peers hold equal values, so over the world this is the
+    """Mean of per-rank values over all ranks. TP (and EP) peers hold equal values, so over the world this is the
     mean over DP ranks: with the loss normalised by global counts (grpo_math), the global value. A NaN on
     any rank makes the result NaN on every rank, so one check stops all ranks together."""
     arr = np.asarray(values, np.float64)
@@ -49,8 +49,8 @@ def max_over_ranks(values: Sequence[float]) -> np.ndarray:
 
 
 def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:
-    """Sum of values counted once per DP replica of `mesh` (its TP-0 rank contributes)."""
-    arr = np.asarray(values, np.float32) if mesh.is_leader("tp") else np.zeros(len(values), np.float32)
+    """Sum of values counted once per DP replica of `mesh` (its row leader contributes: index 0 on tp / ep)."""
+    arr = np.asarray(values, np.float32) if mesh.is_row_leader else np.zeros(len(values), np.float32)
     world = comm.world_ranks()
     return arr if len(world) == 1 else comm.all_reduce_sum(arr, world)
 
@@ -61,13 +61,13 @@ def rows_of_all_ranks(table: np.ndarray) -> np.ndarray:
 
 
 def rows_of_all_replicas(local: np.ndarray, rows: np.ndarray, total: int, mesh) -> np.ndarray:
-    """Every rank gets the (total, ...) array whose `rows` each train-DP replica holds in `local` (its TP-0
+    """Every rank gets the (total, ...) array whose `rows` each train-DP replica holds in `local` (its row leader
     rank on the last pipeline stage contributes; the other rows are zero there, so a sum assembles them)."""
     world = comm.world_ranks()
     if len(world) == 1:
         return local
     full = np.zeros((total,) + local.shape[1:], np.float32)
-    if mesh.is_leader("tp") and mesh.is_last_stage:      # pipeline stages hold the same rows too
+    if mesh.is_row_leader and mesh.is_last_stage:      # pipeline stages hold the same rows too
         full[rows] = local
     return comm.all_reduce_sum(full, world)
 

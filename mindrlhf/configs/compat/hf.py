@@ -253,6 +253,8 @@ def model_yaml_text(model: ModelConfig, parallel: ParallelConfig, source: str) -
     body = {"model": {"model_config": fields},
             "parallel_config": {"data_parallel": parallel.data_parallel, "model_parallel": parallel.model_parallel,
                                 "pipeline_stage": parallel.pipeline_stage}}
+    if parallel.expert_parallel > 1:
+        body["parallel_config"]["expert_parallel"] = parallel.expert_parallel
     return f"# written by mindrlhf.configs.compat.hf from {source}\n" + yaml.safe_dump(body, sort_keys=False)
 
 
@@ -309,13 +311,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Write a MindFormers-style model YAML for an HF model folder.")
     p.add_argument("hf_dir", help="folder with config.json")
     p.add_argument("-o", "--output", default="-", help="YAML to write (default: stdout)")
-    p.add_argument("--data_parallel", type=int, default=1)
+    p.add_argument("--data_parallel", type=int, default=None, help="default: --expert_parallel (else 1)")
     p.add_argument("--model_parallel", type=int, default=1)
     p.add_argument("--pipeline_stage", type=int, default=1)
+    p.add_argument("--expert_parallel", type=int, default=1,
+                   help="MoE models: ranks splitting the experts, taken from data_parallel (as in MindFormers)")
     args = p.parse_args(argv)
     try:
-        par = ParallelConfig(data_parallel=args.data_parallel, model_parallel=args.model_parallel,
-                             pipeline_stage=args.pipeline_stage)
+        par = ParallelConfig(data_parallel=args.data_parallel or args.expert_parallel,
+                             model_parallel=args.model_parallel, pipeline_stage=args.pipeline_stage,
+                             expert_parallel=args.expert_parallel)
         spec = model_yaml_from_hf(args.hf_dir, par)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

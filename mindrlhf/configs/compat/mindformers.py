@@ -62,12 +62,14 @@ PARALLEL_INERT: Dict[str, str] = {
     "vocab_emb_dp": "embedding placement; the embedding is vocab-split over model_parallel either way",
     "gradient_aggregation_group": "Ascend gradient fusion; same results",
     "optimizer_shard": "parallel-optimizer sharding on Ascend; same results",
-    "expert_parallel": "MoE experts; the Qwen2 decoders here have none",
 }
 # keys that our model/parallel config fields read under their MindFormers names (listed for the reference table)
 MAPPED_PARALLEL = {
     "model.model_config.offset": "decoder layers per pipeline stage, as MindFormers splits them (configs.model_config."
                                  "layer_split); reported as inert when pipeline_stage is 1",
+    "parallel_config.expert_parallel": "MoE models: each EP rank holds num_experts / expert_parallel of every "
+                                       "sparse layer's experts; it divides data_parallel as in MindFormers (tokens "
+                                       "replicated over the EP ranks: all-gather dispatcher)",
     "parallel_config.pipeline_stage": "pipeline stages of the train layout (1F1B schedule); the infer layout must be 1",
     "parallel_config.micro_batch_num": "micro-batches per mini-batch through the pipeline; reported as inert when "
                                        "pipeline_stage is 1",

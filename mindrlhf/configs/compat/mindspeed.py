@@ -135,6 +135,9 @@ for _k, _v in {
                       "upstream's default: shuffled by seed)",
 }.items():
     MEGATRON[_k] = Key(_k, MAPPED, _v)
+MEGATRON["expert_model_parallel_size"] = Key("expert_model_parallel_size", MAPPED, "train layout expert_parallel: "
+                                             "each EP rank holds num_experts / this of every layer's experts, the "
+                                             "EP ranks taken from the data-parallel ones (Megatron's rule)")
 MEGATRON["train_iters"] = Key("train_iters", MAPPED, "run.total_steps; optim.decay_steps = train_iters x "
                                                      "global_batch_size / rl_config.mini_batch_size updates")
 
@@ -143,7 +146,6 @@ MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
     "optimizer": (lambda v, ns: v == "adam", "adam (AdamW: decoupled weight decay, none on biases and norms)",
                   "adam"),
     "context_parallel_size": (lambda v, ns: int(v) == 1, "1", 1),
-    "expert_model_parallel_size": (lambda v, ns: int(v) == 1, "1 (no expert-parallel axis yet)", 1),
     "num_layers_per_virtual_pipeline_stage": (lambda v, ns: v is None, "unset (no virtual pipeline stages)", None),
     "position_embedding_type": (lambda v, ns: v == "rope", "rope", "learned_absolute"),
     "normalization": (lambda v, ns: v == "RMSNorm", "RMSNorm", "LayerNorm"),
@@ -327,10 +329,11 @@ GENERATE: Dict[str, Key] = {k: Key(k, MAPPED, f"{s}.{f}") for k, (s, f) in GENER
 GENERATE["infer_tensor_parallel_size"] = Key("infer_tensor_parallel_size", MAPPED, "infer layout model_parallel "
                                              "(default: tensor_model_parallel_size); its data_parallel is "
                                              "num_npus / this")
+GENERATE["infer_expert_parallel_size"] = Key("infer_expert_parallel_size", MAPPED, "infer layout expert_parallel "
+                                             "(taken from its data-parallel ranks)")
 GENERATE["sampling_config"] = Key("sampling_config", MAPPED, "table below")
 GENERATE_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
     "infer_pipeline_parallel_size": (lambda v, c: int(v) == 1, "1 (the rollout layout has no pipeline stages)", 1),
-    "infer_expert_parallel_size": (lambda v, c: int(v) == 1, "1 (dense models)", 1),
 }
 _checked(GENERATE, GENERATE_CHECKS)
 _inert(GENERATE, "max_num_batched_tokens gpu_memory_utilization dtype enforce_eager torchair_graph "
@@ -489,6 +492,17 @@ class Layouts:
     pp: int
     infer_tp: int
     seq_parallel: bool
+    ep: int = 1             # expert_model_parallel_size: taken from the train data-parallel ranks (Megatron's)
+    infer_ep: int = 1       # generate_config.infer_expert_parallel_size
+
+    @property
+    def train_row_groups(self) -> int:
+        """Train ranks holding distinct rows: the EP ranks share theirs (all-gather dispatcher, models/moe.py)."""
+        return self.train_dp // self.ep
+
+    @property
+    def infer_row_groups(self) -> int:
+        return self.infer_dp // self.infer_ep
 
     @property
     def train_dp(self) -> int:
@@ -509,8 +523,12 @@ def layouts(doc: Dict[str, Any], path: str) -> Layouts:
     infer_tp = _as("integer", gen.get("infer_tensor_parallel_size", tp), f"{path}: generate_config."
                                                                          f"infer_tensor_parallel_size")
     seq_parallel = _as("flag", values.get("sequence_parallel", False), f"{path}: sequence_parallel")
+    ep = _as("integer", values.get("expert_model_parallel_size", 1), f"{path}: expert_model_parallel_size")
+    infer_ep = _as("integer", gen.get("infer_expert_parallel_size", 1), f"{path}: generate_config."
+                                                                        f"infer_expert_parallel_size")
     for name, v in (("rl_config.actor_resource.num_npus", world), ("tensor_model_parallel_size", tp),
-                    ("pipeline_model_parallel_size", pp), ("generate_config.infer_tensor_parallel_size", infer_tp)):
+                    ("pipeline_model_parallel_size", pp), ("generate_config.infer_tensor_parallel_size", infer_tp),
+                    ("expert_model_parallel_size", ep), ("generate_config.infer_expert_parallel_size", infer_ep)):
         if v <= 0:
             raise ConfigError(f"{path}: {origin.get(name, name)}: expected a positive integer, got {v}")
     if world % (tp * pp):
@@ -519,7 +537,12 @@ def layouts(doc: Dict[str, Any], path: str) -> Layouts:
     if world % infer_tp:
         raise ConfigError(f"{path}: rl_config.actor_resource.num_npus: {world} ranks do not split into "
                           f"generate_config.infer_tensor_parallel_size {infer_tp}")
-    return Layouts(world, tp, pp, infer_tp, seq_parallel)
+    for name, dp, e in (("expert_model_parallel_size", world // (tp * pp), ep),
+                        ("generate_config.infer_expert_parallel_size", world // infer_tp, infer_ep)):
+        if dp % e:
+            raise ConfigError(f"{path}: {origin.get(name, name)}: {e} does not divide the {dp} data-parallel ranks "
+                              f"(the expert-parallel ranks are taken from them)")
+    return Layouts(world, tp, pp, infer_tp, seq_parallel, ep, infer_ep)
 
 
 def _token_ids(folder: Optional[str]) -> Dict[str, Any]:
@@ -612,10 +635,11 @@ def model_yaml(raw: Dict[str, Any], path: str, role: str = "train"):
                lambda k: f"{path}: {origin.get(k, f'model.{name}.{k}')}")
     model = _model_config(values, origin, name, lay.pp, path)
     if role == "infer":
-        parallel = ParallelConfig(data_parallel=lay.infer_dp, model_parallel=lay.infer_tp)
+        parallel = ParallelConfig(data_parallel=lay.infer_dp, model_parallel=lay.infer_tp,
+                                  expert_parallel=lay.infer_ep)
     else:
         parallel = ParallelConfig(data_parallel=lay.train_dp, model_parallel=lay.tp, pipeline_stage=lay.pp,
-                                  use_seq_parallel=lay.seq_parallel)
+                                  use_seq_parallel=lay.seq_parallel, expert_parallel=lay.ep)
     try:
         parallel.check_model(model, "layout")
     except ConfigError as err:
@@ -737,12 +761,13 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
     gbs = _as("integer", values["global_batch_size"], f"{path}: {origin['global_batch_size']}") \
         if "global_batch_size" in values else None
     if gbs is not None:
-        if gbs <= 0 or gbs % lay.infer_dp:
+        dp = lay.infer_row_groups
+        if gbs <= 0 or gbs % dp:
             raise ConfigError(f"{path}: {origin['global_batch_size']}: {gbs} prompts do not split over the "
-                              f"{lay.infer_dp} rollout replicas (num_npus / infer_tensor_parallel_size)")
-        put("rl", "batch_size", gbs // lay.infer_dp, origin["global_batch_size"])
-        derived.append(f"rl.batch_size: {gbs // lay.infer_dp} (global_batch_size {gbs} / infer data_parallel "
-                       f"{lay.infer_dp})")
+                              f"{dp} rollout replicas (num_npus / infer_tensor_parallel_size"
+                              f"{' / infer_expert_parallel_size' if lay.infer_ep > 1 else ''})")
+        put("rl", "batch_size", gbs // dp, origin["global_batch_size"])
+        derived.append(f"rl.batch_size: {gbs // dp} (global_batch_size {gbs} / infer data_parallel {dp})")
 
     stage = values.get("stage", "ray_grpo")
     if stage not in STAGES:
@@ -781,12 +806,13 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
     n = sections.get("rl", {}).get("num_generations", field_of("rl", "num_generations").default)
     if "mini_batch_size" in rl:
         prompts = _as("integer", rl["mini_batch_size"], f"{path}: rl_config.mini_batch_size")
-        if prompts <= 0 or prompts * n % lay.train_dp:
+        dp = lay.train_row_groups
+        if prompts <= 0 or prompts * n % dp:
             raise ConfigError(f"{path}: rl_config.mini_batch_size: {prompts} prompts x {n} samples do not split over "
-                              f"the {lay.train_dp} train data-parallel ranks")
-        put("rl", "mini_batch_size", prompts * n // lay.train_dp, "rl_config.mini_batch_size")
-        derived.append(f"rl.mini_batch_size: {prompts * n // lay.train_dp} (mini_batch_size {prompts} x "
-                       f"n_samples_per_prompt {n} / train data_parallel {lay.train_dp})")
+                              f"the {dp} train data-parallel ranks")
+        put("rl", "mini_batch_size", prompts * n // dp, "rl_config.mini_batch_size")
+        derived.append(f"rl.mini_batch_size: {prompts * n // dp} (mini_batch_size {prompts} x "
+                       f"n_samples_per_prompt {n} / train data_parallel {dp})")
     overlong = _as("flag", rl.get("overlong_buffer_enable", False), f"{path}: rl_config.overlong_buffer_enable")
     for key, fld in (("overlong_buffer", "overlong_buffer_len"), ("overlong_buffer_penalty_factor",
                                                                    "overlong_penalty_factor")):

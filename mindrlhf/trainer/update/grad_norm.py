@@ -1,5 +1,5 @@
 """The gradient's global norm and its clipping, for every update engine: sums of squares (in a graph, or
-driven from the host a run of buffers at a time), TP-split parameters' squares summed over TP ranks and
+driven from the host a run of buffers at a time), split parameters' squares summed over their TP (or EP) ranks and
 pipeline stages' sums added up (SplitNormSum), and the clip factor the optimizer applies as it reads each
 gradient."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from mindspore import nn, ops
 
 from mindrlhf.models.graph_ops import sum_last
 from mindrlhf.models.qwen2 import CausalLM
-from mindrlhf.models.tp_regions import reduce_from_tp
+from mindrlhf.models.tp_regions import ReduceFromTP, reduce_from_tp
 from mindrlhf.parallel.grad_sync import StageSum
 
 
@@ -68,8 +68,9 @@ def tp_split_flags(model: CausalLM, params) -> list:
 
 
 class SplitNormSum(nn.Cell):
-    """Global squared grad norm: TP-split params' squares summed over TP ranks, replicated ones counted once,
-    and under pipeline parallelism the stages' sums added up."""
+    """Global squared grad norm: split params' squares summed over the ranks that split them (TP ranks, or for a
+    MoE model's experts the EP ranks: check_model refuses both at once), replicated ones counted once, and
+    under pipeline parallelism the stages' sums added up."""
 
     def __init__(self, split_flags, mesh):
         super().__init__()
@@ -77,7 +78,9 @@ class SplitNormSum(nn.Cell):
         # into a branch per parameter (type inference time)
         self.split_ids = tuple(i for i, split in enumerate(split_flags) if split)
         self.replicated_ids = tuple(i for i, split in enumerate(split_flags) if not split)
-        self.reduce = reduce_from_tp(mesh)
+        if mesh.ep > 1 and mesh.tp > 1:
+            raise ValueError("a mesh splits parameters over both tp and ep: not supported")
+        self.reduce = ReduceFromTP(mesh.group("ep")) if mesh.ep > 1 else reduce_from_tp(mesh)
         self.stage_sum = StageSum(mesh)
 
     def construct(self, grads):
