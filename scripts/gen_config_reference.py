@@ -1,6 +1,6 @@
 """Rewrite docs/CONFIG.md's config, eval, SFT and parallel_config references from their dataclasses, and
-docs/UPSTREAM.md's tables from mindrlhf/configs/compat/ (mindrlhf_grpo, mindformers, hf, mindspeed, verl;
-tests/test_docs.py checks all are current)."""
+docs/UPSTREAM.md's tables from mindrlhf/configs/compat/ (mindrlhf_grpo, mindformers, hf, mindspeed, mindspeed_data,
+verl; tests/test_docs.py checks all are current)."""
 import os
 import re
 import sys
@@ -15,6 +15,7 @@ from mindrlhf.sft import SFTConfig  # noqa: E402
 from mindrlhf.configs.compat.mindrlhf_grpo import defaults_markdown, table_markdown  # noqa: E402
 from mindrlhf.configs.compat.mindformers import table_markdown as mindformers_table_markdown  # noqa: E402
 from mindrlhf.configs.compat.mindspeed import table_markdown as mindspeed_table_markdown  # noqa: E402
+from mindrlhf.configs.compat.mindspeed_data import table_markdown as mindspeed_data_table_markdown  # noqa: E402
 from mindrlhf.configs.compat.verl import table_markdown as verl_table_markdown  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -28,6 +29,7 @@ BLOCKS = [(os.path.join(ROOT, "docs", "CONFIG.md"), "config-reference", config_r
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "defaults-table", lambda: defaults_markdown(field_defaults())),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "hf-config-table", hf_table_markdown),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "mindspeed-table", mindspeed_table_markdown),
+          (os.path.join(ROOT, "docs", "UPSTREAM.md"), "mindspeed-data-table", mindspeed_data_table_markdown),
           (os.path.join(ROOT, "docs", "UPSTREAM.md"), "verl-table", verl_table_markdown)]
 
 

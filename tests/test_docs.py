@@ -35,6 +35,7 @@ def test_generated_references_are_current(marker):
                                            ("mindformers-table", "mindrlhf.configs.compat.mindformers"),
                                            ("hf-config-table", "mindrlhf.configs.compat.hf"),
                                            ("mindspeed-table", "mindrlhf.configs.compat.mindspeed"),
+                                           ("mindspeed-data-table", "mindrlhf.configs.compat.mindspeed_data"),
                                            ("verl-table", "mindrlhf.configs.compat.verl")])
 def test_upstream_tables_are_current(marker, module):
     import importlib

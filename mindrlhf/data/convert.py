@@ -53,12 +53,15 @@ class ConvertSummary:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Convert GSM8K/MATH/DeepScaleR/OpenR1-Math rows (jsonl, a JSON array, "
                                             "parquet, or a directory of them) into a GRPO prompt MindRecord.")
-    p.add_argument("--vocab_path", required=True, help="vocab.json (or a directory with tokenizer.json)")
+    p.add_argument("--config", default=None,
+                   help="a MindSpeed-RL dataset YAML (its configs/datasets/*.yaml): its keys become these flags "
+                        "(configs/compat/mindspeed_data.py; flags given here win)")
+    p.add_argument("--vocab_path", help="vocab.json (or a directory with tokenizer.json); required")
     p.add_argument("--merges_file_path", default=None, help="merges.txt belonging to --vocab_path")
-    p.add_argument("--file_path", required=True,
-                   help="input: a .jsonl, a .json holding one array of objects, a .parquet (needs pyarrow), or a "
+    p.add_argument("--file_path",
+                   help="required; input: a .jsonl, a .json holding one array of objects, a .parquet (needs pyarrow), or a "
                         "directory whose .jsonl/.json/.parquet files are all read in sorted order")
-    p.add_argument("--output_path", required=True, help="output .mindrecord (a .db index is written beside it)")
+    p.add_argument("--output_path", help="output .mindrecord (a .db index is written beside it); required")
     p.add_argument("--max_prompt_length", type=int, default=None,
                    help="prompt_ids column length (default 256; MindRLHF's 2048)")
     p.add_argument("--seq_length", type=int, default=None,
@@ -79,11 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"chat (the chat template of the model folder given as --vocab_path), one of "
                         f"{sorted(PROMPT_TEMPLATES)}, or a text file containing '{{question}}' (default: none; "
                         f"chat for --dataset_type verl, whose prompts are chat messages)")
-    p.add_argument("--system_prompt", default="", help="with --prompt_template chat: a system message before "
-                                                       "each question (default: the template's own, if any)")
+    p.add_argument("--prompt_type", default=None,
+                   help="a MindSpeed-RL template name (qwen_r1, qwen3, empty, ...) of --prompt_type_path, rendered "
+                        "around each question as its R1AlpacaStyleInstructionHandler does (data/prompt_types.py)")
+    p.add_argument("--prompt_type_path", default=None, help="MindSpeed-RL's configs/model/templates.json")
+    p.add_argument("--system_prompt", default="", help="with --prompt_template chat or --prompt_type: a system "
+                                                       "message before each question (default: the template's "
+                                                       "own, if any)")
     p.add_argument("--enable_thinking", default=None, type=_flag,
-                   help="with --prompt_template chat: the template's enable_thinking (Qwen3: false closes an empty "
-                        "<think> block in each prompt; default: unset, the template's own default)")
+                   help="with --prompt_template chat or --prompt_type qwen3: the template's enable_thinking (Qwen3: "
+                        "false closes an empty <think> block in each prompt; default: unset, the template's own "
+                        "default)")
     p.add_argument("--tool_module", default="",
                    help="with --prompt_template chat: offer these tools in every prompt (the chat template's tools=), "
                         "a .py file or module of plain typed, documented functions: the GRPO config's "
@@ -155,9 +164,11 @@ class _ChatPrompt:
 
 
 def prompt_text(template: Callable[[str], str], example: Example) -> str:
-    """The prompt of one row: its chat messages rendered (verl rows), else the template around its question."""
+    """The prompt of one row: its chat messages rendered (verl rows), else the template around its question (a
+    MindSpeed-RL prompt type also reads the row's answer: data/prompt_types.py)."""
     if example.messages is None:
-        return template(example.question)
+        render = getattr(template, "render_example", None)
+        return render(example) if render else template(example.question)
     render = getattr(template, "render_messages", None)
     if render is None:
         raise ConfigError(f"{example.where}: the prompt is a list of chat messages (dataset_type verl); they are "
@@ -167,11 +178,17 @@ def prompt_text(template: Callable[[str], str], example: Example) -> str:
 
 
 def resolve_template(name: Optional[str], vocab_path: str = "", system_prompt: str = "",
-                     enable_thinking: Optional[bool] = None, tools: Optional[List[dict]] = None) -> Callable[[str], str]:
+                     enable_thinking: Optional[bool] = None, tools: Optional[List[dict]] = None,
+                     prompt_type: Optional[str] = None, prompt_type_path: Optional[str] = None
+                     ) -> Callable[[str], str]:
     """question -> prompt text: a named template, a text file with '{question}', or `chat` (the model
     folder's own chat template, data/chat_template.py, which also renders verl's message lists;
     `enable_thinking` None leaves the variable unset, as apply_chat_template without it; `tools`: schemas
-    every chat prompt offers)."""
+    every chat prompt offers); or `prompt_type`, a template of MindSpeed-RL's templates.json."""
+    if prompt_type is not None:
+        return _prompt_type(name, vocab_path, system_prompt, enable_thinking, tools, prompt_type, prompt_type_path)
+    if prompt_type_path:
+        raise ConfigError("--prompt_type_path: the file of --prompt_type's templates; give --prompt_type")
     name = name or "none"
     if enable_thinking is not None and name != "chat":
         raise ConfigError("--enable_thinking: a chat template variable; give --prompt_template chat")
@@ -200,6 +217,25 @@ def resolve_template(name: Optional[str], vocab_path: str = "", system_prompt: s
     return lambda question: text.replace("{question}", question)
 
 
+def _prompt_type(name, vocab_path, system_prompt, enable_thinking, tools, prompt_type, prompt_type_path):
+    """--prompt_type: one template of MindSpeed-RL's templates.json; the tokenizer folder's bos/eos tokens fill
+    its ["bos_token"] slots."""
+    from mindrlhf.data.prompt_types import PromptType
+    from mindrlhf.data.tokenizer import token_text, tokenizer_config
+    if name not in (None, "none"):
+        raise ConfigError(f"--prompt_type {prompt_type} and --prompt_template {name}: give one of them")
+    if tools:
+        raise ConfigError("--tool_module / --tool_config_path: tools are offered by --prompt_template chat, not by "
+                          "--prompt_type")
+    if not prompt_type_path:
+        raise ConfigError(f"--prompt_type {prompt_type}: give --prompt_type_path (MindSpeed-RL's "
+                          f"configs/model/templates.json)")
+    folder = vocab_path if os.path.isdir(vocab_path or "") else os.path.dirname(vocab_path or "")
+    config = tokenizer_config(folder) if folder else {}
+    special = {k: token_text(config.get(k)) for k in ("bos_token", "eos_token") if token_text(config.get(k))}
+    return PromptType(prompt_type_path, prompt_type, special, system_prompt, enable_thinking)
+
+
 def _offered_tools(args) -> List[dict]:
     """--tool_module / --tool_config_path: the tools' schemas, loaded as the trainer loads them; said once."""
     module, config = getattr(args, "tool_module", ""), getattr(args, "tool_config_path", "")
@@ -217,6 +253,9 @@ def _offered_tools(args) -> List[dict]:
 
 def convert(args) -> ConvertSummary:
     t0 = time.time()
+    for name in ("vocab_path", "file_path", "output_path"):
+        if not getattr(args, name, None):
+            raise ConfigError(f"--{name} is required (or its key in the --config file)")
     given = {name: getattr(args, name, None) is not None for name in DEFAULTS}
     for line in resolve_upstream(args):
         print(line)
@@ -236,12 +275,14 @@ def convert(args) -> ConvertSummary:
     if args.workers:
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)
     if args.prompt_template is None:
-        args.prompt_template = "chat" if args.dataset_type == "verl" else "none"
+        args.prompt_template = "chat" if args.dataset_type == "verl" and getattr(args, "prompt_type", None) is None \
+            else "none"
     if args.dataset_type == "verl" and args.system_prompt:
         raise ConfigError("--system_prompt: verl rows carry their own messages (a system turn, if any, is in "
                           "their prompt column)")
     template = resolve_template(args.prompt_template, args.vocab_path, args.system_prompt, args.enable_thinking,
-                                _offered_tools(args))
+                                _offered_tools(args), getattr(args, "prompt_type", None),
+                                getattr(args, "prompt_type_path", None))
     tok = load_tokenizer(args.vocab_path, args.merges_file_path)
     pad = tok.pad_token_id if args.pad_token_id is None else args.pad_token_id
     if pad is None:
@@ -338,9 +379,34 @@ class _WriteBatch:
         self.cols["solution"], self.rows = [], 0
 
 
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line, over a --config file's keys (MindSpeed-RL's dataset YAML) when one is given: the
+    file's values become the defaults, so a flag given here wins. The file's inert keys are said once."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.config:
+        return args
+    from mindrlhf.configs.compat.keys import describe_ignored
+    from mindrlhf.configs.compat.mindspeed_data import translate
+    from mindrlhf.configs.model_config import read_yaml_mapping
+    if not os.path.isfile(args.config):
+        raise ConfigError(f"--config {args.config}: file not found")
+    flags, ignored, notes = translate(read_yaml_mapping(args.config), args.config)
+    if args.vocab_path:                   # the command line's tokenizer, whole (not its vocab with the file's merges)
+        flags.pop("merges_file_path", None)
+    parser.set_defaults(**flags)
+    args = parser.parse_args(argv)
+    overridden = [k for k in flags if getattr(args, k) != flags[k]]
+    for line in notes + ([describe_ignored(args.config, ignored)] if ignored else []) + \
+            ([f"--config {args.config}: the command line's {', '.join('--' + k for k in overridden)} win over the "
+              f"file"] if overridden else []):
+        print(line)
+    return args
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = parse_args(argv)
         summary = convert(args)
     except ConfigError as err:
         print(f"error: {err}")

@@ -48,11 +48,13 @@ class DatasetType:
     extract: str = "whole"               # how the final answer comes out of the reference: whole, gsm8k, boxed,
                                          # verl (the reference is {style, ground_truth}; the question is messages)
     source: Optional[str] = None         # verl: the data_source column (required)
+    query: Optional[str] = None          # alpaca: an optional column joined to the question by a newline
     about: str = ""
 
     @property
     def fields(self) -> Tuple[str, ...]:
-        return tuple(f for f in (self.question, self.reference, self.worked, self.fallback, self.source) if f)
+        return tuple(f for f in (self.question, self.reference, self.worked, self.fallback, self.source, self.query)
+                     if f)
 
     @property
     def required(self) -> Tuple[str, ...]:
@@ -75,14 +77,21 @@ DATASET_TYPES: Dict[str, DatasetType] = {t.name: t for t in (
                 about="verl's RL parquet: 'prompt' (chat messages [{role, content}], rendered by the model folder's "
                       "chat template), 'reward_model' {style: rule, ground_truth} (the reference), 'data_source' "
                       "(picks the verifier), optional 'extra_info' {answer} (the SFT target)"),
+    # MindSpeed-RL's handlers (mindspeed_rl/datasets/handler_utils.py), with its default column names
+    DatasetType("alpaca", "instruction", "output", query="input",
+                about="MindSpeed-RL's R1AlpacaStyleInstructionHandler rows: 'instruction' (the question), optional "
+                      "'input' (joined to it by a newline), 'output' (the reference, whole)"),
+    DatasetType("math17k", "instruction", "output", extract="math17k",
+                about="MindSpeed-RL's Math17kAlpacaStyleInstructionHandler rows (DAPO-Math-17k): 'instruction' "
+                      "chat messages whose first content is the question, 'output' the reference or a mapping "
+                      "{ground_truth}"),
 )}
 VERL_ROLES = ("system", "user", "assistant", "tool")
 
 # MindSpeed-RL's map_keys names (its field -> the file's column) and the field each one means here
-MINDSPEED_KEYS = {"prompt": "question", "response": "reference"}
+MINDSPEED_KEYS = {"prompt": "question", "response": "reference", "query": "query"}
 MINDSPEED_UNSUPPORTED = {
-    "query": "MindSpeed-RL's instruction input appended to the prompt has no counterpart; put it in the "
-             "prompt column or a --prompt_template file",
+    "query": "MindSpeed-RL's instruction input appended to the prompt is read by --dataset_type alpaca only",
     "system": "a system message comes from --prompt_template chat --system_prompt",
 }
 
@@ -111,16 +120,19 @@ class RowSpec:
         self.column = {f: f for f in kind.fields}
         self.mapped = set()
         for key, col in (map_keys or {}).items():
-            if key in MINDSPEED_UNSUPPORTED and key not in kind.fields:
+            if key in kind.fields or (key not in MINDSPEED_KEYS and key not in MINDSPEED_UNSUPPORTED):
+                field = key
+            else:
+                field = getattr(kind, MINDSPEED_KEYS[key]) if key in MINDSPEED_KEYS else None
+            if field is None and key in MINDSPEED_UNSUPPORTED:
                 if col:
                     raise ConfigError(f"--map_keys: {key!r} -> {col!r} is not supported "
                                       f"({MINDSPEED_UNSUPPORTED[key]}); give \"\" or leave it out")
                 continue
-            field = getattr(kind, MINDSPEED_KEYS[key]) if key in MINDSPEED_KEYS and key not in kind.fields else key
             if field not in kind.fields:
                 raise ConfigError(f"--map_keys: dataset_type={kind.name} has no field {key!r}; its fields are "
                                   f"{list(kind.fields)} (MindSpeed-RL's 'prompt'/'response' also work)")
-            if not col:
+            if not col and field != kind.query:      # MindSpeed-RL's query "": no query column
                 raise ConfigError(f"--map_keys: {key!r} needs a column name, got \"\"")
             if field in self.mapped and self.column[field] != col:
                 raise ConfigError(f"--map_keys: field {field!r} is given two columns ({self.column[field]!r}, {col!r})")
@@ -167,7 +179,11 @@ class RowSpec:
         kind, col = self.kind, self.column
         if kind.extract == "verl":
             return self._verl_example(obj, where)
+        if kind.extract == "math17k":
+            return self._math17k_example(obj, where)
         question = self._text(obj, col[kind.question], where, required=True)
+        if kind.query:                # MindSpeed-RL joins the non-empty prompt and query
+            question = "\n".join(x for x in (question, self._text(obj, col[kind.query], where, False)) if x)
         ref_col = col[kind.reference]
         if ref_col not in obj and self._fallback and col[kind.fallback] in obj:
             ref_col = col[kind.fallback]
@@ -221,6 +237,28 @@ class RowSpec:
         question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
         return Example(question, worked if isinstance(worked, str) and worked else truth, truth.strip(),
                        messages=messages, data_source=source, where=where)
+
+    def _math17k_example(self, obj: dict, where: str) -> Example:
+        """As MindSpeed-RL's convert_math17k_to_intermediate: the question is the first message's content, the
+        reference the response column's ground_truth (a mapping) or the column itself (a string)."""
+        kind, col = self.kind, self.column
+        if obj.get(col[kind.question]) is None:
+            raise self.missing(where, col[kind.question], [k for k, v in obj.items() if v is not None])
+        question = _verl_messages(obj[col[kind.question]], where, col[kind.question])[0]["content"]
+        ref = col[kind.reference]
+        value = obj.get(ref)
+        if isinstance(value, dict):
+            value, ref = value.get("ground_truth"), f"{ref}.ground_truth"
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = str(value)
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: {ref}: expected a string, got {type(value).__name__} "
+                                  f"({self.describe()})")
+        else:
+            value = self._text(obj, ref, where, required=True, scalar=True)
+        if not value.strip():
+            raise ConfigError(f"{where}: {ref!r} is empty (a row without a reference answer cannot be scored)")
+        return Example(question, value, value.strip())
 
     def _text(self, obj: dict, key: str, where: str, required: bool, scalar: bool = False) -> str:
         if key not in obj or (obj[key] is None and not required):

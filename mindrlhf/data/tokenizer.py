@@ -118,7 +118,7 @@ def load_tokenizer_json(path: str) -> Tokenizer:
     except Exception as err:  # tokenizers raises a bare Exception on bad JSON
         raise ConfigError(f"{file}: not a valid tokenizer.json ({err})") from None
     special = tokenizer_config(os.path.dirname(file))
-    return Tokenizer(backend, file, _token_text(special.get("eos_token")), _token_text(special.get("pad_token")))
+    return Tokenizer(backend, file, token_text(special.get("eos_token")), token_text(special.get("pad_token")))
 
 
 def tokenizer_config(folder: str) -> dict:
@@ -127,7 +127,7 @@ def tokenizer_config(folder: str) -> dict:
     return read_json_object(path) if os.path.isfile(path) else {}
 
 
-def _token_text(token) -> Optional[str]:
+def token_text(token) -> Optional[str]:
     """A special token as tokenizer_config.json gives it: a string, or {"content": ...} (AddedToken)."""
     if isinstance(token, dict):
         token = token.get("content")

@@ -5,6 +5,7 @@ python examples/grpo/qwen_grpo_tutorial/rlhf_data.py --vocab_path vocab.json --m
     --file_path train.jsonl --output_path gsm8k_train.mindrecord
 python examples/grpo/qwen_grpo_tutorial/rlhf_data.py --vocab_path vocab.json --merges_file_path merges.txt \
     --file_path deepscaler.json --dataset_type deepscaler --output_path deepscaler.mindrecord
+python examples/grpo/qwen_grpo_tutorial/rlhf_data.py --config MindSpeed-RL/configs/datasets/deepscaler.yaml
 """
 import sys
 

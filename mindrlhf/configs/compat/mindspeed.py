@@ -696,7 +696,8 @@ def _data_path(value: str, where: str) -> str:
     return value
 
 
-def _tokenizer(value: str) -> Dict[str, str]:
+def tokenizer_flags(value: str) -> Dict[str, str]:
+    """tokenizer_name_or_path -> our tokenizer fields: the folder (tokenizer.json), else its vocab.json + merges.txt."""
     if os.path.isdir(value) and not os.path.isfile(os.path.join(value, "tokenizer.json")) and \
             os.path.isfile(os.path.join(value, "vocab.json")):
         return {"vocab_path": os.path.join(value, "vocab.json"), "merges_file_path": os.path.join(value, "merges.txt")}
@@ -753,7 +754,7 @@ def translate(raw: Dict[str, Any], path: str, field_of: Callable[[str, str], dat
         put("run", "mind_dataset_dir", _data_path(str(values["data_path"]), f"{path}: {origin['data_path']}"),
             origin["data_path"])
     if "tokenizer_name_or_path" in values:
-        for fld, v in _tokenizer(str(values["tokenizer_name_or_path"])).items():
+        for fld, v in tokenizer_flags(str(values["tokenizer_name_or_path"])).items():
             put("run", fld, v, origin["tokenizer_name_or_path"])
     if "no_shared_storage" in values:
         node_local = _as("flag", values["no_shared_storage"], f"{path}: {origin['no_shared_storage']}")
