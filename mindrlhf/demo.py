@@ -3,13 +3,15 @@
 1 data      arithmetic questions in GSM8K jsonl form (train / held-out test / SFT warm-up)
 2 tokenizer a byte-level BPE (vocab.json + merges.txt) trained on the bundled text and the questions
 3 convert   rlhf_data.py: jsonl -> MindRecord
-4 configs   tiny Qwen2 YAMLs: train layout dp1 x tp2, infer layout dp2 x tp1; grpo_config.yaml
+4 configs   tiny Qwen2 YAMLs: train layout dp1 x tp2, infer layout dp2 x tp1; grpo_config.yaml (--arch qwen3_moe:
+            a tiny Qwen3-MoE, 4 experts top-2, train layout expert-parallel ep2, infer dp2)
 5 warm-up   a short supervised phase. Its data teaches the sums but mostly as a bare number; only 20% of
             answers use the verifiable '#### n' form, so the warmed-up model's greedy answers score ~0
 6 strategy  grpo_one_stage.py --only_save_strategy: train and infer strategy files
 7 slice     transform_checkpoint.py: the warm-up checkpoint -> per-rank train and infer shards
 8 grpo      msrun with N workers: grpo_one_stage.py, rewards from the '#### n' verifier, greedy eval
-9 report    summary table, plot (PNG), exported HF safetensors loaded back
+9 report    summary table, plot (PNG), exported HF safetensors loaded back; for the MoE model the expert load
+            (tokens per expert, max / mean per layer) on the held-out prompts before and after GRPO
 """
 from __future__ import annotations
 
@@ -99,16 +101,28 @@ def stage_convert(work: str, vocab: str, merges: str):
         print("      " + next(ln for ln in out.splitlines() if ln.startswith("rows written")).strip(), flush=True)
 
 
+# --arch qwen3_moe: the tiny model as a Qwen3-MoE (q/k norms, own head width, untied head, every MLP sparse)
+QWEN3_MOE = dict(qkv_has_bias=False, qk_layernorm=True, head_dim=16, tie_word_embeddings=False, num_experts=4,
+                 num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True, router_aux_loss_coef=0.0)
+
+
 def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, str]:
-    say(4, f"writing model YAMLs (train dp1 x tp{workers}, infer dp{workers} x tp1) and grpo_config.yaml")
+    moe = args.arch == "qwen3_moe"
+    train = f"dp{workers} as ep{workers}" if moe else f"dp1 x tp{workers}"
+    say(4, f"writing {args.arch} model YAMLs (train {train}, infer dp{workers} x tp1) and grpo_config.yaml")
     with open(os.path.join(REPO, "model_configs", "qwen_grpo", "finetune_qwen2_tiny.yaml")) as fh:
         base = yaml.safe_load(fh)
     padded = -(-vocab_size // 64) * 64
     paths = {}
-    for role, (dp, tp) in (("train", (1, workers)), ("infer", (workers, 1)), ("single", (1, 1))):
+    # a MoE model is not tensor-parallel here: its train layout splits the experts over the ranks instead
+    layouts = {"train": (workers, 1, workers) if moe else (1, workers, 1), "infer": (workers, 1, 1),
+               "single": (1, 1, 1)}
+    for role, (dp, tp, ep) in layouts.items():
         doc = copy.deepcopy(base)
-        doc["model"]["model_config"].update(vocab_size=padded, seq_length=64, max_position_embedding=64)
-        doc["parallel_config"].update(data_parallel=dp, model_parallel=tp)
+        doc["model"]["model_config"].update(vocab_size=padded, seq_length=64, max_position_embedding=64,
+                                            **(QWEN3_MOE if moe else {}))
+        doc["parallel_config"].update(data_parallel=dp, model_parallel=tp, **({"expert_parallel": ep} if ep > 1
+                                                                              else {}))
         paths[role] = os.path.join(work, f"{role}_model.yaml")
         with open(paths[role], "w") as fh:
             yaml.safe_dump(doc, fh)
@@ -233,6 +247,14 @@ def stage_report(work: str, ckpt_dir: str, paths: Dict[str, str]) -> dict:
     }
     plot = _plot(steps, evals, os.path.join(work, "grpo_curves.png"))
     hf_ok = _check_export(os.path.join(ckpt_dir, "hf_policy"), paths["single"])
+    load_lines = []
+    if hf_ok and "num_experts" in _model_fields(paths["single"]):
+        test = os.path.join(work, "test.mindrecord")
+        summary["expert_load"] = {when: _expert_load(paths["single"], weights, test) for when, weights in
+                                  (("before", os.path.join(work, "sft", "full.safetensors")),
+                                   ("after", os.path.join(ckpt_dir, "hf_policy")))}
+        load_lines = [f"  expert load {when:<6} (max/mean tokens per expert, by layer) "
+                      + ", ".join(f"{r:.2f}" for r in v["max_over_mean"]) for when, v in summary["expert_load"].items()]
     lines = [
         f"  steps                      {summary['steps']}",
         f"  reward (first 5 -> last 5) {summary['reward_first5']:.3f} -> {summary['reward_last5']:.3f}",
@@ -244,7 +266,7 @@ def stage_report(work: str, ckpt_dir: str, paths: Dict[str, str]) -> dict:
         f"  logs                       {os.path.join(work, 'grpo_log')}",
         f"  plot                       {plot}",
         f"  exported HF policy         {os.path.join(ckpt_dir, 'hf_policy')} ({'loads back' if hf_ok else 'FAILED'})",
-    ]
+    ] + load_lines
     print("\n".join(lines), flush=True)
     summary.update(plot=plot, hf_export_loads=hf_ok)
     with open(os.path.join(work, "summary.json"), "w") as fh:
@@ -274,6 +296,34 @@ def _plot(steps, evals, path: str) -> str:
     return path
 
 
+def _model_fields(model_yaml: str) -> dict:
+    with open(model_yaml) as fh:
+        return yaml.safe_load(fh)["model"]["model_config"]
+
+
+def _expert_load(model_yaml: str, weights: str, prompts: str) -> dict:
+    """Tokens routed to each expert over the held-out prompts' real tokens, per sparse layer, with `weights`:
+    the counts and max / mean (1.0 = perfectly balanced; top-k of E experts)."""
+    from mindspore import Tensor
+    from mindrlhf.checkpoint.model_io import load_weights
+    from mindrlhf.configs.compat.sources import load_model_yaml
+    from mindrlhf.data.mindrecord_io import read_mindrecord
+    from mindrlhf.models.moe import expert_load
+    from mindrlhf.models.padding import causal_bias
+    from mindrlhf.models.qwen2 import CausalLM
+    cfg = load_model_yaml(model_yaml).model
+    model = CausalLM(cfg, random_init=False)
+    load_weights(model, weights)
+    table = read_mindrecord(prompts, ["prompt_ids", "prompt_length"])
+    ids = table["prompt_ids"].astype(np.int32)
+    mask = (np.arange(ids.shape[1])[None] < table["prompt_length"].reshape(-1, 1)).astype(np.int32)
+    pos = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
+    logits = model.router_logits(Tensor(ids), Tensor(pos), causal_bias(Tensor(mask)))
+    counts = expert_load(logits, cfg.num_experts_per_tok, mask)
+    return {"tokens_per_expert": counts.tolist(),
+            "max_over_mean": (counts.max(1) / counts.mean(1)).tolist()}
+
+
 def _check_export(hf_dir: str, model_yaml: str) -> bool:
     """The exported safetensors load into a fresh model (strict: every weight present, shapes right)."""
     from mindrlhf.checkpoint.model_io import load_weights
@@ -300,6 +350,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1, help="GRPO seed (sampling and prompt order)")
     p.add_argument("--eval_steps", type=int, default=0, help="held-out eval every N steps (default: steps / 5)")
     p.add_argument("--dynamic_sampling", action="store_true", help="DAPO's dynamic sampling (rl.dynamic_sampling)")
+    p.add_argument("--arch", default="qwen2", choices=("qwen2", "qwen3_moe"),
+                   help="the tiny model: Qwen2 (train layout tensor-parallel) or Qwen3-MoE (4 experts, top-2; train "
+                        "layout expert-parallel)")
     args = p.parse_args(argv)
     t0 = time.time()
     from mindrlhf.utils.output_dir import check_output_dir, write_marker

@@ -160,6 +160,28 @@ def test_qwen3_moe_aux_loss_equals_transformers(moe, rng, padded):
     assert ref > 0.5          # about top_k for balanced routing: a real value, not 0
 
 
+def test_expert_load_counts_what_transformers_routes(moe, rng):
+    """moe.expert_load (the demo's load report) from our router logits = the top-k counts of transformers' own
+    router logits (output_router_logits), real tokens only; each token counted top_k times."""
+    import torch
+    from mindspore import Tensor
+    from mindrlhf.models.moe import expert_load
+    _, hf, ours = moe
+    ids = rng.randint(0, 160, (3, 10))
+    mask = np.ones(ids.shape, np.int64)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        router = hf(torch.tensor(ids), attention_mask=torch.tensor(mask), output_router_logits=True).router_logits
+    want = []
+    for logits in router:
+        top = torch.topk(torch.softmax(logits.float(), -1), 2, dim=-1).indices.numpy()[mask.reshape(-1) == 1]
+        want.append(np.bincount(top.reshape(-1), minlength=4))
+    got = expert_load(ours.router_logits(*model_inputs(ids, mask)), 2, Tensor(mask).asnumpy())
+    assert got.tolist() == np.asarray(want).tolist()
+    assert got.sum() == 2 * 2 * mask.sum()            # 2 layers x top-2 per real token
+    assert len(set(got[0].tolist())) > 1               # the counts differ: a real routing, not a constant
+
+
 def test_dense_model_aux_loss_is_zero(tmp_path):
     from mindrlhf.models.qwen2 import CausalLM
     from hf_reference import tiny_model_kwargs

@@ -184,3 +184,16 @@ def load_balancing_loss(router_logits: List, num_experts: int, top_k: int, mask=
         prob_sum = prob_sum + (probs * m).sum(0)
         rows = rows + m.sum()
     return (counts / rows * (prob_sum / rows)).sum() * num_experts
+
+
+def expert_load(router_logits: List, top_k: int, mask=None) -> np.ndarray:
+    """(sparse layers, E) tokens routed to each expert (top-k, ties to the lower id as the model routes) over the
+    tokens where `mask` (B x T,) is 1: expert load balance as a report (max / mean per layer), from
+    CausalLM.router_logits."""
+    out = []
+    for logits in router_logits:
+        probs = ops.softmax(ops.cast(logits, ms.float32), -1)
+        chosen = top_k_mask(probs, top_k).asnumpy()
+        keep = np.ones(len(chosen), bool) if mask is None else np.asarray(mask).reshape(-1).astype(bool)
+        out.append(chosen[keep].sum(0))
+    return np.asarray(out)

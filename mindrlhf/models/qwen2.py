@@ -361,6 +361,12 @@ class CausalLM(nn.Cell):
         passes); whole model on one pipeline stage. 0.0 for a dense model."""
         if not self.config.num_experts:
             return Tensor(0.0, ms.float32)
+        return load_balancing_loss(self.router_logits(input_ids, position_ids, bias), self.config.num_experts,
+                                   self.config.num_experts_per_tok, None if mask is None else ops.reshape(mask, (-1,)))
+
+    def router_logits(self, input_ids, position_ids, bias) -> list:
+        """Each sparse layer's router logits (B x T, E) float32, from a forward of their own (the other passes do
+        not keep them): for the aux loss and the expert-load report. Whole model on one pipeline stage."""
         m = self.model
         x = ops.cast(m.tok_embeddings(input_ids), m.compute_dtype)
         cos, sin = m.rope(position_ids)
@@ -371,8 +377,7 @@ class CausalLM(nn.Cell):
                 inp = layer.enter_ffn(layer.ffn_norm(h))
                 logits.append(layer.feed_forward.route(ops.reshape(inp, (-1, inp.shape[-1])))[0])
             x = layer.mlp_residual(h)
-        return load_balancing_loss(logits, self.config.num_experts, self.config.num_experts_per_tok,
-                                   None if mask is None else ops.reshape(mask, (-1,)))
+        return logits
 
     def full_logits(self, input_ids, position_ids, bias):
         """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""
