@@ -1,0 +1,325 @@
+"""Qwen3-MoE against transformers' own Qwen3MoeForCausalLM (issue #57): train step and rollout tokens/s, and the
+per-rank memory of the experts under expert parallelism.
+
+    python benchmarks/bench_moe.py [--rounds 3]
+    python benchmarks/bench_moe.py --quick      # tiny shapes, one round: checks that the script runs, no figures
+
+The model: the benchmark model's attention and vocabulary (common.BENCH_MODEL: 4 layers, hidden 512, 8 heads of
+64, 2 kv heads, vocab 32000, untied head) as Qwen3 (q/k RMSNorm, no q/k/v bias) with every layer sparse: 8
+experts, top-2, moe_intermediate_size 256, norm_topk_prob true, no load-balancing loss on either side
+(router_aux_loss_coef 0; transformers' output_router_logits off). Random weights, written once by transformers
+(its own initialisation, std 0.02) as an HF folder and loaded by both sides, so both route alike.
+
+1. Train: forward + backward + AdamW of 8 x 256 tokens, tokens/s over 6 steps after 2. Ours:
+   common.train_tokens_per_s (trainer/sft.SFTStep, our AdamW); transformers: the model in torch eager, mean
+   next-token cross-entropy, backward, torch.optim.AdamW, no clipping on either side.
+2. Rollout: 16 prompts of 64 tokens -> 64 new tokens, sampling at temperature 1 (no top-k / top-p), EOS off;
+   tokens/s of the second of two identical calls on each side (GenerationEngine.generate; transformers
+   `generate` with the KV cache).
+3. Memory at expert parallelism: the bytes this rank holds of the stacked expert weights
+   (`routed_experts.ffn.w1/w2/w3`) and of their two AdamW moments (trainer/optim.AdamW), counted from the
+   Parameters a model + optimizer actually hold: at ep2 on a Mesh with an `ep` axis of 2, built by 2 msrun
+   workers (the larger rank's figure), against ep1 in one process. Also the whole model's weights + moments per
+   rank, and the ratio the layouts predict (models/specs.layouts_for(cfg, 2, 1, ep=2) shard shapes) as a check.
+
+Same thread count: our side sets MindSpore's kernel threads as the trainer does (common.ours_kernel_threads:
+this process's cores, 1 rank); transformers' side sets torch.set_num_threads to the same count. Each
+measurement in a fresh process (common.run_child), ours and transformers alternating, train then rollout, for
+--rounds rounds (2 cores: the machine drifts); medians reported.
+
+Not like for like, by design of each side, and reported as it is: our experts run densely, every expert on
+every token as one batched matmul weighted by the routing (models/moe.py: E / top-k = 4x the expert FLOPs of a
+dispatch here), while transformers 5.24 dispatches (its default `experts_implementation` "grouped_mm" on CPU
+sorts the (token, expert) pairs and runs a grouped matmul; "eager" loops over the experts that received tokens).
+Which one ran is in the last line (`--hf_experts` picks another).
+
+Last line: {"bench": "moe_vs_transformers", "cpu", "train_ratio", "rollout_ratio", "ep2_expert_memory_ratio", ...}
+with ratio = ours / transformers tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1
+per rank (bar: <= 0.55).
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BENCH_MODEL, REPO, ours_kernel_threads, run_child, train_tokens_per_s  # noqa: E402
+
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True)
+FULL = dict(model=dict(BENCH_MODEL, qkv_has_bias=False, qk_layernorm=True,
+                       head_dim=BENCH_MODEL["hidden_size"] // BENCH_MODEL["num_heads"], router_aux_loss_coef=0.0,
+                       **MOE),
+            batch=8, seq=256, warmup=2, steps=6, prompts=16, prompt=64, new=64)
+# --quick: the script's every path on a model that builds and runs in seconds; its figures mean nothing
+QUICK = dict(model=dict(FULL["model"], hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, head_dim=16,
+                        intermediate_size=96, vocab_size=512, seq_length=64, max_position_embedding=64,
+                        num_experts=4, moe_intermediate_size=32),
+             batch=2, seq=16, warmup=1, steps=1, prompts=2, prompt=8, new=8)
+EXPERT_WEIGHTS = ".routed_experts.ffn."      # the stacked experts, split over ep (models/specs.py)
+
+
+def shapes(quick: bool) -> dict:
+    return QUICK if quick else FULL
+
+
+def config(quick: bool):
+    from mindrlhf.configs import ModelConfig
+    return ModelConfig(**shapes(quick)["model"])
+
+
+def hf_moe_dir(quick: bool) -> str:
+    """The model as an HF Qwen3-MoE folder, transformers' own random initialisation (written once)."""
+    m = shapes(quick)["model"]
+    path = os.path.join(tempfile.gettempdir(), "mindrlhf_bench_moe_model" + ("_quick" if quick else ""))
+    if os.path.isfile(os.path.join(path, "config.json")) and glob.glob(os.path.join(path, "*.safetensors")):
+        return path
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    cfg = Qwen3MoeConfig(hidden_size=m["hidden_size"], num_hidden_layers=m["num_layers"],
+                         num_attention_heads=m["num_heads"], num_key_value_heads=m["n_kv_heads"],
+                         head_dim=m["head_dim"], intermediate_size=m["intermediate_size"], vocab_size=m["vocab_size"],
+                         max_position_embeddings=m["max_position_embedding"], rope_theta=m["theta"],
+                         rms_norm_eps=m["rms_norm_eps"], tie_word_embeddings=False, attention_bias=False,
+                         use_sliding_window=False, num_experts=m["num_experts"],
+                         num_experts_per_tok=m["num_experts_per_tok"], moe_intermediate_size=m["moe_intermediate_size"],
+                         norm_topk_prob=m["norm_topk_prob"], decoder_sparse_step=1, mlp_only_layers=[],
+                         output_router_logits=False, router_aux_loss_coef=0.0)
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(cfg)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def same_threads() -> int:
+    """The kernel threads of both sides: what utils/cpu_threads.auto_threads(1) gives (this process's cores over
+    one rank), computed here so that transformers' process never imports MindSpore."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def train_ids(s: dict) -> np.ndarray:
+    return np.random.RandomState(0).randint(0, s["model"]["vocab_size"], (s["batch"], s["seq"] + 1))
+
+
+def rollout_prompts(s: dict) -> np.ndarray:
+    return np.random.RandomState(1).randint(1, s["model"]["vocab_size"], (s["prompts"], s["prompt"]))
+
+
+def ours_model(hf_dir: str, quick: bool):
+    import mindspore as ms
+    from mindrlhf.checkpoint.model_io import load_weights
+    from mindrlhf.models.qwen2 import CausalLM
+    ms.set_seed(0)
+    model = CausalLM(config(quick))
+    load_weights(model, hf_dir)
+    return model
+
+
+def ours(phase: str, hf_dir: str, quick: bool) -> dict:
+    s = shapes(quick)
+    threads = ours_kernel_threads()
+    assert threads == same_threads(), (threads, same_threads())
+    model = ours_model(hf_dir, quick)
+    if phase == "train":
+        return {"tokens_per_s": train_tokens_per_s(model, train_ids(s), s["warmup"], s["steps"]), "threads": threads}
+    from mindrlhf.rollout.engine import GenerationEngine
+    from mindrlhf.rollout.sampling import SamplingParams
+    engine = GenerationEngine(model, pad_token_id=0, prompt_bucket=s["prompt"])
+    prompts = rollout_prompts(s).tolist()
+    params = SamplingParams(temperature=1.0, max_tokens=s["new"], eos_token_ids=[], seed=0)
+    engine.generate(prompts, params)                     # compile
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, params)
+    return {"tokens_per_s": float(out.response_mask.sum()) / (time.perf_counter() - t0), "threads": threads}
+
+
+def reference(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+    s = shapes(quick)
+    threads = same_threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    kw = {} if experts == "default" else {"experts_implementation": experts}
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **kw)
+    implementation = model.config._experts_implementation
+    if phase == "train":
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+        ids = torch.tensor(train_ids(s))
+        for i in range(s["warmup"] + s["steps"]):
+            if i == s["warmup"]:
+                t0 = time.perf_counter()
+            logits = model(ids[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        tps = s["batch"] * s["seq"] * s["steps"] / (time.perf_counter() - t0)
+    else:
+        model.eval()
+        ids = torch.tensor(rollout_prompts(s))
+        gen = dict(attention_mask=torch.ones_like(ids), max_new_tokens=s["new"], min_new_tokens=s["new"],
+                   do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, use_cache=True)
+        with torch.no_grad():
+            model.generate(ids, **gen)                   # warm-up: the same call, as ours compiles on its first
+            t0 = time.perf_counter()
+            res = model.generate(ids, **gen)
+        tps = float((res.shape[1] - ids.shape[1]) * ids.shape[0]) / (time.perf_counter() - t0)
+    return {"tokens_per_s": tps, "threads": threads, "experts_implementation": implementation}
+
+
+def held_bytes(model, opt) -> dict:
+    """Bytes of this rank's Parameters and AdamW moments, read back from the tensors themselves: the stacked
+    experts', and the whole model's."""
+    moments = {}
+    for m in list(opt.exp_avg) + list(opt.exp_avg_sq):
+        name = m.name.split(".", 1)[1]             # adam_m.<parameter> / adam_v.<parameter>
+        moments[name] = moments.get(name, 0) + m.asnumpy().nbytes
+    out = {"expert_param_bytes": 0, "expert_moment_bytes": 0, "param_bytes": 0, "moment_bytes": 0, "expert_shapes": []}
+    for p in model.trainable_params():
+        n = p.asnumpy().nbytes
+        out["param_bytes"] += n
+        out["moment_bytes"] += moments[p.name]
+        if EXPERT_WEIGHTS in p.name:
+            out["expert_param_bytes"] += n
+            out["expert_moment_bytes"] += moments[p.name]
+            out["expert_shapes"].append(list(p.shape))
+    assert out["expert_shapes"], "no expert weights found"
+    return out
+
+
+def memory(quick: bool, mesh=None) -> dict:
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.trainer.optim import AdamW
+    model = CausalLM(config(quick), mesh)
+    opt = AdamW(list(model.trainable_params()), weight_decay=0.0)
+    return held_bytes(model, opt)
+
+
+def ep_worker(work: str, quick: bool):
+    """msrun worker: this rank's bytes on an ep2 mesh, written to work/rank_<r>.json."""
+    from mindrlhf.parallel.mesh import Mesh, init_distributed
+    rank, world = init_distributed()
+    assert world == 2, world
+    res = dict(memory(quick, Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),))), rank=rank)
+    with open(os.path.join(work, f"rank_{rank}.json"), "w") as fh:
+        json.dump(res, fh)
+
+
+def ep2_memory(quick: bool) -> list:
+    """Both ranks' bytes at ep2, each an msrun worker."""
+    work = tempfile.mkdtemp(prefix="bench_moe_ep_")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+           "--join=True", f"--log_dir={os.path.join(work, 'log')}", os.path.abspath(__file__), "--ep_worker", work]
+    cmd += ["--quick"] if quick else []
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"msrun failed; logs in {work}/log\n{proc.stdout[-2000:]}")
+    ranks = []
+    for r in range(2):
+        with open(os.path.join(work, f"rank_{r}.json")) as fh:
+            ranks.append(json.load(fh))
+    shutil.rmtree(work, ignore_errors=True)
+    return ranks
+
+
+def layouts_ratio(quick: bool) -> dict:
+    """The per-rank bytes ratio (ep2 / ep1) the layouts predict, weights + two moments alike (all float32)."""
+    from mindrlhf.models.specs import layouts_for
+    cfg = config(quick)
+    per = {}
+    for ep in (1, 2):
+        layouts = layouts_for(cfg, ep, 1, ep=ep)
+        per[ep] = {"experts": sum(int(np.prod(lay.shard_shape)) for n, lay in layouts.items() if EXPERT_WEIGHTS in n),
+                   "all": sum(int(np.prod(lay.shard_shape)) for lay in layouts.values())}
+    return {k: per[2][k] / per[1][k] for k in ("experts", "all")}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="tiny shapes and one round: checks the script runs")
+    p.add_argument("--hf_experts", default="default", choices=("default", "eager", "grouped_mm", "batched_mm"),
+                   help="transformers' experts_implementation (default: what from_pretrained picks)")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--hf_dir", help=argparse.SUPPRESS)
+    p.add_argument("--ep_worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.ep_worker:
+        ep_worker(args.ep_worker, args.quick)
+        return
+    if args.child:
+        phase, side = args.child
+        if phase == "memory":
+            res = memory(args.quick)
+        elif side == "ours":
+            res = ours(phase, args.hf_dir, args.quick)
+        else:
+            res = reference(phase, args.hf_dir, args.quick, args.hf_experts)
+        print(json.dumps(res), flush=True)
+        return
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
+    rounds = 1 if args.quick else args.rounds
+    script = os.path.abspath(__file__)
+    flags = ["--hf_experts", args.hf_experts] + (["--quick"] if args.quick else [])
+    hf_dir = hf_moe_dir(args.quick)
+    print(f"model: {json.dumps(shapes(args.quick)['model'])}; HF folder {hf_dir}", flush=True)
+    runs = {(phase, side): [] for phase in ("train", "rollout") for side in ("ours", "transformers")}
+    implementation, threads = None, {}
+    for r in range(rounds):
+        for (phase, side), values in runs.items():
+            res = run_child(script, phase, side, "--hf_dir", hf_dir, *flags)
+            values.append(res["tokens_per_s"])
+            threads[side] = res["threads"]
+            implementation = res.get("experts_implementation", implementation)
+            print(f"round {r + 1}/{rounds} {phase:7s} {side:12s} {res['tokens_per_s']:10.1f} tokens/s", flush=True)
+    med = {k: float(np.median(v)) for k, v in runs.items()}
+    ep1 = run_child(script, "memory", "ep1", *flags)
+    ep2 = ep2_memory(args.quick)
+    worst = max(ep2, key=lambda x: x["expert_param_bytes"] + x["expert_moment_bytes"])
+    expert_ratio = (worst["expert_param_bytes"] + worst["expert_moment_bytes"]) / \
+        (ep1["expert_param_bytes"] + ep1["expert_moment_bytes"])
+    model_ratio = max(x["param_bytes"] + x["moment_bytes"] for x in ep2) / (ep1["param_bytes"] + ep1["moment_bytes"])
+    predicted = layouts_ratio(args.quick)
+    mb = 1 / 2 ** 20
+    print(f"experts per rank (weights + AdamW moments, MiB): ep1 "
+          f"{(ep1['expert_param_bytes'] + ep1['expert_moment_bytes']) * mb:.1f}, ep2 ranks "
+          + ", ".join(f"{(x['expert_param_bytes'] + x['expert_moment_bytes']) * mb:.1f}" for x in ep2)
+          + f" (shapes {ep1['expert_shapes'][0]} -> {worst['expert_shapes'][0]}); whole model per rank: ep1 "
+          f"{(ep1['param_bytes'] + ep1['moment_bytes']) * mb:.1f}, ep2 "
+          + ", ".join(f"{(x['param_bytes'] + x['moment_bytes']) * mb:.1f}" for x in ep2), flush=True)
+    for (phase, side), values in runs.items():
+        print(json.dumps({"bench": "moe_vs_transformers", "phase": phase, "side": side,
+                          "tokens_per_s": [round(v, 1) for v in values]}), flush=True)
+    from bench_floors import cpu_info
+    cpu = cpu_info()
+    print(json.dumps({
+        "bench": "moe_vs_transformers", "cpu": f"{cpu['model_name']} ({cpu['family']}/{cpu['model']})",
+        "quick": args.quick, "rounds": rounds,
+        "train_ratio": round(med[("train", "ours")] / med[("train", "transformers")], 3),
+        "rollout_ratio": round(med[("rollout", "ours")] / med[("rollout", "transformers")], 3),
+        "ep2_expert_memory_ratio": round(expert_ratio, 4),
+        "ep2_model_memory_ratio": round(model_ratio, 4),
+        "ep2_memory_measured": "bytes of the Parameters and AdamW moments held: ep2 by 2 msrun workers, ep1 in one "
+                               "process",
+        "ep2_ratio_from_layouts": {k: round(v, 4) for k, v in predicted.items()},
+        "medians_tokens_per_s": {f"{ph}_{side}": round(v, 1) for (ph, side), v in med.items()},
+        "hf_experts_implementation": implementation, "threads": threads}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
