@@ -1,5 +1,6 @@
 """A multi-turn GRPO run's trajectory does not depend on the layout: single process against train tp2 /
-infer dp2 (2 msrun workers). Every sample's first turn is a tool call (tests/workers/episode_worker.py forces
+infer dp2 and train pp2 (two pipeline stages, 1F1B) / infer dp2 (2 msrun workers; untied embeddings, as stages
+need). Every sample's first turn is a tool call (tests/workers/episode_worker.py forces
 those tokens), the tool answers, the model continues from the KV cache; rewards, losses, KL, gradient norms
 and the tool counters agree as tests/test_layout_invariance.py's do."""
 import json
@@ -28,7 +29,7 @@ COMPARED = ("reward_mean", "loss", "pg_loss", "kl", "grad_norm", "entropy", "res
 ABS_TOL = {"kl": 1e-7, "loss": 1e-6, "pg_loss": 1e-6}
 
 
-@pytest.mark.slow       # ~37 s on 2 msrun workers; keeps the default run near 20 minutes
+@pytest.mark.slow       # ~75 s on 2 msrun workers; keeps the default run near 20 minutes
 def test_multi_turn_trajectory_is_layout_invariant(tmp_path, monkeypatch):
     root = str(tmp_path)
     vocab, merges = make_tokenizer_files(os.path.join(root, "tok"), vocab_size=400)
@@ -45,11 +46,12 @@ def test_multi_turn_trajectory_is_layout_invariant(tmp_path, monkeypatch):
                  'TOOLS = [inc]\n')
     call = '<tool_call>{"name": "inc", "arguments": {"x": 1}}</tool_call>'
     monkeypatch.setenv("MINDRLHF_TEST_FORCED_IDS", ",".join(map(str, load_tokenizer(vocab, merges).encode(call))))
-    yamls = {(dp, tp): model_yaml(os.path.join(root, f"m_{dp}x{tp}.yaml"), dp=dp, tp=tp)
-             for dp, tp in ((1, 1), (1, 2), (2, 1))}
+    yamls = {(dp, tp, pp): model_yaml(os.path.join(root, f"m_{dp}x{tp}x{pp}.yaml"), dp=dp, tp=tp, pp=pp,
+                                      micro_batch_num=2, tie_word_embeddings=False)
+             for dp, tp, pp in ((1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 2))}
     ms.set_seed(5)
     init = os.path.join(root, "init.safetensors")
-    save_checkpoint(model_state(CausalLM(load_model_yaml(yamls[(1, 1)]).model)), init)
+    save_checkpoint(model_state(CausalLM(load_model_yaml(yamls[(1, 1, 1)]).model)), init)
 
     def run(name, train, infer, batch):
         out = os.path.join(root, name)
@@ -68,10 +70,12 @@ def test_multi_turn_trajectory_is_layout_invariant(tmp_path, monkeypatch):
             run_msrun(WORKER, cli_args(flags), 2, os.path.join(out, "log"))
         return read_metrics(os.path.join(out, "metrics.jsonl"))
 
-    single = run("single", (1, 1), (1, 1), 4)
-    other = run("train_tp2_infer_dp2", (1, 2), (2, 1), 2)
-    assert len(single) == len(other) == 2
-    for a, b in zip(single, other):
-        assert a["episode/tool_calls_mean"] >= 1 and a["tools/inc/calls"] >= 16
-        for key in COMPARED:
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=ABS_TOL.get(key, 0.0)), (key, json.dumps([a, b]))
+    single = run("single", (1, 1, 1), (1, 1, 1), 4)
+    for name, train in (("train_tp2_infer_dp2", (1, 2, 1)), ("train_pp2_infer_dp2", (1, 1, 2))):
+        other = run(name, train, (2, 1, 1), 2)
+        assert len(single) == len(other) == 2
+        for a, b in zip(single, other):
+            assert a["episode/tool_calls_mean"] >= 1 and a["tools/inc/calls"] >= 16
+            for key in COMPARED:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=ABS_TOL.get(key, 0.0)), \
+                    (name, key, json.dumps([a, b]))

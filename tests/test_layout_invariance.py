@@ -328,6 +328,7 @@ def _check_lora_layout(assets, single, name):
     _check_layout(assets, out, name, ref, ref_weights, LORA)
 
 
+@pytest.mark.slow       # ~36 s: two runs (single, 2 msrun workers); LoRA's own run and resume stay (test_lora)
 def test_lora_trajectory_is_layout_invariant_under_tp(assets):
     """Train tp2 (column-parallel B and row-parallel A split, the others summed over TP) / infer dp2 (a
     separate rollout model fed merged weights) against the single process."""

@@ -321,6 +321,7 @@ def test_grpo_trains_a_qwen3_hf_folder(tmp_path):
     assert back.model.layers[0].self_attn.q_norm.weight.shape == (QWEN3_HEAD_DIM,)
 
 
+@pytest.mark.slow       # ~19 s; the layerwise update of the other models: test_layerwise
 def test_qwen3_layerwise_update_equals_the_one_graph_update(tmp_path):
     """engine.layerwise_update copies each layer's weights into a template DecoderLayer by name: the q/k norms
     travel with them, and two GRPO steps give the one-graph update's losses, gradient norms and weights."""

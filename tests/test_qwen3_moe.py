@@ -35,10 +35,11 @@ def test_qwen3_moe_logits_match_hf(tmp_path, rng, kw):
     sparse = [layer.is_moe for layer in ours.model.layers]
     assert sparse == [cfg.is_moe_layer(n) for n in range(cfg.num_layers)]
     assert sparse == ([False, True, False] if kw is MIXED else [True, True])
-    ids = rng.randint(0, 160, (3, 13))
-    ref = hf_logits(hf, ids)
-    got = ours.full_logits(*model_inputs(ids)).asnumpy()
-    assert np.abs(got - ref).max() <= TOL
+    for rows in (3, 6):          # 39 tokens: the experts' batched form; 78 >= 2 x moe_intermediate_size: side by side
+        ids = rng.randint(0, 160, (rows, 13))
+        ref = hf_logits(hf, ids)
+        got = ours.full_logits(*model_inputs(ids)).asnumpy()
+        assert np.abs(got - ref).max() <= TOL, rows
 
 
 def _hf_grad(hf_params, name, cfg):
@@ -55,16 +56,17 @@ def _hf_grad(hf_params, name, cfg):
     return part.transpose(0, 2, 1)
 
 
-@pytest.mark.parametrize("kw", [{}, MIXED], ids=["sparse", "mixed"])
-def test_qwen3_moe_every_gradient_matches_hf(tmp_path, rng, kw):
-    """The mean next-token NLL and the gradient of every parameter (router and stacked experts included)."""
+@pytest.mark.parametrize("kw, rows", [({}, 2), (MIXED, 2), ({}, 8)], ids=["sparse", "mixed", "sparse_many_tokens"])
+def test_qwen3_moe_every_gradient_matches_hf(tmp_path, rng, kw, rows):
+    """The mean next-token NLL and the gradient of every parameter (router and stacked experts included); 2 x 11
+    tokens run the experts' batched form, 8 x 11 (>= 2 x moe_intermediate_size) their side-by-side form."""
     import torch
     hf = make_qwen3_moe_model(str(tmp_path), **kw)
     cfg = ModelConfig(**qwen3_moe_model_kwargs(**kw))
     ours = load_ours(str(tmp_path), cfg)
     names = [p.name for p in ours.get_parameters()]
     assert "model.layers.1.feed_forward.routed_experts.router.dense.weight" in names
-    ids = rng.randint(0, 160, (2, 12))
+    ids = rng.randint(0, 160, (rows, 12))
     loss, grads = token_loss_and_grads(ours, ids, names)
     hf.zero_grad()
     logits = hf(torch.tensor(ids[:, :-1])).logits

@@ -197,6 +197,7 @@ def test_engine_switches_written_in_their_earlier_sections_still_load(tmp_path):
 
 
 @pytest.mark.msrun
+@pytest.mark.slow       # ~41 s; the default run keeps the single-process layout errors (test_upstream_compat)
 def test_world_size_mismatch_under_msrun_exits_cleanly(assets, tmp_path):
     """Every rank fails the same validation before any collective: non-zero exit, message, no hang."""
     import subprocess
@@ -615,6 +616,7 @@ def test_a_changed_model_does_not_run_the_previous_jobs_cached_graphs(assets, tm
     assert len(os.listdir(os.path.join(save, "compile_cache"))) == 2
 
 
+@pytest.mark.slow       # ~17 s
 def test_mindspores_own_cache_variable_does_not_run_another_jobs_graphs(assets, tmp_path):
     """MS_COMPILER_CACHE_ENABLE=1 in the environment turns on MindSpore's cache keyed by the Python sources
     only: measured before this fix, the second job here (another model) loaded the first one's graphs and
