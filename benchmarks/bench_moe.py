@@ -42,8 +42,6 @@ import glob
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +49,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BENCH_MODEL, REPO, ours_kernel_threads, run_child, train_tokens_per_s  # noqa: E402
+from common import (BENCH_MODEL, msrun_self, ours_kernel_threads, run_child, torch_train_tokens_per_s,  # noqa: E402
+                    train_tokens_per_s)
 
 MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True)
 FULL = dict(model=dict(BENCH_MODEL, qkv_has_bias=False, qk_layernorm=True,
@@ -152,18 +151,7 @@ def reference(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **kw)
     implementation = model.config._experts_implementation
     if phase == "train":
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-        ids = torch.tensor(train_ids(s))
-        for i in range(s["warmup"] + s["steps"]):
-            if i == s["warmup"]:
-                t0 = time.perf_counter()
-            logits = model(ids[:, :-1]).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        tps = s["batch"] * s["seq"] * s["steps"] / (time.perf_counter() - t0)
+        tps = torch_train_tokens_per_s(model, train_ids(s), s["warmup"], s["steps"])
     else:
         model.eval()
         ids = torch.tensor(rollout_prompts(s))
@@ -217,17 +205,7 @@ def ep_worker(work: str, quick: bool):
 
 def ep2_memory(quick: bool) -> list:
     """Both ranks' bytes at ep2, each an msrun worker."""
-    work = tempfile.mkdtemp(prefix="bench_moe_ep_")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1", f"--master_port={port}",
-           "--join=True", f"--log_dir={os.path.join(work, 'log')}", os.path.abspath(__file__), "--ep_worker", work]
-    cmd += ["--quick"] if quick else []
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"msrun failed; logs in {work}/log\n{proc.stdout[-2000:]}")
+    work = msrun_self(__file__, "--ep_worker", *(["--quick"] if quick else []))
     ranks = []
     for r in range(2):
         with open(os.path.join(work, f"rank_{r}.json")) as fh:

@@ -7,15 +7,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO  # noqa: E402
+from common import msrun_self  # noqa: E402
 
 MODEL = dict(hidden_size=1024, num_layers=4, num_heads=16, n_kv_heads=4, intermediate_size=4096, vocab_size=32000,
              seq_length=256, max_position_embedding=256, qkv_has_bias=True)
@@ -90,17 +88,7 @@ def main():
     if args.run_worker:
         worker(args.run_worker)
         return
-    import socket
-    work = tempfile.mkdtemp(prefix="bench_reshard_")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1", f"--master_port={port}",
-           "--join=True", f"--log_dir={os.path.join(work, 'log')}", os.path.abspath(__file__), "--run_worker", work]
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"msrun failed; logs in {work}/log\n{proc.stdout[-2000:]}")
+    work = msrun_self(__file__, "--run_worker")
     with open(os.path.join(work, "result.json")) as fh:
         r = json.load(fh)
     shutil.rmtree(work, ignore_errors=True)

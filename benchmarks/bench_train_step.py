@@ -8,13 +8,12 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (BENCH_MODEL, hf_model_dir, ours_kernel_threads, peak_rss_mb, run_child,  # noqa: E402
-                    train_tokens_per_s)
+                    torch_train_tokens_per_s, train_tokens_per_s)
 
 BATCH, SEQ, WARMUP, STEPS = 8, 256, 2, 6
 
@@ -38,18 +37,7 @@ def reference(hf_dir):
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-    ids = torch.tensor(batch())
-    for i in range(WARMUP + STEPS):
-        if i == WARMUP:
-            t0 = time.perf_counter()
-        logits = model(ids[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return BATCH * SEQ * STEPS / (time.perf_counter() - t0)
+    return torch_train_tokens_per_s(model, batch(), WARMUP, STEPS)
 
 
 def main():

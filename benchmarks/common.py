@@ -79,3 +79,41 @@ def run_child(script: str, *args, env_extra=None, python: str = sys.executable) 
     if out.returncode != 0:
         raise SystemExit(f"{script} child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def torch_train_tokens_per_s(model, ids, warmup: int, steps: int) -> float:
+    """The reference of train_tokens_per_s: a transformers causal LM in torch eager, mean next-token cross-entropy,
+    backward and torch.optim.AdamW (no clipping), tokens/s of `steps` updates on `ids` (B, T + 1) after
+    `warmup`."""
+    import torch
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    ids = torch.tensor(ids)
+    for i in range(warmup + steps):
+        if i == warmup:
+            t0 = time.perf_counter()
+        logits = model(ids[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return ids.shape[0] * (ids.shape[1] - 1) * steps / (time.perf_counter() - t0)
+
+
+def msrun_self(script: str, worker_flag: str, *extra: str) -> str:
+    """Run `script` itself under msrun on 2 local workers as `script worker_flag WORK *extra`; WORK (returned)
+    is a fresh folder for the workers' results (the caller removes it). Exits naming the logs on failure."""
+    import socket
+    import tempfile
+    work = tempfile.mkdtemp(prefix="bench_msrun_")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=REPO, GLOG_v="3")
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+           "--join=True", f"--log_dir={os.path.join(work, 'log')}", os.path.abspath(script), worker_flag, work,
+           *extra]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"msrun failed; logs in {work}/log\n{proc.stdout[-2000:]}")
+    return work
