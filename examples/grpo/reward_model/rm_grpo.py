@@ -200,7 +200,10 @@ def on_policy_agreement(rollout_log: str) -> Dict[int, dict]:
     return out
 
 
-def plot(rows: List[dict], on_policy: Dict[int, dict], path: str) -> str:
+def plot(rows: List[dict], on_policy: Dict[int, dict], path: str, compare: List[dict] = ()) -> str:
+    """Left: the reward (the reward model's score) against the rule's accuracy, on the training samples and on
+    held-out questions (greedy), and `compare`'s held-out accuracy (metrics of a run rewarded by the rule
+    itself, e.g. the demo's). Right: the reward model's agreement with the rule on the policy's samples."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -211,6 +214,9 @@ def plot(rows: List[dict], on_policy: Dict[int, dict], path: str) -> str:
     a.plot(x, [r["reward_mean"] for r in steps], label="reward-model score (mean reward)")
     a.plot(x, [r["accuracy"] for r in steps], label="rule accuracy, training samples")
     a.plot([e[0] for e in evals], [e[1] for e in evals], marker="o", label="rule accuracy, held-out greedy")
+    if compare:
+        a.plot(*zip(*[(r["step"], r["eval_accuracy"]) for r in compare if "eval_accuracy" in r]), marker="o",
+               linestyle="--", color="grey", label="rule accuracy, held-out greedy: rewarded by the rule")
     a.set_title("reward model vs the rule it imitates")
     b.plot(list(on_policy), [v["agreement"] for v in on_policy.values()], color="C3")
     b.set_title("reward model agrees with the rule (policy's samples)")
@@ -235,6 +241,8 @@ def main(argv=None) -> int:
     p.add_argument("--train_rows", type=int, default=3000)
     p.add_argument("--workers", type=int, default=2, help="msrun workers")
     p.add_argument("--seed", type=int, default=1, help="GRPO seed")
+    p.add_argument("--compare", default="", help="metrics.jsonl of the same GRPO rewarded by the rule (the demo's "
+                   "grpo_ckpt/metrics.jsonl): its held-out accuracy is drawn for comparison")
     args = p.parse_args(argv)
     t0 = time.time()
     from mindrlhf.configs.errors import ConfigError
@@ -278,7 +286,8 @@ def main(argv=None) -> int:
         on_policy_agreement_first5=float(np.mean([v["agreement"] for v in list(on_policy.values())[:5]])),
         on_policy_agreement_last5=float(np.mean([v["agreement"] for v in list(on_policy.values())[-5:]])),
         top_response_last_step=list(on_policy.values())[-1]["top_response"],
-        curves=plot(rows, on_policy, os.path.join(work, "reward_model_curves.png")),
+        curves=plot(rows, on_policy, os.path.join(work, "reward_model_curves.png"),
+                    read_metrics(args.compare) if args.compare else ()),
         seconds=time.time() - t0)
     print(f"  rule accuracy, training samples (first 5 -> last 5) {summary['rule_accuracy_first5']:.3f} -> "
           f"{summary['rule_accuracy_last5']:.3f}\n"
