@@ -220,11 +220,11 @@ def plot(rows: List[dict], on_policy: Dict[int, dict], path: str, compare: List[
     a.set_title("reward model vs the rule it imitates")
     b.plot(list(on_policy), [v["agreement"] for v in on_policy.values()], color="C3")
     b.set_title("reward model agrees with the rule (policy's samples)")
-    b.set_ylim(0, 1.05)
     for ax in (a, b):
+        ax.set_ylim(0, 1.05)
         ax.set_xlabel("GRPO step")
         ax.grid(alpha=0.3)
-    a.legend(fontsize=8)
+    a.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
