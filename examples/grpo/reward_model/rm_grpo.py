@@ -248,12 +248,12 @@ def main(argv=None) -> int:
     from mindrlhf.configs.errors import ConfigError
     from mindrlhf.utils.output_dir import check_output_dir, write_marker
     try:
-        work = check_output_dir(args.workdir, "demo", "--workdir", args.overwrite)
+        work = check_output_dir(args.workdir, "rm_grpo", "--workdir", args.overwrite)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     os.makedirs(work, exist_ok=True)
-    write_marker(work, "demo", ["*"])
+    write_marker(work, "rm_grpo", ["*"])
     train = demo.stage_data(work, args.train_rows)
     vocab, merges = demo.stage_tokenizer(work, train)
     demo.stage_convert(work, vocab, merges)
