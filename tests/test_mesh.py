@@ -64,3 +64,22 @@ def test_mesh_errors_name_the_axes():
         Mesh(dp=2, tp=1, extra_axes=(("dp", 1),))
     with pytest.raises(KeyError, match="no mesh axis"):
         Mesh(dp=2, tp=1).rank_with(ep=0)
+
+
+@pytest.mark.parametrize("axes, dp, want", [((("ep", 2),), 1, [0]), ((("ep", 2),), 2, [0, 2]), ((), 2, [0, 1])])
+def test_gathered_samples_come_once_from_each_row_group(monkeypatch, axes, dp, want):
+    """exchange.gather_samples keeps one rank per group of ranks holding the same rows: under an infer ep axis
+    the EP peers decode the same prompts, so taking every tp-0 rank counted each sample twice (a train step
+    then failed on a (32, 8) vs (16, 1) mask, tests/test_qwen3_moe_ep.py's infer-ep2 run)."""
+    import numpy as np
+    from mindrlhf.parallel import comm
+    from mindrlhf.trainer import exchange
+    from mindrlhf.trainer.samples import SampleBatch
+    mesh = Mesh(dp=dp, tp=1, rank=0, extra_axes=axes)
+    world = tuple(range(mesh.world_size))
+    monkeypatch.setattr(comm, "world_ranks", lambda: world)
+    # rank r's one sample carries r: the result says whose rows were kept
+    monkeypatch.setattr(comm, "all_gather", lambda v, ranks, me: np.stack([np.full_like(v, r) for r in ranks]))
+    local = SampleBatch(*(np.zeros((1, 2), np.int64) for _ in range(5)), np.zeros(1, np.int64),
+                        np.zeros(1, np.int64))
+    assert exchange.gather_samples(local, mesh).prompt_ids[:, 0].tolist() == want

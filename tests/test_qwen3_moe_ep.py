@@ -106,3 +106,14 @@ def test_grpo_train_ep2_infer_dp2_follows_one_process(tmp_path):
     assert sorted(ref) == sorted(ep2) and any(".experts." in n for n in ref)
     for name, w in ref.items():
         assert np.abs(ep2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
+
+
+@pytest.mark.slow       # ~45 s: the train side's ep2 is in the default run above
+def test_grpo_train_dp2_infer_ep2_follows_one_process(tmp_path):
+    """The other way round: train dp2 (every rank all experts, its own rows) / infer data_parallel 2 as
+    expert_parallel 2 (the rollout's experts split; both ranks decode the same 4 prompts in lockstep): the same
+    trajectory as one process, and the weights synced into the split rollout model give the train forward's
+    log-probs (the rollout-train gap, checked in _same_trajectory)."""
+    # infer: the 2 ranks are one row group, so each decodes all 4 prompts; train dp2: 8 rows per rank
+    runs = _grpo_runs(tmp_path, {"infer_ep2": {"infer_expert_parallel": 2, "mini_batch_size": 4}})
+    _same_trajectory(runs["single"], runs["infer_ep2"])

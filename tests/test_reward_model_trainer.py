@@ -102,7 +102,8 @@ def test_a_causal_lm_as_reward_model_is_refused(assets, tmp_path):
 
 
 @pytest.mark.parametrize("mesh,labels,message", [
-    (dict(dp=1, tp=1, pp=2), 1, r"runs in the train layout, whose pipeline_stage 2 it does not support"),
+    (dict(dp=1, tp=1, pp=2), 1, r"runs in the train layout, whose pipeline_stage 2 it does not support; give it "
+                                r"its own layout \(reward.reward_model_parallel\)"),
     (dict(dp=1, tp=3), 1, r"in the train layout: parallel_config.model_parallel=3 does not divide"),
     (dict(dp=1, tp=1), 2, r"num_labels 2; a reward model scores with one label")])
 def test_a_reward_model_the_run_cannot_use_is_refused(assets, tmp_path, mesh, labels, message):
@@ -116,6 +117,33 @@ def test_a_reward_model_the_run_cannot_use_is_refused(assets, tmp_path, mesh, la
     tokenizer = load_tokenizer(paths["vocab_path"], paths["merges_file_path"])
     with pytest.raises(ConfigError, match="reward.reward_model: .*" + message):
         resolve_reward_model(RewardConfig(reward_model=rm_dir), tokenizer, Mesh(rank=0, **mesh), 4)
+
+
+def test_the_reward_models_own_layout(assets, tmp_path):
+    """reward.reward_model_parallel: the reward model's layout is its own (TP ranks, the rest data-parallel),
+    whatever the train layout (pipeline stages included); one that does not fit the ranks or the model is
+    refused naming it."""
+    from mindrlhf.configs.grpo_config import RewardConfig
+    from mindrlhf.data.tokenizer import load_tokenizer
+    from mindrlhf.parallel.mesh import Mesh
+    from mindrlhf.trainer.reward_model import resolve_reward_model
+    paths = assets[0]
+    rm_dir = str(tmp_path / "rm")
+    make_hf_classifier(rm_dir, vocab=416, layers=1, tokenizer_dir=os.path.dirname(paths["vocab_path"]))
+    tokenizer = load_tokenizer(paths["vocab_path"], paths["merges_file_path"])
+    lines = []
+    train = Mesh(rank=1, dp=1, tp=2, pp=2)             # 4 ranks: two stages of TP2
+    spec = resolve_reward_model(RewardConfig(reward_model=rm_dir, reward_model_parallel=1), tokenizer, train, 4,
+                                lines.append)
+    assert (spec.mesh.dp, spec.mesh.tp, spec.mesh.pp, spec.mesh.rank) == (4, 1, 1, 1)
+    assert "in its own layout dp=4 tp=1" in lines[0]
+    spec = resolve_reward_model(RewardConfig(reward_model=rm_dir, reward_model_parallel=2), tokenizer, train, 4,
+                                lines.append)
+    assert (spec.mesh.dp, spec.mesh.tp, spec.mesh.tp_index) == (2, 2, 1)
+    with pytest.raises(ConfigError, match=r"reward.reward_model_parallel: 3 does not divide the 4 rank"):
+        resolve_reward_model(RewardConfig(reward_model=rm_dir, reward_model_parallel=3), tokenizer, train, 4)
+    with pytest.raises(ConfigError, match=r"in its own layout: parallel_config.model_parallel=4 does not divide"):
+        resolve_reward_model(RewardConfig(reward_model=rm_dir, reward_model_parallel=4), tokenizer, train, 4)
 
 
 def test_each_dynamic_sampling_round_is_scored_by_the_reward_model(assets, tmp_path):

@@ -339,9 +339,11 @@ def test_the_outcome_reward_model_maps_onto_reward_model(tmp_path):
     cfg = load_grpo_config(path)
     assert cfg.reward.reward_model == rm_dir and cfg.reward.reward_model_weight == 1.0
     assert cfg.reward.verifier_function == [] and cfg.reward.verifier_weight == []
+    assert cfg.reward.reward_model_parallel == 1        # its tensor_model_parallel_size: the reward model's layout
     ignored = {key: why for _, key, why in cfg.ignored}
-    for key in ("reward_config.model", "reward_config.tensor_model_parallel_size", "rl_config.reward_resource.num_npus"):
-        assert "train layout" in ignored[key], key
+    assert "reward_config.tensor_model_parallel_size" not in ignored
+    assert "runs in its layout" in ignored["reward_config.model"]
+    assert "job's ranks" in ignored["rl_config.reward_resource.num_npus"]
 
 
 @pytest.mark.parametrize("edit,message", [

@@ -272,7 +272,10 @@ class RewardConfig(_Section):
                                  "limit")
     reward_model: str = _f("", "a Hugging Face sequence-classification folder (Qwen2/LlamaForSequenceClassification, "
                            "num_labels 1) scoring each sample's prompt + response tokens; frozen, in the train "
-                           "layout; its tokenizer must equal the policy's. Empty: no reward model")
+                           "layout or its own (reward_model_parallel); its tokenizer must equal the policy's. "
+                           "Empty: no reward model")
+    reward_model_parallel: int = _f(0, "the reward model's own layout: tensor-parallel ranks, the other ranks "
+                                    "data-parallel (world / this replicas); 0: the train layout (its TP x DP)")
     reward_model_weight: float = _f(1.0, "the reward model's score enters the reward times this, added to the "
                                     "weighted verifiers")
     reward_model_batch_size: int = _f(0, "rows per reward-model forward on one train-DP replica; 0: the train "
@@ -474,6 +477,9 @@ class GRPOConfig(_Section):
         if not self.reward.verifier_function and not self.reward.reward_model:
             raise ConfigError("reward.verifier_function: empty and no reward.reward_model: nothing would score "
                               "the samples")
+        if self.reward.reward_model_parallel < 0:
+            raise ConfigError(f"reward.reward_model_parallel: expected >= 0 (0 = the train layout), got "
+                              f"{self.reward.reward_model_parallel}")
         if self.reward.reward_model_batch_size < 0:
             raise ConfigError(f"reward.reward_model_batch_size: expected >= 0, got "
                               f"{self.reward.reward_model_batch_size}")

@@ -89,7 +89,7 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
             load_model_weights(ref, ref_path, log)
         else:
             copy_params(policy.get_parameters(), ref.get_parameters())
-    rm = build_reward_model(run.reward_model, run.train_mesh, log) if run.reward_model else None
+    rm = build_reward_model(run.reward_model, log) if run.reward_model else None
     return Models(policy, rollout, ref, sync, rm)
 
 
@@ -142,7 +142,7 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         ref_logprob = BaseModelLogProb(policy_logprob, models.policy)
     rows = PackedRowLayout(run.pad_id, micro_rows, run.logprob_graphs == "stages") if run.packing \
         else PaddedRows(run.geometry.mini_batch)
-    scorer = RewardModelScorer(models.reward_model, run.reward_model, run.train_mesh, swap) if models.reward_model \
+    scorer = RewardModelScorer(models.reward_model, run.reward_model, swap) if models.reward_model \
         else None
     return Training(engine, optimizer, update.step, policy_logprob, ref_logprob, swap, rows, scorer)
 

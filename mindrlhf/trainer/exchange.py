@@ -19,12 +19,13 @@ from mindrlhf.trainer.samples import SampleBatch
 
 
 def gather_samples(local: SampleBatch, infer_mesh) -> SampleBatch:
-    """Every rank gets all infer-DP replicas' samples, in DP order (TP peers hold duplicates; take tp 0)."""
+    """Every rank gets all infer-DP replicas' samples, in DP order (TP and EP peers hold duplicates: take the row
+    leader's)."""
     world = comm.world_ranks()
     if len(world) == 1:
         return local
     gathered = {k: comm.all_gather(v, world, infer_mesh.rank) for k, v in local.__dict__.items()}
-    keep = infer_mesh.ranks_where(pp=0, tp=0)                  # one rank per DP replica, in DP order
+    keep = infer_mesh.ranks_where(pp=0, **{a: 0 for a in infer_mesh.row_replica_axes})   # one per DP replica
     return SampleBatch(**{k: np.concatenate([v[r] for r in keep]) for k, v in gathered.items()})
 
 

@@ -6,9 +6,11 @@ rendered the prompt; the response ends with the template's end-of-turn / EOS tok
 tokenizer must be the policy's (refused otherwise, naming both). Re-rendering the conversation with the
 reward model's own chat template is a follow-up.
 
-Where it runs: the train layout (TP x DP as the reference model; its own layout is a follow-up). After a
-rollout round's samples are gathered, train-DP replica d scores rows d, d + dp, ...; the scores reach every
-rank through exchange.rows_of_all_replicas, so every rank joins the same numbers. Its weights swap to host
+Where it runs: the train layout (TP x DP as the reference model), or its own with reward.reward_model_parallel
+(TP ranks, the rest data-parallel: e.g. a reward model larger than the policy split wider, or beside a
+pipelined train layout). After a rollout round's samples are gathered, replica d of its layout scores rows d,
+d + dp, ...; the scores reach every rank through exchange.rows_of_all_replicas, so every rank joins the same
+numbers. Its weights swap to host
 outside the "reward_model" phase (swap.offload_reward_model_param; trainer/swap_schedule.py).
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from mindrlhf.configs.model_config import ModelConfig, ParallelConfig
 from mindrlhf.data.tokenizer import load_tokenizer
 from mindrlhf.models.reward_model import SequenceClassifier
 from mindrlhf.reward.verifiers import Scores
+from mindrlhf.parallel.mesh import mesh_for
 from mindrlhf.trainer import exchange
 
 FLAG = "reward.reward_model"
@@ -36,13 +39,14 @@ class RewardModelSpec:
     path: str
     model_cfg: ModelConfig
     weight: float
-    batch_size: int                 # rows per forward on one train-DP replica
+    batch_size: int                 # rows per forward on one replica of its layout
+    mesh: object                    # its layout: the train mesh, or its own (reward.reward_model_parallel)
 
 
 def resolve_reward_model(reward_cfg, tokenizer, train_mesh, mini_batch: int, log: Callable = print
                          ) -> Optional[RewardModelSpec]:
-    """The run's reward model from reward.*, checked against its folder and the policy's tokenizer; None when
-    reward.reward_model is empty (rules only)."""
+    """The run's reward model from reward.*, checked against its folder, its layout and the policy's tokenizer;
+    None when reward.reward_model is empty (rules only)."""
     path = reward_cfg.reward_model
     if not path:
         return None
@@ -56,22 +60,33 @@ def resolve_reward_model(reward_cfg, tokenizer, train_mesh, mini_batch: int, log
     if labels != 1:
         raise ConfigError(f"{FLAG}: {path}/config.json has num_labels {labels}; a reward model scores with one "
                           f"label (num_labels 1)")
-    if train_mesh.pp > 1:
-        raise ConfigError(f"{FLAG}: runs in the train layout, whose pipeline_stage {train_mesh.pp} it does not "
-                          f"support (its own layout is a follow-up); use a TP x DP train layout")
+    tp = reward_cfg.reward_model_parallel
+    if tp:
+        world = train_mesh.world_size
+        if world % tp:
+            raise ConfigError(f"reward.reward_model_parallel: {tp} does not divide the {world} rank(s)")
+        parallel, where = ParallelConfig(data_parallel=world // tp, model_parallel=tp), "its own layout"
+        mesh = mesh_for(parallel, world, train_mesh.rank, "reward model (reward.reward_model_parallel)")
+    else:
+        if train_mesh.pp > 1:
+            raise ConfigError(f"{FLAG}: runs in the train layout, whose pipeline_stage {train_mesh.pp} it does not "
+                              f"support; give it its own layout (reward.reward_model_parallel) or use a TP x DP "
+                              f"train layout")
+        parallel, where, mesh = ParallelConfig(data_parallel=train_mesh.dp, model_parallel=train_mesh.tp), \
+            "the train layout", train_mesh
     try:
-        ParallelConfig(data_parallel=train_mesh.dp, model_parallel=train_mesh.tp).check_model(cfg)
+        parallel.check_model(cfg)
     except ConfigError as err:
-        raise ConfigError(f"{FLAG}: {path}: in the train layout: {err}") from None
+        raise ConfigError(f"{FLAG}: {path}: in {where}: {err}") from None
     _check_same_tokenizer(path, tokenizer)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ConfigError(f"{FLAG}: {path} has vocab_size {cfg.vocab_size}, fewer than the tokenizer's "
                           f"{tokenizer.vocab_size} tokens")
     log(f"reward model {path}: {cfg.num_layers} layers, hidden {cfg.hidden_size}, weight "
-        f"{reward_cfg.reward_model_weight}, in the train layout dp={train_mesh.dp} tp={train_mesh.tp}" +
+        f"{reward_cfg.reward_model_weight}, in {where} dp={mesh.dp} tp={mesh.tp}" +
         "".join(f"\n  {path}/config.json {k}: not used ({why})" for k, why in ignored))
     return RewardModelSpec(path, cfg, float(reward_cfg.reward_model_weight),
-                           reward_cfg.reward_model_batch_size or mini_batch)
+                           reward_cfg.reward_model_batch_size or mini_batch, mesh)
 
 
 def _folder_tokenizer(path: str):
@@ -103,9 +118,9 @@ def _check_same_tokenizer(path: str, policy_tokenizer):
                           f"vocabulary (re-rendering with another tokenizer is not supported yet)")
 
 
-def build_reward_model(spec: RewardModelSpec, train_mesh, log: Callable = print) -> SequenceClassifier:
+def build_reward_model(spec: RewardModelSpec, log: Callable = print) -> SequenceClassifier:
     from mindrlhf.checkpoint.model_io import load_weights
-    model = SequenceClassifier(spec.model_cfg, 1, train_mesh, random_init=False)
+    model = SequenceClassifier(spec.model_cfg, 1, spec.mesh, random_init=False)
     load_weights(model, spec.path)
     log(f"reward model loaded from {spec.path}")
     return model
@@ -114,11 +129,11 @@ def build_reward_model(spec: RewardModelSpec, train_mesh, log: Callable = print)
 class RewardModelScorer:
     """Scores a round's gathered samples with the reward model and joins them to the verifiers' Scores."""
 
-    def __init__(self, model: SequenceClassifier, spec: RewardModelSpec, train_mesh, swap):
-        self.model, self.spec, self.mesh, self.swap = model, spec, train_mesh, swap
+    def __init__(self, model: SequenceClassifier, spec: RewardModelSpec, swap):
+        self.model, self.spec, self.mesh, self.swap = model, spec, spec.mesh, swap
 
     def scores(self, samples) -> np.ndarray:
-        """(N,) float32 on every rank: each train-DP replica scores rows dp_index, dp_index + dp, ... in chunks
+        """(N,) float32 on every rank: each replica of its layout scores rows dp_index, dp_index + dp, ... in chunks
         of batch_size rows (the last one filled with empty rows: one compiled shape)."""
         ids = np.concatenate([samples.prompt_ids, samples.response_ids], 1)
         mask = np.concatenate([samples.prompt_mask, samples.response_mask], 1)

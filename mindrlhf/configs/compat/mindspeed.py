@@ -237,7 +237,7 @@ for _k, _v in {
                           "train and infer data_parallel",
         "reward_resource": "given (use_integrated_worker false, as upstream requires): the outcome reward model; "
                            "reward_config.load -> reward.reward_model (weight 1; its num_npus is not read: the "
-                           "reward model runs in the train layout here). Needs rule_reward false: upstream's reward "
+                           "reward model runs on the job's ranks here). Needs rule_reward false: upstream's reward "
                            "model and rule reward each write the samples' rm_scores (the later write wins, not a "
                            "sum)",
 }.items():
@@ -367,8 +367,9 @@ TOP: Dict[str, Key] = {
     "reward_config": Key("reward_config", CHECKED, "only with use_integrated_worker false (as upstream): Megatron "
                                                    "keys; with rl_config.reward_resource, load -> reward.reward_model "
                                                    "(a Hugging Face sequence-classification folder; a Megatron "
-                                                   "checkpoint is refused), the rest inert (the reward model runs in "
-                                                   "the train layout; its architecture is its config.json's)"),
+                                                   "checkpoint is refused), tensor_model_parallel_size -> "
+                                                   "reward.reward_model_parallel (its own layout), the rest inert "
+                                                   "(its architecture is its config.json's)"),
     "profiler_config": Key("profiler_config", INERT, "profiling; the whole section"),
     "msprobe_config": Key("msprobe_config", INERT, "debug dumps; the whole section"),
 }
@@ -675,10 +676,14 @@ def _reward_model(doc: Dict[str, Any], path: str, put, ignored: List[Tuple[str, 
     put("reward", "reward_model_weight", 1.0, "rl_config.reward_resource")
     put("reward", "verifier_function", [], "rl_config.rule_reward")
     put("reward", "verifier_weight", [], "rl_config.rule_reward")
-    ignored.extend((f"reward_config.{k}", "reward-model worker's Megatron setting; the reward model runs in the "
-                                         "train layout here and its architecture is its folder's config.json")
-                   for k in rm if k != "load")
-    ignored.extend((f"rl_config.reward_resource.{k}", "placement; the reward model runs in the train layout here")
+    if "tensor_model_parallel_size" in rm:
+        put("reward", "reward_model_parallel", rm["tensor_model_parallel_size"],
+            "reward_config.tensor_model_parallel_size")
+    ignored.extend((f"reward_config.{k}", "reward-model worker's Megatron setting; the reward model runs in its "
+                                         "layout (tensor_model_parallel_size, the rest data-parallel) and its "
+                                         "architecture is its folder's config.json")
+                   for k in rm if k not in ("load", "tensor_model_parallel_size"))
+    ignored.extend((f"rl_config.reward_resource.{k}", "placement; the reward model runs on the job's ranks here")
                    for k in _mapping(rl.get("reward_resource"), f"{path}: rl_config.reward_resource"))
 
 
