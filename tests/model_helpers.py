@@ -39,3 +39,14 @@ def token_loss_and_grads(model: CausalLM, ids: np.ndarray, names):
 
     loss, grads = ms.value_and_grad(loss_fn, None, params)(*inputs, labels)
     return float(loss.asnumpy()), {p.name: g.asnumpy() for p, g in zip(params, grads)}
+
+
+def one_process_reference(hf_dir, cfg: ModelConfig, ids: np.ndarray):
+    """(parameter names, {"ref_logits", "ref_loss", "ref_grad/<name>"}): one process's logits, mean next-token NLL
+    and every gradient on `ids`, what the msrun workers' layouts are compared with."""
+    single = load_ours(hf_dir, cfg)
+    names = [p.name for p in single.get_parameters()]
+    result = {"ref_logits": single.full_logits(*model_inputs(ids)).asnumpy()}
+    result["ref_loss"], grads = token_loss_and_grads(single, ids, names)
+    result.update({"ref_grad/" + n: g for n, g in grads.items()})
+    return names, result

@@ -14,7 +14,7 @@ from mindspore import Tensor, nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from hf_reference import qwen3_model_kwargs  # noqa: E402
-from model_helpers import load_ours, model_inputs, token_loss_and_grads  # noqa: E402
+from model_helpers import load_ours, model_inputs, one_process_reference, token_loss_and_grads  # noqa: E402
 from mindrlhf.configs import ModelConfig  # noqa: E402
 from mindrlhf.parallel.mesh import Mesh, init_distributed  # noqa: E402
 
@@ -47,11 +47,7 @@ def main():
     assert world == 2, world
     cfg = ModelConfig(**qwen3_model_kwargs())
     ids = np.random.RandomState(7).randint(0, 160, (4, 12))
-    single = load_ours(hf_dir, cfg)
-    names = [p.name for p in single.get_parameters()]
-    result = {"ref_logits": single.full_logits(*model_inputs(ids)).asnumpy()}
-    result["ref_loss"], grads = token_loss_and_grads(single, ids, names)
-    result.update({"ref_grad/" + n: g for n, g in grads.items()})
+    names, result = one_process_reference(hf_dir, cfg, ids)
     for tag, sp in (("tp", False), ("sp", True)):
         model = load_ours(hf_dir, cfg, Mesh(dp=1, tp=2, rank=rank, seq_parallel=sp))
         result[tag + "_logits"] = model.full_logits(*model_inputs(ids)).asnumpy()
