@@ -6,10 +6,10 @@ kept (ties broken by the lower expert id, so every layout routes alike), renorma
 routing-weighted sum of its experts' outputs.
 
 Computed grouped, never a loop over tokens or experts: the experts' weights are stacked Parameters
-(E, H, I) / (E, I, H) and every expert runs on every token, side by side in two plain matmuls, weighted by the
-(tokens, E) routing weights, which are zero off the top-k (ExpertsFFN). Exact (an unrouted expert's term is multiplied by
-0 in the forward and gets 0 gradient) and simple, but E / top-k times the expert FLOPs of a dispatch: right
-for the tiny E of CPU tests, wrong for Qwen3-30B-A3B's 128 experts. The alternative for large E is to sort the
+(E, H, I) / (E, I, H) and every expert runs on every token (side by side in plain matmuls, or batched per expert
+for a few tokens: ExpertsFFN), weighted by the (tokens, E) routing weights, which are zero off the top-k. Exact
+(an unrouted expert's term is multiplied by 0 in the forward and gets 0 gradient) and simple, but E / top-k
+times the expert FLOPs of a dispatch: right for the tiny E of CPU tests, wrong for Qwen3-30B-A3B's 128 experts. The alternative for large E is to sort the
 (token, expert) pairs by expert, gather the tokens, run one grouped matmul over the groups and scatter-add
 back (MindSpore's GroupedMatmul on Ascend; an all-to-all dispatcher under expert parallelism): not built yet.
 
