@@ -359,6 +359,7 @@ def test_retool_reward_reads_each_episodes_tool_calls(tmp_path, monkeypatch):
     np.testing.assert_allclose(rewards, np.minimum(0.0, -1.0 + 0.1 * calls), atol=1e-6)
 
 
+@pytest.mark.slow      # ~16 s; packed rows (test_packing) and episodes (here) each stay in the default run
 def test_packed_rows_train_an_episode_as_padded_rows(tmp_path, monkeypatch):
     """Sequence packing reads the present mask for the rows and the trained mask for the loss: with tool tokens
     inside the responses the packed run's losses equal the padded run's."""

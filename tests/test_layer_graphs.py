@@ -49,7 +49,7 @@ class _Jit(nn.Cell):
             return self.decoder.stage_forward(ids, pos, bias)
         if self.path == "shared":
             return shared_prompt_forward(self.decoder, ids, pos, bias, self.extra[0], self.extra[1])
-        return prefill(self.decoder, ids, pos, bias, self.extra[0], self.extra[1])
+        return prefill(self.decoder, ids, pos, bias, self.extra[0], self.extra[1])[0]
 
 
 def _layer_by_layer(decoder, x, cos, sin, call):

@@ -33,7 +33,7 @@ def _run(assets, out, **extra):
 
 @pytest.mark.parametrize("case", [
     dict(share_prompt=True, micro_batch_size=4),                                  # two micro-batches, one group each
-    dict(share_prompt=False),                                                     # one micro-batch of whole rows
+    pytest.param(dict(share_prompt=False), marks=pytest.mark.slow),             # whole rows, one micro-batch (~13 s)
     pytest.param(dict(share_prompt=False, micro_batch_size=4),                    # the head in two pieces of rows
                  marks=pytest.mark.slow),                                        # ~13 s
     # ~16 s: -m slow (LoRA under the one-graph update stays in the default run: test_lora)

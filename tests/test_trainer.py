@@ -631,9 +631,9 @@ def test_mindspores_own_cache_variable_does_not_run_another_jobs_graphs(assets, 
     assert not os.path.exists(tmp_path / "ms_cache")
 
 
-# ~15 s each: the micro-batch and packed graphs' cache runs are -m slow (one_graph and layerwise stay)
+# ~15 s each: the micro-batch, layerwise and packed graphs' cache runs are -m slow (one_graph stays)
 @pytest.mark.parametrize("update", [{}, pytest.param({"micro_batch_size": 2}, marks=pytest.mark.slow),
-                                    {"layerwise_update": True},
+                                    pytest.param({"layerwise_update": True}, marks=pytest.mark.slow),
                                     pytest.param({"sequence_packing": True}, marks=pytest.mark.slow)],
                          ids=["one_graph", "micro_batches", "layerwise", "packed"])
 def test_a_rerun_from_the_compile_cache_trains_the_same_and_starts_without_compiling(assets, tmp_path, update):

@@ -203,6 +203,12 @@ def test_the_grpo_quickstart_translates_to_our_fields():
     assert "inert" in rollout and "gpu_memory_utilization" in rollout
 
 
+def test_verl_router_replay_modes_map_to_ours():
+    for mode, ours in (("disabled", "none"), ("R2", "r2"), ("R3", "r3")):
+        tr = _translate(QUICKSTART + [f"actor_rollout_ref.actor.router_replay.mode={mode}"])
+        assert tr.sections["rl"]["router_replay"] == ours
+
+
 def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
     tr = _translate(["algorithm.adv_estimator=grpo", "data.train_files=t.parquet", "actor_rollout_ref.model.path=m",
                      "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
@@ -222,6 +228,8 @@ def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
     (["algorithm.adv_estimator=gae"], r"algorithm\.adv_estimator: 'gae' is not supported"),
     (["algorithm.use_kl_in_reward=True"], r"algorithm\.use_kl_in_reward: True is not supported"),
     (["actor_rollout_ref.actor.kl_loss_type=abs"], r"actor_rollout_ref\.actor\.kl_loss_type: 'abs' is not supported"),
+    (["actor_rollout_ref.actor.router_replay.mode=record"], r"router_replay\.mode: 'record' is not supported"),
+    (["actor_rollout_ref.actor.router_replay.record_file=/r.pt"], r"router_replay\.record_file: '/r\.pt' is not"),
     (["custom_reward_function.path=my_reward.py"], r"custom_reward_function\.path: 'my_reward\.py' is not supported"),
     (["data.truncation=right"], r"data\.truncation: 'right' is not supported"),
     (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"], r"loss_agg_mode: 'seq-mean-token-sum' is not"),

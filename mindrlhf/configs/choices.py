@@ -10,3 +10,4 @@ ROLLOUT_BACKENDS = ("mindspore", "vllm_mindspore")
 LR_SCHEDULES = ("cosine", "constant", "mindrlhf_cosine", "mindrlhf_polynomial", "megatron_constant", "megatron_linear",
                 "megatron_cosine")
 CHECKPOINT_STORAGE = ("shared", "node_local")
+ROUTER_REPLAY = ("none", "r2", "r3")

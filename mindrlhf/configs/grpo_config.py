@@ -197,6 +197,12 @@ class RLConfig(_Section):
                             "policy_loss.clip_cov_lb)")
     clip_cov_ub: float = _f(5.0, "loss_mode clip_cov: only tokens whose covariance is below this are cut (verl's "
                             "policy_loss.clip_cov_ub)")
+    router_replay: str = _f("none", "Qwen3-MoE: whose expert choices the policy's training passes replay instead "
+                            "of their routers' top-k (verl's and slime's names): r3 the rollout's (recorded as it "
+                            "samples), r2 the policy's own before the step's first update (a routing pass over the "
+                            "samples); none: each pass routes itself. The routing weights still come from the "
+                            "training router's probabilities, so it keeps learning. The reference model routes "
+                            "itself. Not with engine.layerwise_update, pipeline stages or sequence packing (yet)", choices=choices.ROUTER_REPLAY)
 
 
 @dataclass

@@ -80,6 +80,12 @@ class ModelConfig:
                 and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property
+    def sparse_layers(self) -> list:
+        """The global indices of the decoder layers with routed experts, in order (the routing axis of router
+        replay)."""
+        return [n for n in range(self.num_layers) if self.is_moe_layer(n)]
+
+    @property
     def head_dim_is_derived(self) -> bool:
         """head_dim is hidden_size / num_heads (what a config without the field means)."""
         return self.head_dim * self.num_heads == self.hidden_size

@@ -36,10 +36,11 @@ class SharedPrompt:
         self.head_dim = head_dim
 
     def tokens(self, z):
-        """(N, P + T) -> (Q*P + N*T,): each group's prompt once, then every response."""
+        """(N, P + T, ...) -> (Q*P + N*T, ...): each group's prompt once, then every response."""
         prompts = take(take(z, 0, 0, self.rows, self.group), 1, 0, self.prompt_len)
         responses = take(z, 1, self.prompt_len, self.prompt_len + self.response_len)
-        return ops.concat((ops.reshape(prompts, (-1,)), ops.reshape(responses, (-1,))), 0)
+        rest = z.shape[2:]          # per-token values keep their axes: a sparse layer's routing (N, P + T, k)
+        return ops.concat((ops.reshape(prompts, (-1,) + rest), ops.reshape(responses, (-1,) + rest)), 0)
 
     def prompt_heads(self, z):
         """(Q*P, heads, hd) -> (Q, heads, P, hd)."""
@@ -122,6 +123,13 @@ class WholeRows(_LayerPath):
         return self.layer(x, cos, sin, bias)
 
 
+class WholeRowsReplayed(_LayerPath):
+    """A sparse layer on whole rows with its experts replayed: replay (B, T, k) (router replay)."""
+
+    def construct(self, x, cos, sin, bias, replay):
+        return self.layer(x, cos, sin, bias, replay)
+
+
 class SharedPromptRows(_LayerPath):
     """The layer on a shared-prompt token matrix, x (M, H); its layout (SharedPrompt) follows from the biases:
     bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T)."""
@@ -130,33 +138,42 @@ class SharedPromptRows(_LayerPath):
         return shared_prompt_layer(self.layer, x, cos, sin, bias_p, bias_r)
 
 
-def shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r):
+class SharedPromptReplayed(_LayerPath):
+    """SharedPromptRows of a sparse layer with its experts replayed: replay (M, k) in the token matrix's order."""
+
+    def construct(self, x, cos, sin, bias_p, bias_r, replay):
+        return shared_prompt_layer(self.layer, x, cos, sin, bias_p, bias_r, replay)
+
+
+def shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r, replay=None):
     """SharedPromptRows' pass of `layer`, as a function (trainer/update/layerwise.py runs it outside the reused cell)."""
     rows = bias_r.shape[0]
     split = SharedPrompt(rows, rows // bias_p.shape[0], bias_p.shape[2], bias_r.shape[2], cos.shape[-1])
     h = x + shared_prompt_attention(layer.attention, layer.attention_input(x), cos, sin, bias_p, bias_r, split)
-    return layer.mlp_residual(h)
+    return layer.mlp_residual(h, replay)
 
 
 class Prefill(_LayerPath):
     """The layer on the prompts, filling its KV cache; each prompt's cache rows are copied to cache rows /
-    prompts samples."""
+    prompts samples. A sparse layer also returns the experts each prompt token went to (B x P, k), which the
+    rollout records (router replay)."""
 
     def construct(self, x, cos, sin, bias, cache_k, cache_v):
         layer = self.layer
         h = x + prefill_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v,
                                   cache_k.shape[0] // x.shape[0])
-        return layer.mlp_residual(h)
+        return layer.mlp_residual_routed(h) if layer.is_moe else layer.mlp_residual(h)
 
 
 class Decode(_LayerPath):
-    """The layer on one new token per sequence, reading and extending its KV cache."""
+    """The layer on one new token per sequence, reading and extending its KV cache; a sparse layer also returns
+    the token's experts (N, k), as Prefill."""
 
     def construct(self, x, cos, sin, bias, cache_k, cache_v, kv_index):
         layer = self.layer
         h = x + decode_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v,
                                  kv_index)
-        return layer.mlp_residual(h)
+        return layer.mlp_residual_routed(h) if layer.is_moe else layer.mlp_residual(h)
 
 
 class LayerGraphs:
@@ -170,29 +187,70 @@ class LayerGraphs:
         key = [keys[" (MoE)" if getattr(layer, "is_moe", False) else ""] for layer in layers]
         self.whole_rows = tuple(WholeRows(layer, k) for layer, k in zip(layers, key))
         self.shared_prompt = tuple(SharedPromptRows(layer, k) for layer, k in zip(layers, key))
+        # router replay: the sparse layers' paths with the experts as an input (None at the dense layers)
+        replay_key = new_key("decoder layers (MoE, replayed)")
+        self.whole_rows_replayed = tuple(WholeRowsReplayed(layer, replay_key) if getattr(layer, "is_moe", False)
+                                         else None for layer in layers)
+        self.shared_prompt_replayed = tuple(SharedPromptReplayed(layer, replay_key)
+                                            if getattr(layer, "is_moe", False) else None for layer in layers)
         self.prefill = tuple(Prefill(layer, k) for layer, k in zip(layers, key))
         self.decode = tuple(Decode(layer, k) for layer, k in zip(layers, key))
 
 
 # ---- the model's paths through its layers -----------------------------------------------------------------
-def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, prompt_len: int):
+def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, prompt_len: int, routing=None):
     """The final hidden states that predict the response tokens, (N, T + 1, H), of [prompt | response] rows
     (input_ids (N, P + T), bias (N, 1, P + T, P + T) as for `construct`) whose groups of `group` rows share
     their prompt: the prompt runs once per group (SharedPrompt). Position P - 1 (the prompt's last
     token, which predicts the first response token) is the group's, copied to its rows. Whole model
-    only: no pipeline stages, no sequence parallelism."""
+    only: no pipeline stages, no sequence parallelism. `routing` (N, P + T, sparse layers, k): the experts
+    to replay (DecoderModel.stage_forward)."""
     if decoder.sp_pad != 1 or not (decoder.first and decoder.last):
         raise ValueError("a shared-prompt forward needs the whole model on one rank's sequence: no pipeline "
                          "stages, no sequence parallelism")
     tokens, cos, sin, bias_p, bias_r = layer_inputs(decoder, input_ids, position_ids, bias, group, prompt_len)
     x = embed(decoder, tokens)
-    if decoder.reuse_layers:
-        for layer in decoder.graphs.shared_prompt:
-            x = layer(x, cos, sin, bias_p, bias_r)
-    else:                               # compiled layer by layer (DecoderModel.reuse_layers says why)
-        for layer in decoder.layers:
-            x = shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r)
+    if routing is not None:
+        split = SharedPrompt(input_ids.shape[0], group, prompt_len, input_ids.shape[1] - prompt_len, 1)
+        routing = split.tokens(routing)                                     # (M, sparse layers, k)
+    for i in range(len(decoder.layers)):
+        sparse = decoder.sparse_index[i]
+        if routing is not None and sparse >= 0:
+            replay = layer_routing(routing, sparse)
+            if decoder.reuse_layers:
+                x = decoder.graphs.shared_prompt_replayed[i](x, cos, sin, bias_p, bias_r, replay)
+            else:
+                x = shared_prompt_layer(decoder.layers[i], x, cos, sin, bias_p, bias_r, replay)
+        elif decoder.reuse_layers:
+            x = decoder.graphs.shared_prompt[i](x, cos, sin, bias_p, bias_r)
+        else:                           # compiled layer by layer (DecoderModel.reuse_layers says why)
+            x = shared_prompt_layer(decoder.layers[i], x, cos, sin, bias_p, bias_r)
     return final_hidden(decoder, x, input_ids.shape[0], group, prompt_len)
+
+
+def routed_forward(decoder, input_ids, position_ids, bias):
+    """The experts each token of whole rows (B, T) goes to, (sparse layers, B x T, k), from a forward of the
+    layers up to the last sparse one (router replay's r2 and its agreement metric). Each layer compiled on its
+    own: a pass once per step, not worth a reused subgraph of its own."""
+    x = embed(decoder, input_ids)
+    cos, sin = decoder.rope(position_ids)
+    experts = []
+    last = max(i for i in range(len(decoder.layers)) if decoder.sparse_index[i] >= 0)
+    for i in range(last + 1):
+        layer = decoder.layers[i]
+        h = x + layer.attention(layer.attention_input(x), cos, sin, bias)
+        if decoder.sparse_index[i] >= 0:
+            x, chosen = layer.mlp_residual_routed(h)
+            experts.append(chosen)
+        else:
+            x = layer.mlp_residual(h)
+    return ops.stack(experts)
+
+
+def layer_routing(routing, sparse_index: int):
+    """routing (..., sparse layers, k) -> one sparse layer's (..., k)."""
+    one = take(routing, len(routing.shape) - 2, sparse_index, sparse_index + 1)
+    return ops.reshape(one, one.shape[:-2] + one.shape[-1:])
 
 
 def layer_inputs(decoder, input_ids, position_ids, bias, group: int = 0, prompt_len: int = 0):
@@ -234,19 +292,33 @@ def final_hidden(decoder, x, rows: int, group: int = 0, prompt_len: int = 0):
 
 def prefill(decoder, input_ids, position_ids, bias, caches_k, caches_v):
     """The prompts (B, P) through every layer, each layer's cache (B * n, nkv, L, hd) filled with each prompt's
-    keys/values copied to its n samples' rows."""
+    keys/values copied to its n samples' rows. Returns (final hidden states, the experts each token went to,
+    (sparse layers, B x P, k), or None for a dense model)."""
     x = ops.cast(decoder.tok_embeddings(input_ids), decoder.compute_dtype)
     cos, sin = decoder.rope(position_ids)
     layers = decoder.graphs.prefill
+    experts = []
     for i in range(len(layers)):
-        x = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
-    return decoder.norm_out(x)
+        out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
+        if decoder.sparse_index[i] >= 0:
+            x = out[0]
+            experts.append(out[1])
+        else:
+            x = out
+    return decoder.norm_out(x), (ops.stack(experts) if experts else None)
 
 
 def decode(decoder, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
+    """One token per row through every layer (prefill's outputs: experts (sparse layers, N, k) or None)."""
     x = ops.cast(decoder.tok_embeddings(input_ids), decoder.compute_dtype)
     cos, sin = decoder.rope(position_ids)
     layers = decoder.graphs.decode
+    experts = []
     for i in range(len(layers)):
-        x = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
-    return decoder.norm_out(x)
+        out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
+        if decoder.sparse_index[i] >= 0:
+            x = out[0]
+            experts.append(out[1])
+        else:
+            x = out
+    return decoder.norm_out(x), (ops.stack(experts) if experts else None)

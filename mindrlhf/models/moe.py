@@ -169,24 +169,42 @@ class MoEFeedForward(nn.Cell):
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.compute_dtype = compute_dtype
+        self.topk = ops.TopK()
 
-    def route(self, x):
-        """x (N, H) -> (router logits (N, E) float32, routing weights (N, E): zero off the top-k)."""
+    def route(self, x, replay=None):
+        """x (N, H) -> (router logits (N, E) float32, routing weights (N, E): zero off the chosen experts,
+        chosen (N, E): 1.0 on them). The chosen experts are the top-k of the router's probabilities, or, under
+        router replay, `replay` (N, k) expert ids recorded elsewhere (the rollout's pass): the weights are then
+        the router's probabilities of the replayed experts (renormalised as usual), so gradients still reach
+        the router."""
         logits = self.routed_experts.router(x)
         probs = ops.softmax(logits, -1)
-        weights = probs * top_k_mask(probs, self.top_k)
+        chosen = top_k_mask(probs, self.top_k) if replay is None else replay_mask(replay, probs.shape[-1])
+        weights = probs * chosen
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdims=True)
-        return logits, weights
+        return logits, weights, chosen
 
-    def construct(self, x):
-        """x (..., H): (B, T, H) for whole rows, (M, H) for a shared-prompt token matrix."""
+    def construct(self, x, replay=None):
+        """x (..., H): (B, T, H) for whole rows, (M, H) for a shared-prompt token matrix; `replay` (..., k) the
+        expert ids to use instead of the router's top-k (route)."""
+        return self.routed(x, replay)[0]
+
+    def routed(self, x, replay=None):
+        """construct's output and the experts each token went to, (N, k) int32 ids (in no particular order):
+        what the rollout records for router replay."""
         shape = x.shape
         flat = ops.reshape(x, (-1, shape[-1]))
-        _, weights = self.route(flat)
+        _, weights, chosen = self.route(flat, None if replay is None else ops.reshape(replay, (-1, self.top_k)))
         tokens, mine = self.dispatcher.dispatch(flat, weights)
         out = self.dispatcher.combine(self.routed_experts.ffn(tokens, mine, self.compute_dtype))
-        return ops.reshape(out, shape)
+        return ops.reshape(out, shape), self.topk(chosen, self.top_k)[1]
+
+
+def replay_mask(ids, num_experts: int):
+    """(N, k) expert ids -> (N, E) float32, 1.0 on each token's k experts (no gradient: a choice, not a value)."""
+    hot = ops.one_hot(ops.cast(ids, ms.int32), num_experts, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
+    return ops.stop_gradient(hot.sum(1))
 
 
 def load_balancing_loss(router_logits: List, num_experts: int, top_k: int, mask=None):

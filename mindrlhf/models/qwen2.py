@@ -32,7 +32,7 @@ from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
 from mindrlhf.models.cpu_cells import BMM, BMM_NT, HalfRotation, LastAxisSoftmax, RMSNormFunction
 from mindrlhf.models.graph_ops import expand_as, swap_middle, take
-from mindrlhf.models.layer_graphs import LayerGraphs, shared_prompt_forward
+from mindrlhf.models.layer_graphs import LayerGraphs, layer_routing, shared_prompt_forward
 from mindrlhf.models.moe import MoEFeedForward, load_balancing_loss
 from mindrlhf.models.padding import NEG_INF
 from mindrlhf.models.specs import mesh_layouts
@@ -211,17 +211,26 @@ class DecoderLayer(nn.Cell):
         self.enter_attn = enter_tp(mesh)        # under sequence parallelism: gather the sequence
         self.enter_ffn = enter_tp(mesh)
 
-    def construct(self, x, cos, sin, bias):
+    def construct(self, x, cos, sin, bias, replay=None):
         # pre-norm residual block on the stream x (B, T, H); the other paths (layer_graphs.py) differ only
-        # in how attention reads its keys
+        # in how attention reads its keys. `replay` (B, T, k): a sparse layer's experts per token, replayed
+        # (router replay, models/moe.py)
         h = x + self.attention(self.attention_input(x), cos, sin, bias)
-        return self.mlp_residual(h)
+        return self.mlp_residual(h, replay)
 
     def attention_input(self, x):
         return self.enter_attn(self.attention_norm(x))
 
-    def mlp_residual(self, h):
+    def mlp_residual(self, h, replay=None):
+        if self.is_moe:
+            return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)), replay)
         return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
+
+    def mlp_residual_routed(self, h):
+        """mlp_residual and, of a sparse layer, the experts each token went to (N, k) (MoEFeedForward.routed):
+        the rollout's passes record them for router replay."""
+        out, experts = self.feed_forward.routed(self.enter_ffn(self.ffn_norm(h)))
+        return h + out, experts
 
 
 class DecoderModel(nn.Cell):
@@ -234,6 +243,10 @@ class DecoderModel(nn.Cell):
         self.first, self.last = mesh.is_first_stage, mesh.is_last_stage
         self.sp_pad = mesh.tp if mesh.seq_parallel else 1   # the sequence is padded to a multiple of this
         self.layer_ids = layer_split(cfg.num_layers, mesh.pp, cfg.offset)[mesh.stage]
+        # per layer of this stage: its index among the model's sparse layers (the routing axis router replay
+        # reads), -1 for a dense layer
+        sparse = cfg.sparse_layers
+        self.sparse_index = tuple(sparse.index(n) if n in sparse else -1 for n in self.layer_ids)
         if self.first:
             self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
                                                          _std(cfg, random_init))
@@ -260,12 +273,13 @@ class DecoderModel(nn.Cell):
         sin = ops.expand_dims(ops.gather(self.signed_sin_table, position_ids, 0), 1)
         return cos, sin
 
-    def construct(self, input_ids, position_ids, bias):
-        return self.stage_forward(input_ids, position_ids, bias)
+    def construct(self, input_ids, position_ids, bias, routing=None):
+        return self.stage_forward(input_ids, position_ids, bias, routing)
 
-    def stage_forward(self, x, position_ids, bias):
+    def stage_forward(self, x, position_ids, bias, routing=None):
         """This stage's part of the forward: token ids (B, T) in on the first stage, else the residual stream
-        (B, T, H); out the residual stream, normed on the last stage. Without PP: the whole model."""
+        (B, T, H); out the residual stream, normed on the last stage. Without PP: the whole model.
+        `routing` (B, T, sparse layers, k): the experts to replay (router replay), None: the router's own."""
         pad = (-position_ids.shape[1]) % self.sp_pad
         if pad:
             position_ids, bias = _pad_sequence(position_ids, bias, pad)
@@ -274,8 +288,16 @@ class DecoderModel(nn.Cell):
         if self.first:
             x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H); under SP (B, T/tp, H)
         cos, sin = self.rope(position_ids)
-        for layer in (self.graphs.whole_rows if self.reuse_layers else self.layers):     # see reuse_layers
-            x = layer(x, cos, sin, bias)
+        if routing is None:
+            for layer in (self.graphs.whole_rows if self.reuse_layers else self.layers):     # see reuse_layers
+                x = layer(x, cos, sin, bias)
+        else:
+            replayed = self.graphs.whole_rows_replayed if self.reuse_layers else self.layers
+            for i in range(len(self.layers)):
+                if self.sparse_index[i] >= 0:
+                    x = replayed[i](x, cos, sin, bias, layer_routing(routing, self.sparse_index[i]))
+                else:
+                    x = (self.graphs.whole_rows if self.reuse_layers else self.layers)[i](x, cos, sin, bias)
         return self.norm_out(x) if self.last else x
 
 def _pad_sequence(position_ids, bias, pad: int):
@@ -384,21 +406,22 @@ class CausalLM(nn.Cell):
         return self.gather_vocab(self(input_ids, position_ids, bias))
 
     def token_logprobs(self, input_ids, position_ids, bias, labels, last_n: int = 0, temperature: float = 1.0,
-                       group: int = 0, prompt_len: int = 0):
+                       group: int = 0, prompt_len: int = 0, routing=None):
         """Per-position log p(labels) and entropy (B, T) under softmax(logits / temperature),
         vocabulary-parallel; with last_n > 0 only for the last `last_n` positions (B, last_n), and the LM
         head never runs on the positions nobody reads (in GRPO, the prompt: the head is most of a small
         model's FLOPs and its largest activations). The head is linear without bias, so the temperature
         scales its input (hidden size) instead of the vocabulary-sized logits. With `group` > 0 the rows
         come in groups of that many sharing their first `prompt_len` tokens, and last_n = the rest + 1:
-        the shared prompt runs once per group (layer_graphs.shared_prompt_forward)."""
+        the shared prompt runs once per group (layer_graphs.shared_prompt_forward). `routing` (B, T, sparse
+        layers, k): a Qwen3-MoE's experts to replay instead of its router's top-k (router replay)."""
         if group:
             if last_n != input_ids.shape[1] - prompt_len + 1:
                 raise ValueError(f"a shared prompt of {prompt_len} tokens reads the last "
                                  f"{input_ids.shape[1] - prompt_len + 1} positions, not {last_n}")
-            hidden = shared_prompt_forward(self.model, input_ids, position_ids, bias, group, prompt_len)
+            hidden = shared_prompt_forward(self.model, input_ids, position_ids, bias, group, prompt_len, routing)
         else:
-            hidden = self.model(input_ids, position_ids, bias)
+            hidden = self.model(input_ids, position_ids, bias, routing)
         return self.logprobs_of_hidden(hidden, labels, last_n, temperature)
 
     def logprobs_of_hidden(self, hidden, labels, last_n: int = 0, temperature: float = 1.0):

@@ -47,6 +47,11 @@ class RolloutOutput:
     loss_mask: Optional[np.ndarray] = None
     tool_calls: Optional[np.ndarray] = None     # (N,) calls made per episode
     turns: Optional[List[List[tuple]]] = None   # per row: (start, end, "model" | "tool") spans of the response
+    # Qwen3-MoE: the experts each token went to in the rollout's own passes (router replay), ids sorted: per row
+    # (prompt length, sparse layers, k), and (N, max_tokens, sparse layers, k) for the response (positions
+    # never fed back, such as a row's last token, hold experts 0..k-1); None for a dense model
+    prompt_routing: Optional[List[np.ndarray]] = None
+    response_routing: Optional[np.ndarray] = None
 
     def __post_init__(self):
         rows = len(self.response_ids)
@@ -60,6 +65,36 @@ class RolloutOutput:
     @property
     def response_lengths(self) -> np.ndarray:
         return self.response_mask.sum(-1)
+
+
+class RoutingRecord:
+    """The experts of every token a rollout feeds through a Qwen3-MoE model, filled from prefill's and each
+    decode step's outputs (router replay: rl.router_replay)."""
+
+    def __init__(self, rows: int, width: int, sparse_layers: int, top_k: int):
+        self.response = np.broadcast_to(np.arange(top_k, dtype=np.int32),
+                                        (rows, width, sparse_layers, top_k)).copy()
+        self.prompts: List[np.ndarray] = []
+
+    def prefilled(self, experts: np.ndarray, lengths: np.ndarray, p_len: int, n: int):
+        """experts (sparse layers, B x P, k) of the left-padded prompts -> each of the B x n rows' real tokens."""
+        per_prompt = np.sort(experts, -1).reshape(experts.shape[0], len(lengths), p_len, -1).transpose(1, 2, 0, 3)
+        self.prompts = [per_prompt[i, p_len - length:] for i, length in enumerate(lengths) for _ in range(n)]
+
+    def fields(self) -> dict:
+        return {"prompt_routing": self.prompts, "response_routing": self.response}
+
+    def decoded(self, experts: np.ndarray, batch_rows: np.ndarray, seqs: np.ndarray, positions):
+        """experts (sparse layers, batch, k) of one decode step: batch row batch_rows[j] fed sequence seqs[j]'s
+        response token at positions[j]."""
+        self.response[seqs, positions] = np.sort(experts[:, batch_rows], -1).transpose(1, 0, 2)
+
+
+def _outputs(result):
+    """A prefill or decode graph's outputs as numpy: (logits, experts or None)."""
+    if isinstance(result, (tuple, list)):
+        return result[0].asnumpy(), result[1].asnumpy()
+    return result.asnumpy(), None
 
 
 def _one_position(logits):
@@ -78,8 +113,9 @@ class _Prefill(nn.Cell):
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias):
-        h = prefill(self.lm.model, input_ids, position_ids, bias, self.caches_k, self.caches_v)
-        return _one_position(self.lm.gather_vocab(self.lm.head(last_positions(h, 1))))
+        h, experts = prefill(self.lm.model, input_ids, position_ids, bias, self.caches_k, self.caches_v)
+        logits = _one_position(self.lm.gather_vocab(self.lm.head(last_positions(h, 1))))
+        return logits if experts is None else (logits, experts)
 
 
 class _Decode(nn.Cell):
@@ -90,8 +126,9 @@ class _Decode(nn.Cell):
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias, kv_index):
-        h = decode(self.lm.model, input_ids, position_ids, bias, self.caches_k, self.caches_v, kv_index)
-        return _one_position(self.lm.gather_vocab(self.lm.head(h)))
+        h, experts = decode(self.lm.model, input_ids, position_ids, bias, self.caches_k, self.caches_v, kv_index)
+        logits = _one_position(self.lm.gather_vocab(self.lm.head(h)))
+        return logits if experts is None else (logits, experts)
 
 
 class _Compact(nn.Cell):
@@ -203,13 +240,15 @@ class GenerationEngine:
             [r for p in parts for r in p.finish_reason],
             np.concatenate([p.prompt_index + k * per_chunk for k, p in enumerate(parts)]),
             sum(p.seconds for p in parts), np.concatenate([p.loss_mask for p in parts]),
-            np.concatenate([p.tool_calls for p in parts]), [t for p in parts for t in p.turns])
+            np.concatenate([p.tool_calls for p in parts]), [t for p in parts for t in p.turns],
+            None if parts[0].prompt_routing is None else [r for p in parts for r in p.prompt_routing],
+            None if parts[0].response_routing is None else np.concatenate([p.response_routing for p in parts]))
 
     def _start(self, prompts, params: SamplingParams, keys):
         """What a single-turn generate and an episode both begin with: the prompts checked, left-padded to the
         bucket and prefilled once each, their logits repeated for the n samples, the repetition penalty's seen
-        tokens and the rows' random draws. Returns (lengths, p_len, total, mask, logits (rows, V), seen,
-        uniforms)."""
+        tokens, the rows' random draws and (MoE) the routing record. Returns (lengths, p_len, total, mask,
+        logits (rows, V), seen, uniforms, RoutingRecord or None)."""
         cfg = self.model.config
         lengths = np.array([len(p) for p in prompts])
         if lengths.min() == 0:
@@ -223,21 +262,25 @@ class GenerationEngine:
         uniforms = None if params.greedy else row_uniforms(params.seed, keys, params.n, params.max_tokens)
         b, n = len(prompts), params.n
         ids, mask = left_pad(prompts, p_len, self.pad_token_id)
-        logits = self._prefill(b, p_len, total, n)(Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)),
-                                                   causal_bias(mask)).asnumpy()
+        logits, experts = _outputs(self._prefill(b, p_len, total, n)(
+            Tensor(ids.astype(np.int32)), Tensor(position_ids(mask)), causal_bias(mask)))
         logits = np.repeat(logits, n, axis=0)                                      # (rows, V)
+        record = None
+        if experts is not None:
+            record = RoutingRecord(b * n, params.max_tokens, experts.shape[0], experts.shape[-1])
+            record.prefilled(experts, lengths, p_len, n)
         seen = None
         if params.repetition_penalty != 1.0:
             seen = np.zeros((b * n, cfg.vocab_size), bool)
             for i, p in enumerate(prompts):
                 seen[i * n:(i + 1) * n, p] = True
-        return lengths, p_len, total, mask, logits, seen, uniforms
+        return lengths, p_len, total, mask, logits, seen, uniforms, record
 
     def _generate(self, prompts, params: SamplingParams, keys) -> RolloutOutput:
         if self.tools is not None:
             return self._generate_episodes(prompts, params, keys, self.tools)
         t0 = time.time()
-        lengths, p_len, total, mask, logits, seen, uniforms = self._start(prompts, params, keys)
+        lengths, p_len, total, mask, logits, seen, uniforms, record = self._start(prompts, params, keys)
         b, n = len(prompts), params.n
         rows = b * n
         out_ids = np.full((rows, params.max_tokens), self.pad_token_id, np.int64)
@@ -284,14 +327,18 @@ class GenerationEngine:
             slot = p_len + t
             key_ok[:, slot] = True
             bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]
-            logits = self._decode(batch, total)(Tensor(feed[:, None]), Tensor(next_pos[:, None]), Tensor(bias),
-                                                Tensor(self._kv_index(batch, slot))).asnumpy()
+            logits, experts = _outputs(self._decode(batch, total)(
+                Tensor(feed[:, None]), Tensor(next_pos[:, None]), Tensor(bias), Tensor(self._kv_index(batch, slot))))
+            if record is not None:              # the rows that fed response token t
+                fed = np.flatnonzero(real & ~done[seq_of])
+                record.decoded(experts, fed, seq_of[fed], t)
             self.decoded_rows += batch
             next_pos = next_pos + 1
         reasons = ["stop" if d else "length" for d in done]
         prompt_rows = [list(prompts[i]) for i in range(b) for _ in range(n)]
         return RolloutOutput(prompt_rows, out_ids, out_mask, out_logp, reasons,
-                             np.repeat(np.arange(b), n), time.time() - t0)
+                             np.repeat(np.arange(b), n), time.time() - t0,
+                             **({} if record is None else record.fields()))
 
     def _draw(self, logits, params: SamplingParams, seen, suppress_eos: bool, u, seqs, positions):
         """The next tokens and their log-probs (the log-prob convention) for rows `seqs` at response `positions`
@@ -312,7 +359,7 @@ class GenerationEngine:
         width = params.max_tokens
         budget = min(tools.max_total_response_length or width, width)
         t0 = time.time()
-        lengths, p_len, total, mask, logits, seen, uniforms = self._start(prompts, params, keys)
+        lengths, p_len, total, mask, logits, seen, uniforms, record = self._start(prompts, params, keys)
         b, n = len(prompts), params.n
         rows = b * n
         out_ids = np.full((rows, width), self.pad_token_id, np.int64)
@@ -427,8 +474,10 @@ class GenerationEngine:
             pos_ids = (lengths[seq_of // n] + fed_pos).astype(np.int32)
             index = self._kv_index(batch, 0)
             index[:, 2] = np.repeat(slots, index.shape[0] // batch)
-            logits = self._decode(batch, total)(Tensor(feed[:, None]), Tensor(pos_ids[:, None]), Tensor(bias),
-                                                Tensor(index)).asnumpy()
+            logits, experts = _outputs(self._decode(batch, total)(Tensor(feed[:, None]), Tensor(pos_ids[:, None]),
+                                                                  Tensor(bias), Tensor(index)))
+            if record is not None:
+                record.decoded(experts, fb, seq_of[fb], fed_pos[fb])
             self.decoded_rows += batch
             n_fed[seq_of[fb]] += 1
             fresh = np.zeros(batch, bool)
@@ -437,4 +486,5 @@ class GenerationEngine:
             end_turn(seq)
         prompt_rows = [list(prompts[i]) for i in range(b) for _ in range(n)]
         return RolloutOutput(prompt_rows, out_ids, out_mask, out_logp, reasons, np.repeat(np.arange(b), n),
-                             time.time() - t0, out_loss, calls_made, turns)
+                             time.time() - t0, out_loss, calls_made, turns,
+                             **({} if record is None else record.fields()))

@@ -26,6 +26,7 @@ from mindrlhf.trainer.samples import PaddedRows, SampleBatch, train_step_inputs
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.update.engines import build_update
 from mindrlhf.trainer.update.loss_inputs import LossInputs
+from mindrlhf.trainer.update.one_graph import ModelRouting
 from mindrlhf.utils import compile_ahead
 from mindrlhf.utils.params import copy_params
 
@@ -103,6 +104,7 @@ class Training:
     swap: SwapSchedule
     rows: object                        # samples.PaddedRows or packing.PackedRowLayout: how samples become rows
     reward_model: Optional[RewardModelScorer] = None     # when run.reward_model
+    policy_routing: Optional[object] = None  # one_graph.ModelRouting of the policy, when rl.router_replay is on
 
 
 def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
@@ -144,7 +146,8 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         else PaddedRows(run.geometry.mini_batch)
     scorer = RewardModelScorer(models.reward_model, run.reward_model, swap) if models.reward_model \
         else None
-    return Training(engine, optimizer, update.step, policy_logprob, ref_logprob, swap, rows, scorer)
+    routing = ModelRouting(models.policy) if run.cfg.rl.router_replay != "none" else None
+    return Training(engine, optimizer, update.step, policy_logprob, ref_logprob, swap, rows, scorer, routing)
 
 
 def compile_train_step(run: ResolvedRun, training: Training, log: Callable):
@@ -159,8 +162,11 @@ def compile_train_step(run: ResolvedRun, training: Training, log: Callable):
             "first update (utils/compile_ahead.py)")
         return
     t0 = time.time()
-    blank = SampleBatch.blank(run.geometry.mini_batch, run.prompt_width, run.cfg.sampling.max_tokens)
+    replay = run.cfg.rl.router_replay != "none"
+    blank = SampleBatch.blank(run.geometry.mini_batch, run.prompt_width, run.cfg.sampling.max_tokens,
+                              (len(run.model_cfg.sparse_layers), run.model_cfg.num_experts_per_tok) if replay else None)
     logp = blank.rollout_logp
     compile_ahead.compile_jit_cell(training.train_step, *train_step_inputs(
-        blank, LossInputs(blank.response_mask, logp, logp, logp, np.zeros(len(blank), np.float32), 1.0), 0.0))
+        blank, LossInputs(blank.response_mask, logp, logp, logp, np.zeros(len(blank), np.float32), 1.0,
+                          blank.input_routing() if replay else None), 0.0))
     log(f"compiled the training step in {time.time() - t0:.1f} s")

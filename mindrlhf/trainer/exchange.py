@@ -24,7 +24,7 @@ def gather_samples(local: SampleBatch, infer_mesh) -> SampleBatch:
     world = comm.world_ranks()
     if len(world) == 1:
         return local
-    gathered = {k: comm.all_gather(v, world, infer_mesh.rank) for k, v in local.__dict__.items()}
+    gathered = {k: comm.all_gather(v, world, infer_mesh.rank) for k, v in local.fields().items()}
     keep = infer_mesh.ranks_where(pp=0, **{a: 0 for a in infer_mesh.row_replica_axes})   # one per DP replica
     return SampleBatch(**{k: np.concatenate([v[r] for r in keep]) for k, v in gathered.items()})
 

@@ -33,7 +33,8 @@ from mindrlhf.trainer.metrics import MetricsLogger, PhaseClock, sample_metrics, 
 from mindrlhf.trainer.optim import scheduled_lr
 from mindrlhf.trainer.resolve import resolve
 from mindrlhf.trainer.rollout_log import RolloutLog
-from mindrlhf.trainer.samples import SampleBatch, ScoredBatch
+from mindrlhf.trainer.router_replay import routing_metrics
+from mindrlhf.trainer.samples import SampleBatch, ScoredBatch, padded_routing
 from mindrlhf.trainer.update.loss import UPDATE_STATS, reduce_updates
 from mindrlhf.trainer.update.loss_inputs import LossInputs
 from mindrlhf.utils.params import copy_params
@@ -61,6 +62,7 @@ class GRPOTrainer:
         training = build_training(run, models, self.log)
         self.engine, self.optimizer, self.train_step = training.engine, training.optimizer, training.train_step
         self.policy_logprob, self.ref_logprob, self.swap = training.policy_logprob, training.ref_logprob, training.swap
+        self.policy_routing = training.policy_routing   # the policy's own routing pass (router replay), or None
         self.rows = training.rows           # padded or packed rows (samples.PaddedRows, packing.PackedRowLayout)
         self.reward_model = training.reward_model   # trainer/reward_model.RewardModelScorer, or None
         self.step = 0
@@ -85,7 +87,9 @@ class GRPOTrainer:
         return SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs,
                            (out.prompt_index + offset).astype(np.int64),
                            np.array([r != "length" for r in out.finish_reason], np.int64),
-                           out.loss_mask.astype(np.int64), out.tool_calls.astype(np.int64))
+                           out.loss_mask.astype(np.int64), out.tool_calls.astype(np.int64),
+                           None if out.response_routing is None else
+                           padded_routing(out.prompt_routing, out.response_routing, self.run.prompt_width))
 
     def score(self, samples: SampleBatch, solutions: List[str]):
         texts = self.run.tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(samples.response_ids,
@@ -100,13 +104,15 @@ class GRPOTrainer:
         result = self.reward_model.join(samples, result) if self.reward_model else result
         return np.array(result.total, np.float32), result, texts
 
-    def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
-        return self.rows.logprobs(cell, samples)
+    def logprobs(self, cell, samples: SampleBatch, routing=None) -> np.ndarray:
+        return self.rows.logprobs(cell, samples, routing) if routing is not None else self.rows.logprobs(cell, samples)
 
-    def update(self, samples: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norms) -> np.ndarray:
+    def update(self, samples: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norms,
+               routing=None) -> np.ndarray:
         """num_iterations passes over this rank's mini-batches; returns UPDATE_STATS over the updates (MAX_STATS
         by max, the rest by mean). `train_mask` is the response mask the loss sees (masked groups and, with
-        mask_truncated_completions, truncated rows zeroed)."""
+        mask_truncated_completions, truncated rows zeroed); `routing` the experts every update replays
+        (router replay), None: none."""
         stats, mb = [], self.geometry.mini_batch
         for _ in range(self.cfg.rl.num_iterations):
             for k in range(self.geometry.minibatches):
@@ -115,7 +121,7 @@ class GRPOTrainer:
                 lr = scheduled_lr(update_index, self.cfg.optim, self.run.total_updates)
                 rows = samples.rows(sl.start, sl.stop)
                 loss_inputs = LossInputs(train_mask[sl], old_logp[sl], rows.rollout_logp, ref_logp[sl],
-                                         advantages[sl], token_norms[k])
+                                         advantages[sl], token_norms[k], None if routing is None else routing[sl])
                 out = self.train_step(*self.rows.step_inputs(rows, loss_inputs, lr))
                 stats.append([float(x.asnumpy()) for x in out] + [lr])
         return reduce_updates(stats)
@@ -181,11 +187,17 @@ class GRPOTrainer:
         if self.run.shared_prompt[0]:
             my_samples.check_groups(self.run.shared_prompt[0])
         skip = rl.dynamic_sampling and not group_mask.any()      # nothing informative: no update at all
+        routing, policy_routing = None, None          # the experts the policy's passes replay (router_replay.py)
+        if rl.router_replay != "none" and not skip:
+            self.swap.enter("logprob")
+            policy_routing = phase("routing", self.logprobs, self.policy_routing, my_samples)
+            routing = my_samples.input_routing() if rl.router_replay == "r3" else np.sort(policy_routing, -1)
         if self.run.on_policy or skip:
             old_logp = my_samples.rollout_logp          # the loss cell uses its own detached log-probs
         else:
             self.swap.enter("logprob")
-            old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples)
+            old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples,
+                             routing if rl.router_replay == "r3" else None)    # r2: its own routing, as replayed
         ref_logp = np.zeros_like(old_logp)
         if self.ref_logprob and not skip:
             self.swap.enter("ref_logprob")
@@ -195,7 +207,7 @@ class GRPOTrainer:
         self.swap.enter("train")
         local_stats = np.zeros(len(UPDATE_STATS)) if skip else phase(
             "train", self.update, my_samples, train_mask[mine], old_logp, ref_logp, advantages[mine],
-            self.geometry.token_norms(train_mask))
+            self.geometry.token_norms(train_mask), routing)
         gap = [0.0, 0.0]                     # on-policy (or no update): the train step's own gap, or none
         if not (self.run.on_policy or skip):
             gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.loss_mask.astype(bool)]
@@ -212,6 +224,9 @@ class GRPOTrainer:
             self.swap.groups["ref"].reload()
             copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())   # same layout: local
         metrics.update(sample_metrics(samples, rewards, batch.scores, self.run.episodes, self.infer_mesh), **collect_stats)
+        if samples.routing is not None:
+            metrics.update(routing_metrics(samples, self.run.model_cfg.num_experts, policy_routing, my_samples,
+                                           self.train_mesh))
         if skip:
             metrics["dynamic_sampling/skipped_update"] = 1.0
         metrics.update(phase.metrics(), time_swap=self.swap.seconds - swap_before,

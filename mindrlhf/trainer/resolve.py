@@ -218,10 +218,42 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
                            geometry, tokenizer, pad_id, eos_ids, dataset, eval_dataset, prompt_width, reward_fn,
                            shared, spec, packing, reward_model,
                            episodes)
+    _check_router_replay(resolved, log)
     if resolved.reference == "none" and run.load_ref_checkpoint:
         log(f"note: load_ref_checkpoint {run.load_ref_checkpoint} is not loaded: rl.beta is 0, so there is no "
             f"KL term and no reference model (set beta > 0 to use it)")
     return resolved
+
+
+def _check_router_replay(run: ResolvedRun, log):
+    """rl.router_replay r2 / r3 (trainer/router_replay.py): a MoE policy, the update engines that take the
+    routing as an input (one graph, or micro-batches without pipeline stages), and for r3 a rollout that records
+    it; said at start-up."""
+    mode, path = run.cfg.rl.router_replay, run.cfg.run.sft_path_train
+    if mode == "none":
+        return
+    where = f"rl.router_replay {mode}"
+    if not run.model_cfg.num_experts:
+        raise ConfigError(f"{where}: {path} is a dense model (num_experts 0): there is no expert routing to replay "
+                          f"(set rl.router_replay none)")
+    refused = [why for on, why in (
+        (run.update_graphs == "layerwise", "engine.layerwise_update (a graph per decoder layer)"),
+        (run.train_mesh.pp > 1, f"pipeline stages (train pipeline_stage {run.train_mesh.pp})"),
+        (bool(run.packing), "engine.sequence_packing")) if on]
+    if refused:
+        raise ConfigError(f"{where}: the replayed routing is an input of the one-graph update and of micro-batches "
+                          f"without pipeline stages; {refused[0]} does not take it yet: turn it off or set "
+                          f"rl.router_replay none")
+    if mode == "r3" and run.cfg.run.rollout_backend != "mindspore":
+        raise ConfigError(f"{where}: replays the rollout's routing, which only the mindspore rollout backend records "
+                          f"(run.rollout_backend {run.cfg.run.rollout_backend}); r2 replays the policy's own")
+    layers = len(run.model_cfg.sparse_layers)
+    log(f"router replay {mode}: the policy's passes replay " +
+        ("the rollout's expert choices" if mode == "r3" else "its own expert choices from before the step's first "
+         "update") + f" ({layers} sparse layers x top-{run.model_cfg.num_experts_per_tok}; a routing pass per step "
+        f"reports moe/routing_agreement); the reference model routes itself" +
+        ("; with one update per rollout r2 replays what that update would choose anyway" if mode == "r2" and
+         run.on_policy else ""))
 
 
 def _layout_from_config(cfg: GRPOConfig, role: str, yaml_cfg: ModelYaml, world: int, log) -> ModelYaml:

@@ -29,6 +29,9 @@ class SampleBatch:
     finished: np.ndarray        # (N,) int64 1 unless cut at the response length (EOS, or the tool-call limit)
     loss_mask: np.ndarray = None    # (N, R) int64 trained tokens; None: response_mask
     tool_calls: np.ndarray = None   # (N,) int64 tool calls per episode; None: zeros
+    # Qwen3-MoE: (N, P + R, sparse layers, k) int32 the experts each token went to in the rollout (router
+    # replay; padding holds experts 0..k-1); None for a dense model
+    routing: np.ndarray = None
 
     def __post_init__(self):
         if self.loss_mask is None:
@@ -37,19 +40,36 @@ class SampleBatch:
             self.tool_calls = np.zeros(len(self.prompt_ids), np.int64)
 
     @staticmethod
-    def blank(rows: int, prompt_width: int, response_width: int) -> "SampleBatch":
-        """Zeros of the shapes and dtypes a rollout produces (for compiling graphs ahead of one)."""
+    def blank(rows: int, prompt_width: int, response_width: int, routing=None) -> "SampleBatch":
+        """Zeros of the shapes and dtypes a rollout produces (for compiling graphs ahead of one); `routing`
+        (sparse layers, k): a MoE rollout's routing too (experts 0..k-1)."""
         def ints(width):
             return np.zeros((rows, width), np.int64)
+        experts = None
+        if routing is not None:
+            layers, k = routing
+            experts = np.broadcast_to(np.arange(k, dtype=np.int32),
+                                      (rows, prompt_width + response_width, layers, k)).copy()
         return SampleBatch(ints(prompt_width), ints(prompt_width), ints(response_width), ints(response_width),
                            np.zeros((rows, response_width), np.float32), np.zeros(rows, np.int64),
-                           np.zeros(rows, np.int64))
+                           np.zeros(rows, np.int64), routing=experts)
 
     def rows(self, start: int, stop: int) -> "SampleBatch":
-        return SampleBatch(**{k: v[start:stop] for k, v in self.__dict__.items()})
+        return self.take(slice(start, stop))
 
-    def take(self, index: np.ndarray) -> "SampleBatch":
-        return SampleBatch(**{k: v[index] for k, v in self.__dict__.items()})
+    def take(self, index) -> "SampleBatch":
+        return SampleBatch(**{k: None if v is None else v[index] for k, v in self.__dict__.items()})
+
+    def fields(self) -> Dict[str, np.ndarray]:
+        """The per-row arrays this batch holds (routing only for a MoE model)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    def input_routing(self) -> np.ndarray:
+        """routing as the model inputs are laid out (training_tensors: the sequence without its last token),
+        (N, P + R - 1, sparse layers, k)."""
+        if self.routing is None:
+            raise ValueError("router replay: these samples carry no routing (a dense model's rollout)")
+        return self.routing[:, :-1]
 
     def __len__(self):
         return len(self.prompt_ids)
@@ -79,7 +99,7 @@ class ScoredBatch:
     def concat(rounds: Sequence["ScoredBatch"]) -> "ScoredBatch":
         """Several rounds as one batch (solution lists concatenated, indices offset to match)."""
         offsets = np.cumsum([0] + [len(r.solutions) for r in rounds[:-1]])
-        fields = {k: np.concatenate([getattr(r.samples, k) for r in rounds]) for k in rounds[0].samples.__dict__}
+        fields = {k: np.concatenate([r.samples.fields()[k] for r in rounds]) for k in rounds[0].samples.fields()}
         fields["solution_index"] = np.concatenate([r.samples.solution_index + o for r, o in zip(rounds, offsets)])
         return ScoredBatch(SampleBatch(**fields), np.concatenate([r.rewards for r in rounds]),
                            merge_scores([r.scores for r in rounds], range(sum(len(r.texts) for r in rounds))),
@@ -90,6 +110,18 @@ class ScoredBatch:
         rows = (np.asarray(groups)[:, None] * group_size + np.arange(group_size)).reshape(-1)
         return ScoredBatch(self.samples.take(rows), self.rewards[rows], merge_scores([self.scores], rows),
                            [self.texts[i] for i in rows], self.solutions)
+
+
+def padded_routing(prompt_routing: Sequence[np.ndarray], response_routing: np.ndarray,
+                   prompt_width: int) -> np.ndarray:
+    """A rollout's routing record (RolloutOutput.prompt_routing, response_routing) laid out as SampleBatch.routing:
+    each row's prompt tokens left-padded to `prompt_width`, then its response; padding holds experts 0..k-1."""
+    rows, width, layers, k = response_routing.shape
+    out = np.broadcast_to(np.arange(k, dtype=np.int32), (rows, prompt_width + width, layers, k)).copy()
+    for i, prompt in enumerate(prompt_routing):
+        out[i, prompt_width - len(prompt):prompt_width] = prompt
+    out[:, prompt_width:] = response_routing
+    return out
 
 
 def training_tensors(batch: SampleBatch) -> Dict[str, Tensor]:
@@ -126,11 +158,16 @@ class PaddedRows:
     def __init__(self, rows_per_call: int):
         self.rows_per_call = rows_per_call
 
-    def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
+    def logprobs(self, cell, samples: SampleBatch, routing: np.ndarray = None) -> np.ndarray:
+        """`cell` over the samples, rows_per_call rows a call; `routing` (N, T, sparse layers, k): the experts
+        it replays (router replay), None: it routes itself."""
         out = []
         for start in range(0, len(samples), self.rows_per_call):
             t = training_tensors(samples.rows(start, start + self.rows_per_call))
-            out.append(cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"]).asnumpy())
+            args = (t["input_ids"], t["position_ids"], t["bias"], t["labels"])
+            if routing is not None:
+                args += (Tensor(np.asarray(routing[start:start + self.rows_per_call], np.int32)),)
+            out.append(cell(*args).asnumpy())
         return np.concatenate(out)
 
     def step_inputs(self, batch: SampleBatch, loss_inputs: LossInputs, lr) -> tuple:

@@ -150,6 +150,8 @@ _mapped({
     A + "kl_loss_coef": "rl.beta (with use_kl_loss)",
     A + "kl_loss_type": "rl.kl_estimator: kl/k1 -> k1, mse/k2 -> k2, low_var_kl/k3 -> k3 (verl also clamps k3 to "
                         "+-10; equal below); abs and the '+' straight-through forms are refused",
+    A + "router_replay.mode": "rl.router_replay: disabled -> none, R2 -> r2, R3 -> r3 (our rollout records the "
+                              "routing in memory: record_file / replay_file are refused)",
     A + "clip_ratio": "rl.clip_low and rl.clip_high",
     A + "clip_ratio_low": "rl.clip_low", A + "clip_ratio_high": "rl.clip_high",
     A + "loss_agg_mode": "rl.loss_agg: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm "
@@ -188,6 +190,8 @@ _mapped({
 _checked({
     A + "entropy_coeff": (lambda v, ns: float(v) == 0.0, "0 (no entropy bonus)", 0),
     A + "shuffle": (_false, "false (mini-batches in rollout order)", False),
+    A + "router_replay.record_file": (_null, "null (the recorded routing stays in memory)", None),
+    A + "router_replay.replay_file": (_null, "null (the routing replayed is this run's own)", None),
     A + "ulysses_sequence_parallel_size": (lambda v, ns: int(v) == 1, "1 (engine.sequence_packing and the model "
                                                                       "YAML's use_seq_parallel instead)", 1),
     A + "optim.num_cycles": (lambda v, ns: float(v) == 0.5, "0.5 (one half-cosine)", 0.5),
@@ -251,6 +255,7 @@ _inert("ray_kwargs.*", "Ray start-up; msrun launches the ranks here")
 _inert("optim._target_", "the optimizer class: AdamW here (decoupled decay, none on norms and biases)", A)
 _inert("_target_", "config class name", A)
 _inert("policy_loss._target_", "config class name", A)
+_inert("router_replay._target_", "config class name", A)
 _inert("name mode", "the rollout engine (vLLM / SGLang); here the built-in MindSpore engine (run.rollout_backend), "
        "same samples for the same weights and seed", R)
 _inert("gpu_memory_utilization enforce_eager cudagraph_capture_sizes free_cache_engine max_num_batched_tokens "
@@ -297,6 +302,7 @@ _inert("trainer.device trainer.use_legacy_worker_impl trainer.ray_wait_register_
        "verl's worker / device / elastic setting; none here")
 
 KL_TYPES = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+ROUTER_REPLAY = {"disabled": "none", "R2": "r2", "R3": "r3"}
 LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 LOSS_MODES = ("vanilla", "gspo", "kl_cov", "clip_cov")
@@ -515,6 +521,12 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
     else:
         put("rl", "beta", 0.0, A + "use_kl_loss")
         derived.append("rl.beta: 0 (actor.use_kl_loss is false, verl's default: no KL term, no reference model)")
+    if A + "router_replay.mode" in ov:
+        mode = str(ov[A + "router_replay.mode"])
+        if mode not in ROUTER_REPLAY:
+            raise ConfigError(f"{A}router_replay.mode: {mode!r} is not supported (we implement "
+                              f"{', '.join(ROUTER_REPLAY)})")
+        put("rl", "router_replay", ROUTER_REPLAY[mode], A + "router_replay.mode")
     estimator = str(ov.get("algorithm.adv_estimator", "gae"))
     if estimator not in ESTIMATORS:
         given = "algorithm.adv_estimator" in ov

@@ -15,11 +15,13 @@ from mindrlhf.trainer.grpo_math import CovOptions, agg_token_mean, grpo_loss, ti
 
 
 def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int,
-                      temperature: float, shared_prompt=(0, 0)):
+                      temperature: float, shared_prompt=(0, 0), routing=None):
     """(logprob, entropy) of the last `response_len` label positions under softmax(logits / temperature),
     each (N, R): the log-prob convention of rollout/sampling.py. shared_prompt = (group, prompt width): rows
-    come in groups of `group` with one prompt, which then runs once per group; (0, 0): every row whole."""
-    return model.token_logprobs(input_ids, position_ids, bias, labels, response_len, temperature, *shared_prompt)
+    come in groups of `group` with one prompt, which then runs once per group; (0, 0): every row whole.
+    `routing` (N, T, sparse layers, k): experts to replay (router replay), None: the router's own."""
+    return model.token_logprobs(input_ids, position_ids, bias, labels, response_len, temperature, *shared_prompt,
+                                routing=routing)
 
 
 class GRPOLossCell(nn.Cell):
@@ -36,6 +38,7 @@ class GRPOLossCell(nn.Cell):
                  micro_batches: int = 1, shared_prompt=(0, 0)):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.replay = rl.router_replay != "none"     # the loss inputs end with the routing to replay
         self.shared_prompt = tuple(shared_prompt)       # see response_logprobs
         # the token-mean terms are normalised by the mini-batch's token count (token_norm), so micro-batch
         # losses add up to the mini-batch's; the sequence means are per call, hence 1/m
@@ -50,6 +53,10 @@ class GRPOLossCell(nn.Cell):
         self.cov = CovOptions(rl.kl_cov_ratio, rl.ppo_kl_coef, rl.clip_cov_ratio, rl.clip_cov_lb, rl.clip_cov_ub)
 
     def construct(self, input_ids, position_ids, bias, labels, *loss_inputs):
+        if self.replay:
+            logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
+                                          self.temperature, self.shared_prompt, loss_inputs[-1])
+            return self.terms(logp, ent, loss_inputs[:-1])
         logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
                                       self.temperature, self.shared_prompt)
         return self.terms(logp, ent, loss_inputs)

@@ -2,9 +2,10 @@
 
 Every update engine takes a mini-batch as (input_ids, position_ids, bias, labels, *LossInputs, lr) and passes
 the loss inputs through to the loss cell without naming them: a new input (a tool-token mask, a routing to
-replay) is a field here and a read in `GRPOLossCell.terms`, nowhere else. On the host the fields are numpy
-arrays; `tensors()` makes the float32 Tensors the graphs take (float32 always, so one compiled graph serves
-every call).
+replay) is a field here and a read in `GRPOLossCell`, nowhere else. On the host the fields are numpy
+arrays; `tensors()` makes the Tensors the graphs take (float32 always, so one compiled graph serves every call;
+the routing int32). `routing` is the one optional field: present (router replay) it is the last argument, absent
+it is no argument at all, so a dense model's graphs are what they were.
 """
 from __future__ import annotations
 
@@ -25,12 +26,17 @@ class LossInputs:
     ref_logp: Any       # the reference model's log-probs (zeros when there is none)
     advantages: Any     # (N,) per sequence, or (N, R) per token (packed rows)
     token_norm: Any     # () the global mini-batch's token count: the token-mean denominators
+    # (N, T, sparse layers, k) the experts the policy's forward replays, laid out as the model inputs
+    # (rl.router_replay; SampleBatch.input_routing); None: each forward routes itself
+    routing: Any = None
 
     NOT_PER_ROW = ("token_norm",)
 
     def args(self) -> tuple:
-        """The fields in order: the positional arguments the engines' graphs take after the model inputs."""
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        """The fields in order: the positional arguments the engines' graphs take after the model inputs (the
+        routing only when present)."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self)
+                     if not (f.name == "routing" and self.routing is None))
 
     def per_row(self, fn: Callable) -> "LossInputs":
         """`fn` applied to every field with a row axis (slicing, packing), the others kept."""
@@ -41,7 +47,8 @@ class LossInputs:
         return self.per_row(lambda v: v[cut])
 
     def tensors(self) -> "LossInputs":
-        return LossInputs(*(Tensor(np.asarray(v, np.float32)) for v in self.args()))
+        return LossInputs(*(Tensor(np.asarray(v, np.int32 if f.name == "routing" else np.float32))
+                            for f, v in zip(dataclasses.fields(self), self.args())))
 
 
 def field_names() -> tuple:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from mindrlhf.models.layer_graphs import routed_forward
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.trainer.optim import AdamW
@@ -24,10 +25,26 @@ class ResponseLogProb(nn.Cell):
         self.shared_prompt = tuple(shared_prompt)
 
     @ms.jit
-    def construct(self, input_ids, position_ids, bias, labels):
+    def construct(self, input_ids, position_ids, bias, labels, routing=None):
         logp, _ = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
-                                    self.temperature, self.shared_prompt)
+                                    self.temperature, self.shared_prompt, routing)
         return ops.stop_gradient(logp)
+
+
+class ModelRouting(nn.Cell):
+    """No-grad: the experts a Qwen3-MoE model's own routers choose for each input token, (N, T, sparse layers,
+    k) int32 in no particular order per token. Called like ResponseLogProb (labels unused)."""
+
+    def __init__(self, model: CausalLM):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    @ms.jit
+    def construct(self, input_ids, position_ids, bias, labels):
+        experts = ops.stop_gradient(routed_forward(self.model.model, input_ids, position_ids, bias))
+        layers, _, k = experts.shape
+        experts = ops.reshape(experts, (layers, input_ids.shape[0], input_ids.shape[1], k))
+        return ops.transpose(experts, (1, 2, 0, 3))
 
 
 class PolicyTrainStep(nn.Cell):

@@ -1,0 +1,59 @@
+"""Router replay for Qwen3-MoE (rl.router_replay) and the routing metrics of a MoE run.
+
+The rollout records the experts every token it feeds through the model goes to (rollout/engine.RoutingRecord ->
+SampleBatch.routing). The policy's training passes can then replay a fixed choice of experts instead of their
+routers' top-k (models/moe.MoEFeedForward.route), so the expert choice cannot differ between the passes whose
+log-probs the loss compares:
+- r3: the rollout's choice, in the old-policy pass and every update (rollout-train mismatch of the routing gone);
+- r2: the policy's own choice before the step's first update (one routing pass over the samples), in every
+  update (the routing cannot drift between the updates of one step; with one update per rollout it replays
+  what that update would have chosen anyway);
+- none: every pass routes itself.
+The routing weights are always the training router's probabilities of the chosen experts, renormalised, so the
+router keeps its gradient. The reference model routes itself.
+
+Metrics (every MoE run): `moe/expert_load_max_over_mean` (the rollout's tokens per expert, max over mean, mean
+over the sparse layers; 1.0 is perfectly balanced). With replay on, the routing pass also gives
+`moe/routing_agreement` (the share of tokens whose k experts the policy's routers choose exactly as the rollout's
+did, mean over the sparse layers) and `moe/routing_agreement_min` (the least agreeing layer).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+from mindrlhf.trainer import exchange
+from mindrlhf.trainer.samples import SampleBatch
+
+
+def recorded_positions(samples: SampleBatch) -> np.ndarray:
+    """(N, P + R - 1) bool, in the model inputs' layout: the tokens whose routing the rollout recorded, the real
+    prompt tokens and every response token that was fed back (all but each row's last)."""
+    return np.concatenate([samples.prompt_mask, samples.response_mask[:, 1:]], 1).astype(bool)
+
+
+def expert_load(samples: SampleBatch, num_experts: int) -> np.ndarray:
+    """(sparse layers, E) the rollout's recorded tokens per expert."""
+    routing = samples.input_routing()[recorded_positions(samples)]            # (tokens, layers, k)
+    layers = routing.shape[1]
+    counts = np.zeros((layers, num_experts), np.int64)
+    for layer in range(layers):
+        counts[layer] = np.bincount(routing[:, layer].reshape(-1), minlength=num_experts)
+    return counts
+
+
+def routing_metrics(samples: SampleBatch, num_experts: int, policy_routing: Optional[np.ndarray] = None,
+                    my_samples: Optional[SampleBatch] = None, mesh=None) -> Dict[str, float]:
+    """The step's routing metrics from the whole step's `samples` (every rank holds them) and, when given, this
+    train replica's rows `my_samples` with the policy's own routing of them (`policy_routing`, ModelRouting's
+    output, any order per token), summed over the train-DP replicas of `mesh`."""
+    load = expert_load(samples, num_experts)
+    metrics = {"moe/expert_load_max_over_mean": float(np.mean(load.max(1) / np.maximum(load.mean(1), 1e-9)))}
+    if policy_routing is not None:
+        keep = recorded_positions(my_samples)
+        same = (np.sort(policy_routing, -1) == my_samples.input_routing()).all(-1)[keep]     # (tokens, layers)
+        totals = exchange.sum_over_replicas(np.concatenate([same.sum(0), [len(same)]]).astype(np.float64), mesh)
+        agree = totals[:-1] / max(totals[-1], 1.0)
+        metrics.update({"moe/routing_agreement": float(agree.mean()), "moe/routing_agreement_min": float(agree.min())})
+    return metrics
