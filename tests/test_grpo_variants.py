@@ -133,7 +133,7 @@ def test_a_short_step_tops_up_with_masked_groups_that_the_update_ignores(assets,
     trainer.step = 0
     rng = np.random.default_rng(0)
     s = batch.samples
-    swapped = type(s)(**{k: v.copy() for k, v in s.__dict__.items()})
+    swapped = type(s)(**{k: v.copy() for k, v in s.fields().items()})
     swapped.response_ids[:g] = rng.integers(3, 300, swapped.response_ids[:g].shape)
     swapped.response_mask[:g] = np.arange(s.response_mask.shape[1]) < 3
     swapped.rollout_logp[:g] = -rng.uniform(0, 5, swapped.rollout_logp[:g].shape)

@@ -306,14 +306,16 @@ def test_qwen3_moe_config_json_keys_we_cannot_honour_are_refused(moe, tmp_path, 
         model_config_from_hf(folder)
 
 
-def test_qwen3_moe_aux_coef_zero_is_allowed_and_tp2_is_refused(moe, tmp_path):
+def test_qwen3_moe_aux_coef_zero_is_allowed_and_tp_must_divide_the_expert_width(moe, tmp_path):
     from mindrlhf.configs.compat.hf import main, model_config_from_hf
+    from mindrlhf.configs.model_config import ParallelConfig
     assert model_config_from_hf(_edited(moe[0], str(tmp_path / "z"), router_aux_loss_coef=0)).router_aux_loss_coef \
         == 0.0
-    assert main([moe[0], "--model_parallel", "2", "-o", str(tmp_path / "f.yaml")]) == 2
-    with pytest.raises(ConfigError, match="model_parallel=2 with model.model_config.num_experts=4 is not supported"):
-        from mindrlhf.configs.model_config import ParallelConfig
-        ParallelConfig(model_parallel=2).check_model(load_model_yaml(moe[0]).model)
+    assert main([moe[0], "--model_parallel", "2", "-o", str(tmp_path / "f.yaml")]) == 0
+    assert load_model_yaml(str(tmp_path / "f.yaml")).parallel.model_parallel == 2
+    cfg = load_model_yaml(moe[0]).model
+    with pytest.raises(ConfigError, match="model_parallel=3 does not divide model.model_config.moe_intermediate_size=32"):
+        ParallelConfig(model_parallel=3).check_model(cfg)
 
 
 def test_qwen3_moe_yaml_written_from_the_folder_reads_back(tmp_path):
@@ -337,7 +339,8 @@ def test_qwen3_moe_specs_describe_the_built_model(moe):
     specs = param_specs(ours.config)
     built = {p.name: tuple(p.shape) for p in ours.get_parameters()}
     assert {k: tuple(v[0]) for k, v in specs.items()} == built
-    assert specs["model.layers.0.feed_forward.routed_experts.ffn.w1.weight"] == ((4, 64, 32), {0: "ep"})
+    assert specs["model.layers.0.feed_forward.routed_experts.ffn.w1.weight"] == ((4, 64, 32), {0: "ep", 2: "tp"})
+    assert specs["model.layers.0.feed_forward.routed_experts.ffn.w2.weight"] == ((4, 32, 64), {0: "ep", 1: "tp"})
 
 
 def test_expert_parallel_layouts_split_the_experts_and_nothing_else(moe):

@@ -27,25 +27,60 @@ def results(tmp_path_factory):
     return [dict(np.load(out / f"rank_{r}.npz")) for r in range(2)]
 
 
-def test_ep2_holds_half_the_experts_and_equals_one_process(results):
-    """Bounds as the TP tests' (1e-5): the EP sum over ranks reorders a float32 sum of 2 partial outputs."""
-    layouts = layouts_for(ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,))), 2, 1, ep=2)
+@pytest.mark.parametrize("tag, ep, tp", [("ep", 2, 1), ("tp", 1, 2)], ids=["ep2", "tp2"])
+def test_split_experts_equal_one_process(results, tag, ep, tp):
+    """ep2: each rank holds half of the experts; tp2: half of every expert's intermediate width, the router
+    replicated (with sequence parallelism and ep: the 4-worker test below). Bounds as the TP tests' (1e-5): the sums over ranks reorder float32
+    sums of 2 partial outputs."""
+    layouts = layouts_for(ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,))), 2 if ep > 1 else 1, tp, ep=ep)
+    experts = "model.layers.1.feed_forward.routed_experts.ffn."
     for rank, res in enumerate(results):
-        shapes = dict(eval(s) for s in res["shapes"])               # noqa: S307 - our own repr of (name, shape)
-        assert shapes["model.layers.1.feed_forward.routed_experts.ffn.w1.weight"] == (2, 64, 32)
+        shapes = dict(eval(s) for s in res[tag + "_shapes"])        # noqa: S307 - our own repr of (name, shape)
+        assert shapes[experts + "w1.weight"] == ((2, 64, 32) if ep > 1 else (4, 64, 16))
+        assert shapes[experts + "w2.weight"] == ((2, 32, 64) if ep > 1 else (4, 16, 64))
         assert shapes["model.layers.1.feed_forward.routed_experts.router.dense.weight"] == (4, 64)
-        assert np.abs(res["ep_logits"] - res["ref_logits"]).max() <= 1e-5
-        assert abs(float(res["ep_loss"]) - float(res["ref_loss"])) <= 1e-5
-        grads = [k for k in res if k.startswith(("ep_grad/", "ep_jitgrad/"))]
+        assert np.abs(res[tag + "_logits"] - res["ref_logits"]).max() <= 1e-5
+        assert abs(float(res[tag + "_loss"]) - float(res["ref_loss"])) <= 1e-5
+        grads = [k for k in res if k.startswith((tag + "_grad/", tag + "_jitgrad/"))]
         assert len(grads) == 2 * len(layouts)
         for key in grads:
             name = key.split("/", 1)[1]
-            want = layouts[name].shard(res["ref_grad/" + name], rank)      # this rank's experts, else the whole
+            want = layouts[name].shard(res["ref_grad/" + name], rank)      # this rank's share, else the whole
             assert res[key].shape == want.shape, name
             assert np.abs(want).max() > 0, name                           # every gradient carries signal
             assert np.abs(res[key] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (key, rank)
-    experts = "ep_grad/model.layers.1.feed_forward.routed_experts.ffn.w2.weight"
-    assert not np.allclose(results[0][experts], results[1][experts])       # the two ranks hold different experts
+        norm = np.sqrt(sum(float((res["ref_grad/" + n] ** 2).sum()) for n in layouts))
+        assert abs(float(res[tag + "_grad_norm"]) - norm) <= 1e-5 * norm       # every square counted once
+        assert res[tag + "_routing_equal"] and float(res[tag + "_replay_gap"]) <= 1e-6       # router replay
+    w2 = f"{tag}_grad/{experts}w2.weight"
+    assert not np.allclose(results[0][w2], results[1][w2])             # the two ranks hold different shares
+
+
+@pytest.mark.slow       # ~60 s on 4 workers; ep2 and tp2 alone are in the default run
+def test_ep2_by_tp2_with_sequence_parallel_equals_one_process(tmp_path):
+    """4 workers, ep2 x tp2 with sequence parallelism: each rank a quarter of the experts' weights (half of the
+    experts, half of each one's width); logits, loss and every gradient equal one process's (1e-5), the grad
+    norm's groups (tp-split, expert, replicated) count every square once, and router replay works on the sequence
+    padded for the split (11 tokens over 2 ranks)."""
+    make_qwen3_moe_model(str(tmp_path / "hf"), mlp_only=(0,))
+    out = tmp_path / "out"
+    out.mkdir()
+    run_msrun(os.path.join(WORKERS, "moe_ep_worker.py"), [tmp_path / "hf", out], workers=4,
+              log_dir=str(tmp_path / "log"))
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
+    layouts = layouts_for(cfg, 2, 2, ep=2)
+    for rank in range(4):
+        res = dict(np.load(out / f"rank_{rank}.npz"))
+        assert np.abs(res["eptp_logits"] - res["ref_logits"]).max() <= 1e-5
+        assert abs(float(res["eptp_loss"]) - float(res["ref_loss"])) <= 1e-5
+        for key in [k for k in res if k.startswith(("eptp_grad/", "eptp_jitgrad/"))]:
+            name = key.split("/", 1)[1]
+            want = layouts[name].shard(res["ref_grad/" + name], rank)
+            assert res[key].shape == want.shape, name
+            assert np.abs(res[key] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (key, rank)
+        norm = np.sqrt(sum(float((res["ref_grad/" + n] ** 2).sum()) for n in layouts))
+        assert abs(float(res["eptp_grad_norm"]) - norm) <= 1e-5 * norm
+        assert res["eptp_routing_equal"] and float(res["eptp_replay_gap"]) <= 1e-6     # the sequence padded
 
 
 def _grpo_flags(tmp_path, assets, folder, name, **extra):
@@ -117,3 +152,17 @@ def test_grpo_train_dp2_infer_ep2_follows_one_process(tmp_path):
     # infer: the 2 ranks are one row group, so each decodes all 4 prompts; train dp2: 8 rows per rank
     runs = _grpo_runs(tmp_path, {"infer_ep2": {"infer_expert_parallel": 2, "mini_batch_size": 4}})
     _same_trajectory(runs["single"], runs["infer_ep2"])
+
+
+@pytest.mark.slow       # ~45 s: tp2's logits and gradients are in the default run (test_split_experts_equal_one_process)
+def test_grpo_train_tp2_with_router_replay_follows_one_process(tmp_path):
+    """Train model_parallel 2 (each rank half of every expert's width) and router replay
+    r3 / infer dp2: the same trajectory as one process without replay (the rollout routes as the train forward
+    does, so replaying it changes nothing), and the exported experts, re-assembled from their TP halves, within
+    1e-5 of one process's."""
+    runs = _grpo_runs(tmp_path, {"tp2": {"train_model_parallel": 2, "batch_size": 2, "router_replay": "r3"}})
+    _same_trajectory(runs["single"], runs["tp2"])
+    assert all(r["moe/routing_agreement"] == 1.0 for r in runs["tp2"])
+    ref, tp2 = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "tp2" / "hf_policy"))
+    for name, w in ref.items():
+        assert np.abs(tp2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name

@@ -363,14 +363,11 @@ SHIPPED = os.path.join(FIXTURE, "shipped")
 # 7B file as of 63fefd0, the last to spell shuffle_minibatch), with the model/ entries their defaults name
 RUNS = ["grpo_qwen25_7b_A3.yaml", "before_acb2c70/grpo_qwen25_7b_A3.yaml", "grpo_qwen25_32b_A3.yaml",
         "grpo_qwen25_32b_A2.yaml", "grpo_qwen3_8b_A3.yaml", "dapo_qwen25_32b_A3.yaml", "dapo_qwen3_32b_A3.yaml",
-        "dapo_qwen25_7b_A2_multi_turn.yaml"]
+        "dapo_qwen25_7b_A2_multi_turn.yaml", "dapo_qwen3_30b_a3b_A3.yaml"]
 # what we do not implement, refused by name at load
 REFUSED = {
     "dapo_qwen25_32b_A2_20k.yaml": r"actor_config.context_parallel_size: 2 is not supported \(we implement 1\)",
     "dapo_qwen25_32b_A3_32k.yaml": r"actor_config.context_parallel_size: 2 is not supported \(we implement 1\)",
-    # expert_model_parallel_size is mapped (the ep axis); tensor parallelism of a MoE model is not
-    "dapo_qwen3_30b_a3b_A3.yaml": r"train layout.model_parallel=4 with model.model_config.num_experts=128 is not "
-                                  r"supported",
     "grpo_qwen3_235b_a22b_A2.yaml": r"actor_config.noop_layers: '5,95' is not supported \(we implement unset\)",
     "grpo_lora_qwen25_32b_A2.yaml": r"megatron_training.lora_target_modules: \[.*\] is not supported",
 }

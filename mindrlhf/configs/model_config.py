@@ -237,11 +237,10 @@ class ParallelConfig:
                                   f"model.model_config.tie_word_embeddings True is not supported (the first and "
                                   f"last stage would share the embedding); use pipeline_stage 1")
             layer_split(model.num_layers, self.pipeline_stage, model.offset)
-        if model.num_experts and (tp > 1 or self.use_seq_parallel and tp > 1):
-            raise ConfigError(f"{where}.model_parallel={tp} with model.model_config.num_experts="
-                              f"{model.num_experts} is not supported yet: the experts would be replicated over the TP "
-                              f"ranks with their gradients not reduced; use model_parallel 1 and split the experts "
-                              f"with expert_parallel")
+        if model.num_experts and model.moe_intermediate_size % tp:
+            raise ConfigError(f"{where}.model_parallel={tp} does not divide model.model_config.moe_intermediate_size="
+                              f"{model.moe_intermediate_size} (each TP rank holds an equal share of every expert's "
+                              f"intermediate width)")
         ep = self.expert_parallel
         if ep > 1:
             if not model.num_experts:

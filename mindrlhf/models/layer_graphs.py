@@ -229,9 +229,12 @@ def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, pr
 
 
 def routed_forward(decoder, input_ids, position_ids, bias):
-    """The experts each token of whole rows (B, T) goes to, (sparse layers, B x T, k), from a forward of the
-    layers up to the last sparse one (router replay's r2 and its agreement metric). Each layer compiled on its
-    own: a pass once per step, not worth a reused subgraph of its own."""
+    """The experts each token of whole rows (B, T) goes to, (sparse layers, B, T, k), from a forward of the
+    layers up to the last sparse one (router replay's r2 and its agreement metric); whole model on one stage.
+    Each layer compiled on its own: a pass once per step, not worth a reused subgraph of its own. Under sequence
+    parallelism the sparse layers route the gathered sequence, padded (DecoderModel.sp_padded): the pad cut."""
+    rows, length = input_ids.shape
+    input_ids, position_ids, bias, _ = decoder.sp_padded(input_ids, position_ids, bias)
     x = embed(decoder, input_ids)
     cos, sin = decoder.rope(position_ids)
     experts = []
@@ -244,7 +247,9 @@ def routed_forward(decoder, input_ids, position_ids, bias):
             experts.append(chosen)
         else:
             x = layer.mlp_residual(h)
-    return ops.stack(experts)
+    experts = ops.stack(experts)
+    experts = ops.reshape(experts, (experts.shape[0], rows, -1, experts.shape[-1]))
+    return take(experts, 2, 0, length)
 
 
 def layer_routing(routing, sparse_index: int):

@@ -19,7 +19,13 @@ get the same rows: AllGatherDispatcher). The router runs replicated; each rank r
 weighted by its columns of the routing weights, and the partial outputs are summed over the EP group (forward
 all-reduce, backward identity); the inputs' gradients (tokens and routing weights) are summed the other way. The
 collectives are this CPU backend's AllReduce on a subgroup. The price: attention runs on the same rows on every
-EP rank. An all-to-all dispatcher (each EP rank's attention on its own rows, tokens sent only to the ranks of
+EP rank.
+
+Tensor parallelism (the `tp` axis, with or without sequence parallelism): each expert's intermediate width is split
+over the TP ranks as the dense MLP's is (gate / up column-parallel, down row-parallel); the router runs replicated
+on the layer's gathered tokens, and the partial outputs leave the TP region as the dense MLP's do (all-reduce, or
+reduce-scatter along the sequence). With EP too, the EP sum comes first. MindSpeed-RL's `moe_tp_extend_ep` (the TP
+ranks holding other experts instead of a share of each) is another layout of the same model. An all-to-all dispatcher (each EP rank's attention on its own rows, tokens sent only to the ranks of
 their experts) is what Ascend would use; it needs the data layout to give EP ranks distinct rows and an
 all-to-all this backend lacks, so it is not built (nothing here could verify it).
 
@@ -42,7 +48,7 @@ from mindspore.common.initializer import Normal, Zero, initializer
 from mindrlhf.configs.model_config import ModelConfig
 from mindrlhf.models.cpu_cells import BMM
 from mindrlhf.models.graph_ops import take
-from mindrlhf.models.tp_regions import CopyToTP, Identity, ReduceFromTP
+from mindrlhf.models.tp_regions import CopyToTP, Identity, ReduceFromTP, ScaleGradient, copy_to_tp, leave_tp
 from mindrlhf.parallel.mesh import Mesh
 
 PREFIX = "routed_experts"
@@ -63,12 +69,12 @@ class Router(nn.Cell):
 
 
 class ExpertsFFN(nn.Cell):
-    """This EP rank's E / ep stacked SwiGLU experts: w1 = gate_proj, w3 = up_proj (E/ep, H, I), w2 = down_proj
-    (E/ep, I, H)."""
+    """This rank's E / ep stacked SwiGLU experts, each its I / tp share of the intermediate width: w1 = gate_proj,
+    w3 = up_proj (E/ep, H, I/tp), w2 = down_proj (E/ep, I/tp, H)."""
 
-    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1):
+    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1, tp: int = 1):
         super().__init__()
-        e, h, i = cfg.num_experts // ep, cfg.hidden_size, cfg.moe_intermediate_size
+        e, h, i = cfg.num_experts // ep, cfg.hidden_size, cfg.moe_intermediate_size // tp
         init = (lambda: Normal(std)) if std is not None else (lambda: Zero())
         self.w1 = nn.Cell()
         self.w1.weight = Parameter(initializer(init(), (e, h, i), param_dtype), name="weight")
@@ -112,10 +118,10 @@ class ExpertsFFN(nn.Cell):
 class RoutedExperts(nn.Cell):
     """The router and the experts under one name (MindFormers' `feed_forward.routed_experts`)."""
 
-    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1):
+    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1, tp: int = 1):
         super().__init__()
         self.router = Router(cfg.hidden_size, cfg.num_experts, param_dtype, std)
-        self.ffn = ExpertsFFN(cfg, param_dtype, std, ep)
+        self.ffn = ExpertsFFN(cfg, param_dtype, std, ep, tp)
 
 
 def top_k_mask(probs, k: int):
@@ -159,13 +165,22 @@ class AllGatherDispatcher(nn.Cell):
 
 
 class MoEFeedForward(nn.Cell):
-    """A sparse layer's MLP: x (..., H) -> (..., H), token by token. Experts split over the mesh's `ep` axis (see
-    the module's docstring); tp > 1 is refused by ParallelConfig.check_model for now."""
+    """A sparse layer's MLP: x (..., H) -> (..., H), token by token. Experts split over the mesh's `ep` axis, each
+    expert's intermediate width over `tp` (see the module's docstring). Called inside the layer's TP region
+    (DecoderLayer.enter_ffn: the tokens replicated over TP, their gradients summed on the way out) and leaves it
+    itself (all-reduce, or reduce-scatter along the sequence under sequence parallelism), as the dense MLP's
+    row-parallel projection does."""
 
     def __init__(self, cfg: ModelConfig, mesh: Mesh, param_dtype, compute_dtype, std: Optional[float]):
         super().__init__()
-        self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.ep)
+        self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.ep, mesh.tp)
         self.dispatcher = AllGatherDispatcher(mesh, cfg.num_experts)
+        # Under TP every rank routes the same tokens alike and runs its share of each expert's width: the routing
+        # weights' gradients are partial per rank (summed by enter_weights), the router's input gradient then
+        # full on every rank, so it enters the region's sum scaled by 1 / tp (router_input)
+        self.router_input = ScaleGradient(1.0 / mesh.tp) if mesh.tp > 1 else Identity()
+        self.enter_weights = copy_to_tp(mesh)
+        self.leave = leave_tp(mesh)
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
         self.compute_dtype = compute_dtype
@@ -177,7 +192,7 @@ class MoEFeedForward(nn.Cell):
         router replay, `replay` (N, k) expert ids recorded elsewhere (the rollout's pass): the weights are then
         the router's probabilities of the replayed experts (renormalised as usual), so gradients still reach
         the router."""
-        logits = self.routed_experts.router(x)
+        logits = self.routed_experts.router(self.router_input(x))
         probs = ops.softmax(logits, -1)
         chosen = top_k_mask(probs, self.top_k) if replay is None else replay_mask(replay, probs.shape[-1])
         weights = probs * chosen
@@ -196,9 +211,9 @@ class MoEFeedForward(nn.Cell):
         shape = x.shape
         flat = ops.reshape(x, (-1, shape[-1]))
         _, weights, chosen = self.route(flat, None if replay is None else ops.reshape(replay, (-1, self.top_k)))
-        tokens, mine = self.dispatcher.dispatch(flat, weights)
+        tokens, mine = self.dispatcher.dispatch(flat, self.enter_weights(weights))
         out = self.dispatcher.combine(self.routed_experts.ffn(tokens, mine, self.compute_dtype))
-        return ops.reshape(out, shape), self.topk(chosen, self.top_k)[1]
+        return self.leave(ops.reshape(out, shape)), self.topk(chosen, self.top_k)[1]
 
 
 def replay_mask(ids, num_experts: int):

@@ -276,15 +276,24 @@ class DecoderModel(nn.Cell):
     def construct(self, input_ids, position_ids, bias, routing=None):
         return self.stage_forward(input_ids, position_ids, bias, routing)
 
-    def stage_forward(self, x, position_ids, bias, routing=None):
-        """This stage's part of the forward: token ids (B, T) in on the first stage, else the residual stream
-        (B, T, H); out the residual stream, normed on the last stage. Without PP: the whole model.
-        `routing` (B, T, sparse layers, k): the experts to replay (router replay), None: the router's own."""
+    def sp_padded(self, x, position_ids, bias, routing=None):
+        """Under sequence parallelism the sequence padded to a multiple of tp (_pad_sequence): token ids (on the
+        first stage), positions, bias and the routing to replay; as they are otherwise."""
         pad = (-position_ids.shape[1]) % self.sp_pad
         if pad:
             position_ids, bias = _pad_sequence(position_ids, bias, pad)
             if self.first:
                 x = ops.concat((x, ops.zeros((x.shape[0], pad), x.dtype)), 1)
+            if routing is not None:         # the pad positions' experts: any (their outputs are never read)
+                routing = ops.concat((routing, ops.zeros((routing.shape[0], pad) + routing.shape[2:],
+                                                         routing.dtype)), 1)
+        return x, position_ids, bias, routing
+
+    def stage_forward(self, x, position_ids, bias, routing=None):
+        """This stage's part of the forward: token ids (B, T) in on the first stage, else the residual stream
+        (B, T, H); out the residual stream, normed on the last stage. Without PP: the whole model.
+        `routing` (B, T, sparse layers, k): the experts to replay (router replay), None: the router's own."""
+        x, position_ids, bias, routing = self.sp_padded(x, position_ids, bias, routing)
         if self.first:
             x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H); under SP (B, T/tp, H)
         cos, sin = self.rope(position_ids)
@@ -319,7 +328,7 @@ class CausalLM(nn.Cell):
                  random_init: bool = True):
         super().__init__()
         mesh = mesh or Mesh(1, 1, 0)
-        ParallelConfig(data_parallel=mesh.dp * mesh.ep, model_parallel=mesh.tp, pipeline_stage=mesh.pp,
+        ParallelConfig(data_parallel=mesh.data_parallel, model_parallel=mesh.tp, pipeline_stage=mesh.pp,
                        expert_parallel=mesh.ep).check_model(cfg)
         self.config = cfg
         self.mesh = mesh

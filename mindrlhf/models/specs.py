@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.configs.model_config import ModelConfig, layer_split
 from mindrlhf.models.lora import adapter_specs
-from mindrlhf.parallel.layouts import EP_EXPERTS, REPLICATED, TP_COLS, TP_ROWS, Layout, role_layouts
+from mindrlhf.parallel.layouts import EXPERTS_IN, EXPERTS_OUT, REPLICATED, TP_COLS, TP_ROWS, Layout, role_layouts
 from mindrlhf.parallel.mesh import Mesh
 
 
@@ -36,11 +36,11 @@ def param_specs(cfg: ModelConfig, lora: Optional[LoraSpec] = None) -> Dict[str, 
             specs[p + "attention.k_layernorm.weight"] = ((hd,), REPLICATED)
         specs[p + "ffn_norm.weight"] = ((h,), REPLICATED)
         if cfg.is_moe_layer(n):     # Qwen3-MoE (models/moe.py): the router replicated, the experts split over ep
-            e, mi = cfg.num_experts, cfg.moe_intermediate_size
+            e, mi = cfg.num_experts, cfg.moe_intermediate_size     # and each expert's width over tp
             specs[p + "feed_forward.routed_experts.router.dense.weight"] = ((e, h), REPLICATED)
-            specs[p + "feed_forward.routed_experts.ffn.w1.weight"] = ((e, h, mi), EP_EXPERTS)
-            specs[p + "feed_forward.routed_experts.ffn.w3.weight"] = ((e, h, mi), EP_EXPERTS)
-            specs[p + "feed_forward.routed_experts.ffn.w2.weight"] = ((e, mi, h), EP_EXPERTS)
+            specs[p + "feed_forward.routed_experts.ffn.w1.weight"] = ((e, h, mi), EXPERTS_IN)
+            specs[p + "feed_forward.routed_experts.ffn.w3.weight"] = ((e, h, mi), EXPERTS_IN)
+            specs[p + "feed_forward.routed_experts.ffn.w2.weight"] = ((e, mi, h), EXPERTS_OUT)
             continue
         specs[p + "feed_forward.w1.weight"] = ((i, h), TP_ROWS)
         specs[p + "feed_forward.w3.weight"] = ((i, h), TP_ROWS)

@@ -61,6 +61,22 @@ class ReduceFromTP(nn.Cell):
         return (dout,)
 
 
+class ScaleGradient(nn.Cell):
+    """Forward identity, backward the gradient times `factor`: a replicated computation inside a TP region whose
+    input gradient every TP rank holds in full, before the region's entry sums the ranks' input gradients (a MoE
+    router under TP: models/moe.py)."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (dout * self.factor,)
+
+
 class GatherDim0(nn.Cell):
     """Concatenate each rank's tensor along dim 0 in rank order.
 

@@ -21,7 +21,10 @@ from mindrlhf.configs.errors import CheckpointError
 REPLICATED = MappingProxyType({})
 TP_ROWS = MappingProxyType({0: "tp"})      # output rows over the TP ranks: column-parallel weights, embeddings
 TP_COLS = MappingProxyType({1: "tp"})      # input columns over the TP ranks: row-parallel weights
-EP_EXPERTS = MappingProxyType({0: "ep"})   # stacked experts (E, ...) over the EP ranks
+# stacked experts over the EP ranks (E), each expert's intermediate width over the TP ranks (I): gate / up
+# (E, H, I) and down (E, I, H)
+EXPERTS_IN = MappingProxyType({0: "ep", 2: "tp"})
+EXPERTS_OUT = MappingProxyType({0: "ep", 1: "tp"})
 
 
 def mesh_axis(dev_matrix: Tuple[int, ...], tensor_map_entry: int) -> int:

@@ -154,6 +154,15 @@ class Mesh:
         """Expert-parallel ranks (the `ep` axis; 1 without it)."""
         return self.axis_size("ep")
 
+    def sizes(self) -> str:
+        """"dp=.. ep=.. tp=..": the row and tensor axes' sizes as start-up lines say them (ep only when split)."""
+        return f"dp={self.dp}" + (f" ep={self.ep}" if self.ep > 1 else "") + f" tp={self.tp}"
+
+    @property
+    def data_parallel(self) -> int:
+        """parallel_config.data_parallel of this mesh: the dp replicas times the EP ranks taken from them."""
+        return self.dp * self.ep
+
     # ---- the pp / dp / tp queries the code reads ---------------------------------------------------------
     @property
     def world_size(self) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from mindrlhf.data.mindrecord_io import write_mindrecord
+from mindrlhf.trainer import exchange
 from mindrlhf.trainer.samples import SampleBatch
 
 SCHEMA = {"prompt_completion_ids": {"type": "int32", "shape": [-1]},
@@ -43,3 +44,12 @@ def experience_columns(samples: SampleBatch, train_mask: np.ndarray, ref_logp: n
 def write_experience(path: str, samples: SampleBatch, train_mask: np.ndarray, ref_logp: np.ndarray,
                      advantages: np.ndarray):
     write_mindrecord(path, experience_columns(samples, train_mask, ref_logp, advantages), SCHEMA, index_fields=[])
+
+
+def write_step_experience(path: str, writer: bool, mesh, samples: SampleBatch, train_mask: np.ndarray, mine,
+                          ref_logp: np.ndarray, advantages: np.ndarray):
+    """The step's file from every train replica's reference log-probs (this one holds rows `mine`), assembled
+    on every rank and written by `writer` (rank 0)."""
+    full_ref = exchange.rows_of_all_replicas(ref_logp, mine, len(samples), mesh)
+    if writer:
+        write_experience(path, samples, train_mask, full_ref, advantages)

@@ -23,18 +23,17 @@ import mindspore as ms
 from mindrlhf.checkpoint.hf_interop import export_hf, export_peft_adapter
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.models.lora import adapter_weights, merged_weights
-from mindrlhf.models.padding import left_pad
 from mindrlhf.parallel import watchdog
 from mindrlhf.trainer import checkpointing, evaluation, exchange, run_dir, startup
 from mindrlhf.trainer.build import build_models, build_training, compile_train_step
-from mindrlhf.trainer.experience_file import write_experience
+from mindrlhf.trainer.experience_file import write_step_experience
 from mindrlhf.trainer.grpo_math import compute_advantages, informative_groups, overlong_penalty
-from mindrlhf.trainer.metrics import MetricsLogger, PhaseClock, sample_metrics, update_metrics
+from mindrlhf.trainer.metrics import MetricsLogger, PhaseClock, logprob_gap_sum_count, sample_metrics, update_metrics
 from mindrlhf.trainer.optim import scheduled_lr
 from mindrlhf.trainer.resolve import resolve
 from mindrlhf.trainer.rollout_log import RolloutLog
-from mindrlhf.trainer.router_replay import routing_metrics
-from mindrlhf.trainer.samples import SampleBatch, ScoredBatch, padded_routing
+from mindrlhf.trainer.router_replay import replayed_routing, routing_metrics
+from mindrlhf.trainer.samples import SampleBatch, ScoredBatch
 from mindrlhf.trainer.update.loss import UPDATE_STATS, reduce_updates
 from mindrlhf.trainer.update.loss_inputs import LossInputs
 from mindrlhf.utils.params import copy_params
@@ -62,9 +61,9 @@ class GRPOTrainer:
         training = build_training(run, models, self.log)
         self.engine, self.optimizer, self.train_step = training.engine, training.optimizer, training.train_step
         self.policy_logprob, self.ref_logprob, self.swap = training.policy_logprob, training.ref_logprob, training.swap
-        self.policy_routing = training.policy_routing   # the policy's own routing pass (router replay), or None
-        self.rows = training.rows           # padded or packed rows (samples.PaddedRows, packing.PackedRowLayout)
-        self.reward_model = training.reward_model   # trainer/reward_model.RewardModelScorer, or None
+        # padded or packed rows (samples.PaddedRows, packing.PackedRowLayout), the reward-model scorer and the
+        # policy's own routing pass (router replay), each None when unused
+        self.rows, self.reward_model, self.policy_routing = training.rows, training.reward_model, training.policy_routing
         self.step = 0
         log_dir = self.cfg.run.log_dir or self.cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0, tensorboard=self.cfg.run.tensorboard)
@@ -83,13 +82,7 @@ class GRPOTrainer:
         keys = [(self.step, first + offset + i) for i in range(len(prompts))]
         with self.swap.generating(self.engine):
             out = self.engine.generate(prompts, self.run.sampling(), keys)
-        ids, mask = left_pad(out.prompt_ids, self.run.prompt_width, self.run.pad_id)
-        return SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs,
-                           (out.prompt_index + offset).astype(np.int64),
-                           np.array([r != "length" for r in out.finish_reason], np.int64),
-                           out.loss_mask.astype(np.int64), out.tool_calls.astype(np.int64),
-                           None if out.response_routing is None else
-                           padded_routing(out.prompt_routing, out.response_routing, self.run.prompt_width))
+        return SampleBatch.of_rollout(out, self.run.prompt_width, self.run.pad_id, offset)
 
     def score(self, samples: SampleBatch, solutions: List[str]):
         texts = self.run.tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(samples.response_ids,
@@ -105,14 +98,13 @@ class GRPOTrainer:
         return np.array(result.total, np.float32), result, texts
 
     def logprobs(self, cell, samples: SampleBatch, routing=None) -> np.ndarray:
-        return self.rows.logprobs(cell, samples, routing) if routing is not None else self.rows.logprobs(cell, samples)
+        return self.rows.logprobs(cell, samples, routing)
 
     def update(self, samples: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norms,
                routing=None) -> np.ndarray:
         """num_iterations passes over this rank's mini-batches; returns UPDATE_STATS over the updates (MAX_STATS
         by max, the rest by mean). `train_mask` is the response mask the loss sees (masked groups and, with
-        mask_truncated_completions, truncated rows zeroed); `routing` the experts every update replays
-        (router replay), None: none."""
+        mask_truncated_completions, truncated rows zeroed); `routing`: the experts every update replays."""
         stats, mb = [], self.geometry.mini_batch
         for _ in range(self.cfg.rl.num_iterations):
             for k in range(self.geometry.minibatches):
@@ -187,31 +179,29 @@ class GRPOTrainer:
         if self.run.shared_prompt[0]:
             my_samples.check_groups(self.run.shared_prompt[0])
         skip = rl.dynamic_sampling and not group_mask.any()      # nothing informative: no update at all
-        routing, policy_routing = None, None          # the experts the policy's passes replay (router_replay.py)
+        policy_routing = None               # router replay: the policy's own routing pass (router_replay.py)
         if rl.router_replay != "none" and not skip:
             self.swap.enter("logprob")
             policy_routing = phase("routing", self.logprobs, self.policy_routing, my_samples)
-            routing = my_samples.input_routing() if rl.router_replay == "r3" else np.sort(policy_routing, -1)
+        routing = replayed_routing(rl.router_replay, my_samples, policy_routing)
         if self.run.on_policy or skip:
             old_logp = my_samples.rollout_logp          # the loss cell uses its own detached log-probs
         else:
             self.swap.enter("logprob")
-            old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples,
-                             routing if rl.router_replay == "r3" else None)    # r2: its own routing, as replayed
+            old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples, routing)
         ref_logp = np.zeros_like(old_logp)
         if self.ref_logprob and not skip:
             self.swap.enter("ref_logprob")
             ref_logp = phase("ref_logprob", self.logprobs, self.ref_logprob, my_samples)
         if self.cfg.run.save_data_file:
-            phase("save_data_file", self._write_experience, samples, train_mask, mine, ref_logp, advantages)
+            phase("save_data_file", write_step_experience, self.cfg.run.save_data_file, self.rank == 0,
+                  self.train_mesh, samples, train_mask, mine, ref_logp, advantages)
         self.swap.enter("train")
         local_stats = np.zeros(len(UPDATE_STATS)) if skip else phase(
             "train", self.update, my_samples, train_mask[mine], old_logp, ref_logp, advantages[mine],
             self.geometry.token_norms(train_mask), routing)
-        gap = [0.0, 0.0]                     # on-policy (or no update): the train step's own gap, or none
-        if not (self.run.on_policy or skip):
-            gap = np.abs(my_samples.rollout_logp - old_logp)[my_samples.loss_mask.astype(bool)]
-            gap = [gap.sum(), gap.size]
+        # on-policy (or no update): the train step's own gap, or none
+        gap = [0.0, 0.0] if self.run.on_policy or skip else logprob_gap_sum_count(my_samples, old_logp)
         metrics = update_metrics(local_stats, gap, self.run.on_policy, rl.tis)
         if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
             raise TrainingError(f"step {self.step + 1}: the loss or gradient norm is not finite (NaN/inf) on at least "
@@ -224,20 +214,14 @@ class GRPOTrainer:
             self.swap.groups["ref"].reload()
             copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())   # same layout: local
         metrics.update(sample_metrics(samples, rewards, batch.scores, self.run.episodes, self.infer_mesh), **collect_stats)
-        if samples.routing is not None:
-            metrics.update(routing_metrics(samples, self.run.model_cfg.num_experts, policy_routing, my_samples,
-                                           self.train_mesh))
+        metrics.update(routing_metrics(samples, self.run.model_cfg.num_experts, policy_routing, my_samples,
+                                       self.train_mesh))
         if skip:
             metrics["dynamic_sampling/skipped_update"] = 1.0
         metrics.update(phase.metrics(), time_swap=self.swap.seconds - swap_before,
                        swap_host_mb=self.swap.host_bytes / 2**20, time_step=time.time() - phase.started)
         metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(phase.times["rollout"], 1e-9)
         return metrics
-
-    def _write_experience(self, samples, train_mask, mine, ref_logp, advantages):
-        full_ref = exchange.rows_of_all_replicas(ref_logp, mine, len(samples), self.train_mesh)
-        if self.rank == 0:
-            write_experience(self.cfg.run.save_data_file, samples, train_mask, full_ref, advantages)
 
     def _reference_moves(self) -> bool:
         """True when the reference model is re-synced from the policy, so checkpoints must hold it."""

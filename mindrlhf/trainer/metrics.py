@@ -135,6 +135,12 @@ class PhaseClock:
         return out
 
 
+def logprob_gap_sum_count(samples, old_logp: np.ndarray) -> list:
+    """(sum, count) of |rollout - old-policy log-prob| over this rank's trained tokens: update_metrics' input."""
+    gap = np.abs(samples.rollout_logp - old_logp)[samples.loss_mask.astype(bool)]
+    return [gap.sum(), gap.size]
+
+
 def update_metrics(local_stats: Sequence[float], gap_sum_count: Sequence[float], on_policy: bool,
                    tis: bool) -> Dict[str, float]:
     """The step's UPDATE_STATS over every rank (MAX_STATS by max, with TIS; the rest by mean), and the

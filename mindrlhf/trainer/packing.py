@@ -168,7 +168,9 @@ class PackedRowLayout:
         self.pad_id, self.micro_rows = pad_id, micro_rows
         self.per_call = 0 if pipelined else micro_rows
 
-    def logprobs(self, cell, samples: SampleBatch) -> np.ndarray:
+    def logprobs(self, cell, samples: SampleBatch, routing=None) -> np.ndarray:
+        if routing is not None:
+            raise ValueError("packed rows take no routing to replay (resolve.py refuses router replay with packing)")
         return packed_logprobs(cell, samples, self.pad_id, self.micro_rows, self.per_call)
 
     def step_inputs(self, batch: SampleBatch, loss_inputs: LossInputs, lr) -> tuple:

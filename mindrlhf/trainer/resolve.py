@@ -91,7 +91,7 @@ class ResolvedRun:
     def layout_state(self) -> dict:
         """What a checkpoint records of the layout (resume refuses another)."""
         t, i = self.train_mesh, self.infer_mesh      # data_parallel as parallel_config counts it (EP ranks in it)
-        state = {"world_size": self.world, "train": [t.dp * t.ep, t.tp], "infer": [i.dp * i.ep, i.tp]}
+        state = {"world_size": self.world, "train": [t.data_parallel, t.tp], "infer": [i.data_parallel, i.tp]}
         if t.pp > 1:
             state["train_pipeline_stage"] = t.pp
         for role, m in (("train", t), ("infer", i)):
@@ -129,12 +129,11 @@ class ResolvedRun:
 
     def describe(self) -> str:
         m, i = self.train_mesh, self.infer_mesh
-        train = f"dp={m.dp}" + (f" ep={m.ep}" if m.ep > 1 else "") + f" tp={m.tp}" + \
-            (f" pp={m.pp} (1F1B)" if m.pp > 1 else "")
+        train = m.sizes() + (f" pp={m.pp} (1F1B)" if m.pp > 1 else "")
         train += (" sequence parallel" if m.seq_parallel else "") + \
             (", a graph per decoder layer" if self.update_graphs == "layerwise" else "") + \
             (f", {self.micro_batches} micro-batches per update" if self.micro_batches > 1 else "")
-        infer = f"dp={i.dp}" + (f" ep={i.ep}" if i.ep > 1 else "") + f" tp={i.tp}"
+        infer = i.sizes()
         return (f"GRPO: {self.world} rank(s); train layout {train}; infer layout {infer}; "
                 f"{self.cfg.rl.batch_size * i.dp} prompts x {self.cfg.rl.num_generations} samples per step"
                 + (f"; {self.lora.describe()} (base frozen)" if self.lora else "")

@@ -27,6 +27,16 @@ from mindrlhf.trainer import exchange
 from mindrlhf.trainer.samples import SampleBatch
 
 
+def replayed_routing(mode: str, samples: SampleBatch, policy_routing: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """What the policy's passes over `samples` replay, in the model inputs' layout: r3 the rollout's routing,
+    r2 the policy's own (`policy_routing`, the routing pass's output; None: no update this step), none: None."""
+    if mode == "r3":
+        return samples.input_routing()
+    if mode == "r2" and policy_routing is not None:
+        return np.sort(policy_routing, -1)
+    return None
+
+
 def recorded_positions(samples: SampleBatch) -> np.ndarray:
     """(N, P + R - 1) bool, in the model inputs' layout: the tokens whose routing the rollout recorded, the real
     prompt tokens and every response token that was fed back (all but each row's last)."""
@@ -47,7 +57,9 @@ def routing_metrics(samples: SampleBatch, num_experts: int, policy_routing: Opti
                     my_samples: Optional[SampleBatch] = None, mesh=None) -> Dict[str, float]:
     """The step's routing metrics from the whole step's `samples` (every rank holds them) and, when given, this
     train replica's rows `my_samples` with the policy's own routing of them (`policy_routing`, ModelRouting's
-    output, any order per token), summed over the train-DP replicas of `mesh`."""
+    output, any order per token), summed over the train-DP replicas of `mesh`. None for a dense model's samples."""
+    if samples.routing is None:
+        return {}
     load = expert_load(samples, num_experts)
     metrics = {"moe/expert_load_max_over_mean": float(np.mean(load.max(1) / np.maximum(load.mean(1), 1e-9)))}
     if policy_routing is not None:

@@ -7,7 +7,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 from mindspore import Tensor
 
-from mindrlhf.models.padding import causal_bias, position_ids
+from mindrlhf.models.padding import causal_bias, left_pad, position_ids
 from mindrlhf.reward.verifiers import Scores, merge_scores
 from mindrlhf.trainer.update.loss_inputs import LossInputs
 
@@ -53,6 +53,18 @@ class SampleBatch:
         return SampleBatch(ints(prompt_width), ints(prompt_width), ints(response_width), ints(response_width),
                            np.zeros((rows, response_width), np.float32), np.zeros(rows, np.int64),
                            np.zeros(rows, np.int64), routing=experts)
+
+    @staticmethod
+    def of_rollout(out, prompt_width: int, pad_id: int, first_prompt: int = 0) -> "SampleBatch":
+        """An infer replica's rollout/engine.RolloutOutput as samples: prompts left-padded to `prompt_width`,
+        solution indices offset by `first_prompt` (the replica's first prompt in the step's batch)."""
+        ids, mask = left_pad(out.prompt_ids, prompt_width, pad_id)
+        return SampleBatch(ids, mask, out.response_ids, out.response_mask, out.logprobs,
+                           (out.prompt_index + first_prompt).astype(np.int64),
+                           np.array([r != "length" for r in out.finish_reason], np.int64),
+                           out.loss_mask.astype(np.int64), out.tool_calls.astype(np.int64),
+                           None if out.response_routing is None else
+                           padded_routing(out.prompt_routing, out.response_routing, prompt_width))
 
     def rows(self, start: int, stop: int) -> "SampleBatch":
         return self.take(slice(start, stop))

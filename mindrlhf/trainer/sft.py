@@ -16,7 +16,7 @@ from mindrlhf.models.padding import causal_bias
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.trainer.optim import AdamW, lr_at
-from mindrlhf.trainer.update.grad_norm import SplitNormSum, clip_scale, tp_split_flags
+from mindrlhf.trainer.update.grad_norm import SplitNormSum, clip_scale, split_axes
 
 
 class SFTLoss(nn.Cell):
@@ -53,7 +53,7 @@ class SFTStep(nn.Cell):
         self.optimizer = optimizer
         self.grad_fn = ms.value_and_grad(self.loss, None, optimizer.params)
         self.dp_mean = DPGradMean(model.mesh)
-        self.norm_sum = SplitNormSum(tp_split_flags(model, optimizer.params), model.mesh)
+        self.norm_sum = SplitNormSum(split_axes(model, optimizer.params), model.mesh)
         self.max_grad_norm = max_grad_norm
 
     @ms.jit

@@ -1,8 +1,9 @@
 """msrun worker: a tiny Qwen3-MoE (one dense layer, one sparse; 4 experts, top-2) with its experts split over
-an `ep` axis of 2 ranks, against one process on the same weights: logits, the loss and every parameter's
-gradient (op by op and in one compiled graph, as the train step takes them).
+an `ep` axis of 2 ranks, or each expert's width over a `tp` axis of 2,
+against one process on the same weights: logits, the loss and every parameter's gradient (op by op and in one
+compiled graph, as the train step takes them). With 4 workers: ep2 x tp2 with sequence parallelism.
 
-argv: hf_dir out_dir. Writes out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
+argv: hf_dir out_dir (and the worker count from msrun). Writes out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
 """
 import os
 import sys
@@ -15,21 +16,47 @@ from model_helpers import load_ours, model_inputs, one_process_reference, token_
 from qwen3_tp_worker import compiled_grads  # noqa: E402
 from mindrlhf.configs import ModelConfig  # noqa: E402
 from mindrlhf.parallel.mesh import Mesh, init_distributed  # noqa: E402
+from mindrlhf.trainer.update.grad_norm import SplitNormSum, split_axes  # noqa: E402
+from mindrlhf.trainer.update.one_graph import ModelRouting, ResponseLogProb  # noqa: E402
+from mindspore import Tensor  # noqa: E402
+
+
+def _routing(model, ids):
+    inputs = model_inputs(ids[:, :-1])
+    return np.sort(ModelRouting(model)(*inputs, Tensor(ids[:, 1:].astype(np.int32))).asnumpy(), -1)
+
+
+def _logprobs(model, ids, routing):
+    inputs = model_inputs(ids[:, :-1])
+    extra = () if routing is None else (Tensor(routing.astype(np.int32)),)
+    return ResponseLogProb(model, ids.shape[1] - 1)(*inputs, Tensor(ids[:, 1:].astype(np.int32)), *extra).asnumpy()
 
 
 def main():
     hf_dir, out_dir = sys.argv[1], sys.argv[2]
     rank, world = init_distributed()
-    assert world == 2, world
+    assert world in (2, 4), world
     cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
     ids = np.random.RandomState(7).randint(0, 160, (4, 12))
     names, result = one_process_reference(hf_dir, cfg, ids)
-    model = load_ours(hf_dir, cfg, Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),)))
-    result["shapes"] = np.array([str((p.name, tuple(p.shape))) for p in model.get_parameters()])
-    result["ep_logits"] = model.full_logits(*model_inputs(ids)).asnumpy()
-    result["ep_loss"], grads = token_loss_and_grads(model, ids, names)
-    result.update({"ep_grad/" + n: g for n, g in grads.items()})
-    result.update({"ep_jitgrad/" + n: g for n, g in compiled_grads(model, ids).items()})
+    layouts = {"ep": Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),)), "tp": Mesh(dp=1, tp=2, rank=rank)} \
+        if world == 2 else {"eptp": Mesh(dp=1, tp=2, rank=rank, seq_parallel=True, extra_axes=(("ep", 2),))}
+    ref_routing = _routing(load_ours(hf_dir, cfg), ids)
+    for tag, mesh in layouts.items():
+        model = load_ours(hf_dir, cfg, mesh)
+        # router replay in this layout: its routing pass gives one process's experts, and replaying them gives
+        # the forward's own log-probs (under sequence parallelism: the sequence padded for the split)
+        result[tag + "_routing_equal"] = np.array_equal(_routing(model, ids), ref_routing)
+        plain, replayed = (_logprobs(model, ids, r) for r in (None, ref_routing))
+        result[tag + "_replay_gap"] = np.abs(plain - replayed).max()
+        result[tag + "_shapes"] = np.array([str((p.name, tuple(p.shape))) for p in model.get_parameters()])
+        result[tag + "_logits"] = model.full_logits(*model_inputs(ids)).asnumpy()
+        result[tag + "_loss"], grads = token_loss_and_grads(model, ids, names)
+        result.update({f"{tag}_grad/{n}": g for n, g in grads.items()})
+        result.update({f"{tag}_jitgrad/{n}": g for n, g in compiled_grads(model, ids).items()})
+        params = list(model.get_parameters())        # the train step's global grad norm over this layout's shares
+        norm_sum = SplitNormSum(split_axes(model, params), mesh)
+        result[tag + "_grad_norm"] = np.sqrt(norm_sum([Tensor(grads[p.name]) for p in params]).asnumpy())
     np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **result)
 
 

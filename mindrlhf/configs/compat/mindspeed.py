@@ -202,9 +202,11 @@ _inert(MEGATRON, "log_interval log_throughput eval_interval eval_iters skip_trai
        "logging / evaluation cadence; metrics are written every step")
 _inert(MEGATRON, "dpo_loss_type ref_model refer_model_iter algorithm", "not read by the GRPO trainer")
 _inert(MEGATRON, "do_sample", "rollouts always sample (sampling_config temperature 0 is greedy)")
-_inert(MEGATRON, "moe_grouped_gemm moe_permutation_async_comm moe_tp_extend_ep moe_alltoall_overlap_comm "
+_inert(MEGATRON, "moe_grouped_gemm moe_permutation_async_comm moe_alltoall_overlap_comm "
        "use_fused_moe_token_permute_and_unpermute moe_token_dispatcher_type",
        "MoE kernel or token-dispatch choice (Ascend); the same routing and expert math")
+_inert(MEGATRON, "moe_tp_extend_ep", "true: MindSpeed's TP ranks hold other experts; here they hold a share of "
+       "every expert's width (models/moe.py): another layout of the same experts, the same routing and math")
 _inert(MEGATRON, "qk_pos_emb_head_dim qk_head_dim q_lora_rank kv_lora_rank v_head_dim",
        "multi-latent-attention setting; multi_latent_attention is false")
 _inert(MEGATRON, "beta_fast beta_slow rope_scaling_mscale rope_scaling_mscale_all_dim "

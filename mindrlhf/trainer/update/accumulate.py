@@ -23,13 +23,13 @@ class ApplyAccumulated:
     that all layers share (AdamW.update_each says why), with the operations and their order of the one-graph
     train step."""
 
-    def __init__(self, optimizer, acc, mesh, split_flags, max_grad_norm: float):
+    def __init__(self, optimizer, acc, mesh, axes, max_grad_norm: float):
         self.optimizer, self.acc = optimizer, acc
         self.dp_mean = DPMeanInPlace(mesh) if mesh.dp > 1 else None
-        norm_sum = SplitNormSum(split_flags, mesh)
+        norm_sum = SplitNormSum(axes, mesh)
         names = [p.name for p in optimizer.params]
         self.all_runs = block_runs(names, range(len(acc)))
-        self.norm_runs = tuple(block_runs(names, ids) for ids in (norm_sum.split_ids, norm_sum.replicated_ids))
+        self.norm_runs = tuple(block_runs(names, ids) for ids in norm_sum.id_groups)
         self.add_squares = AddSquares()
         self.clip = ClipScale(norm_sum, max_grad_norm)
 

@@ -1,5 +1,5 @@
 """The gradient's global norm and its clipping, for every update engine: sums of squares (in a graph, or
-driven from the host a run of buffers at a time), split parameters' squares summed over their TP (or EP) ranks and
+driven from the host a run of buffers at a time), each parameter's squares summed over the ranks that split it (TP, EP) and
 pipeline stages' sums added up (SplitNormSum), and the clip factor the optimizer applies as it reads each
 gradient."""
 from __future__ import annotations
@@ -9,7 +9,8 @@ from mindspore import nn, ops
 
 from mindrlhf.models.graph_ops import sum_last
 from mindrlhf.models.qwen2 import CausalLM
-from mindrlhf.models.tp_regions import ReduceFromTP, reduce_from_tp
+from mindrlhf.models.tp_regions import Identity, ReduceFromTP, reduce_from_tp
+from mindrlhf.parallel.layouts import mesh_axis
 from mindrlhf.parallel.grad_sync import StageSum
 
 
@@ -60,46 +61,56 @@ class AddSquares(nn.Cell):
         return total
 
 
-def tp_split_flags(model: CausalLM, params) -> list:
-    """Per parameter: True when its layout in the model's mesh splits it over TP ranks (read from the
-    model's layouts, the one place that says so)."""
+def split_axes(model: CausalLM, params) -> list:
+    """Per parameter: the mesh axes its layout in the model's mesh splits it over ("tp", "ep"; empty when
+    replicated), read from the model's layouts, the one place that says so."""
     layouts = model.layouts()
-    return [any(m != -1 for m in layouts[p.name].tensor_map) for p in params]
+    names = [a for a, _ in model.mesh.device_axes]
+    return [frozenset(names[mesh_axis(lay.dev_matrix, m)] for m in lay.tensor_map if m != -1)
+            for lay in (layouts[p.name] for p in params)]
 
 
 class SplitNormSum(nn.Cell):
-    """Global squared grad norm: split params' squares summed over the ranks that split them (TP ranks, or for a
-    MoE model's experts the EP ranks: check_model refuses both at once), replicated ones counted once, and
-    under pipeline parallelism the stages' sums added up."""
+    """Global squared grad norm: each parameter's squares summed over the ranks that split it, replicated ones
+    counted once, and under pipeline parallelism the stages' sums added up. Three groups (`id_groups`): split over
+    tp only (attention, the dense MLP, the head), split over ep (a MoE model's experts; under TP also over tp:
+    summed over ep, then with the first group over tp) and replicated."""
 
-    def __init__(self, split_flags, mesh):
+    def __init__(self, axes, mesh):
         super().__init__()
-        # the two index lists are fixed here: an `if` per parameter inside the graph's loop would compile
-        # into a branch per parameter (type inference time)
-        self.split_ids = tuple(i for i, split in enumerate(split_flags) if split)
-        self.replicated_ids = tuple(i for i, split in enumerate(split_flags) if not split)
-        if mesh.ep > 1 and mesh.tp > 1:
-            raise ValueError("a mesh splits parameters over both tp and ep: not supported")
-        self.reduce = ReduceFromTP(mesh.group("ep")) if mesh.ep > 1 else reduce_from_tp(mesh)
+        # the index lists are fixed here: an `if` per parameter inside the graph's loop would compile into a
+        # branch per parameter (type inference time)
+        self.tp_ids = tuple(i for i, a in enumerate(axes) if a and "ep" not in a)
+        self.ep_ids = tuple(i for i, a in enumerate(axes) if "ep" in a)
+        self.replicated_ids = tuple(i for i, a in enumerate(axes) if not a)
+        if mesh.tp > 1 and any("tp" not in axes[i] for i in self.ep_ids):
+            raise ValueError("a parameter split over ep but not tp under tp > 1: its squares would count tp times")
+        self.reduce_tp = reduce_from_tp(mesh)
+        self.reduce_ep = ReduceFromTP(mesh.group("ep")) if mesh.ep > 1 else Identity()
         self.stage_sum = StageSum(mesh)
 
-    def construct(self, grads):
-        return self.combine(squares_total(grads, self.split_ids), squares_total(grads, self.replicated_ids))
+    @property
+    def id_groups(self) -> tuple:
+        """(tp-split, ep-split, replicated) parameter indices: what `combine` takes the sums of squares of."""
+        return self.tp_ids, self.ep_ids, self.replicated_ids
 
-    def combine(self, split_total, replicated_total):
-        """The global squared norm from the sums of squares of this rank's split and replicated parameters."""
-        return self.stage_sum(self.reduce(split_total) + replicated_total)
+    def construct(self, grads):
+        return self.combine(*(squares_total(grads, ids) for ids in self.id_groups))
+
+    def combine(self, tp_total, ep_total, replicated_total):
+        """The global squared norm from this rank's sums of squares of each group (id_groups)."""
+        return self.stage_sum(self.reduce_tp(tp_total + self.reduce_ep(ep_total)) + replicated_total)
 
 
 class ClipScale(nn.Cell):
-    """(clip factor, global norm) from this rank's two sums of squares (split, replicated parameters): the
-    clip of an update whose squares were summed from the host (update/accumulate.py)."""
+    """(clip factor, global norm) from this rank's sums of squares of each SplitNormSum group: the clip of an
+    update whose squares were summed from the host (update/accumulate.py)."""
 
     def __init__(self, norm_sum: SplitNormSum, max_grad_norm: float):
         super().__init__(auto_prefix=False)
         self.norm_sum, self.max_grad_norm = norm_sum, max_grad_norm
 
     @ms.jit
-    def construct(self, split_total, replicated_total):
-        norm = ops.sqrt(self.norm_sum.combine(split_total, replicated_total))
+    def construct(self, tp_total, ep_total, replicated_total):
+        norm = ops.sqrt(self.norm_sum.combine(tp_total, ep_total, replicated_total))
         return clip_factor(norm, self.max_grad_norm), norm

@@ -31,7 +31,7 @@ from mindrlhf.models.lora import freeze_base
 from mindrlhf.models.qwen2 import DecoderLayer
 from mindrlhf.trainer.optim import aliases, zeros_like
 from mindrlhf.trainer.update.accumulate import AccumulatedUpdate, ApplyAccumulated, micro_batch_stats
-from mindrlhf.trainer.update.grad_norm import tp_split_flags
+from mindrlhf.trainer.update.grad_norm import split_axes
 from mindrlhf.trainer.update.loss import GRPOLossCell
 from mindrlhf.trainer.update.loss_inputs import LossInputs
 from mindrlhf.utils.params import hold_reads
@@ -261,7 +261,7 @@ class LayerwiseTrainStep(AccumulatedUpdate):
                     (p.name != weight.name or model.tie)]
         self.head = _HeadStep(loss_cell, [params[i] for i in head_ids],
                               ms.ParameterTuple([self.acc[i] for i in head_ids]))
-        self.apply = ApplyAccumulated(optimizer, self.acc, mesh, tp_split_flags(model, params), max_grad_norm)
+        self.apply = ApplyAccumulated(optimizer, self.acc, mesh, split_axes(model, params), max_grad_norm)
 
     def accumulate(self, input_ids, position_ids, bias, labels, loss_inputs: LossInputs) -> np.ndarray:
         """The mini-batch's gradients summed into `self.acc`, layer by layer (each layer's weights copied into

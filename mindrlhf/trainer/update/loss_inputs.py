@@ -52,4 +52,5 @@ class LossInputs:
 
 
 def field_names() -> tuple:
-    return tuple(f.name for f in dataclasses.fields(LossInputs))
+    """The fields GRPOLossCell.terms reads, in order (the optional routing is read before: GRPOLossCell.construct)."""
+    return tuple(f.name for f in dataclasses.fields(LossInputs) if f.name != "routing")

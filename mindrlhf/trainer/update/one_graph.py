@@ -9,7 +9,7 @@ from mindrlhf.models.layer_graphs import routed_forward
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.parallel.grad_sync import DPGradMean
 from mindrlhf.trainer.optim import AdamW
-from mindrlhf.trainer.update.grad_norm import SplitNormSum, clip_scale, tp_split_flags
+from mindrlhf.trainer.update.grad_norm import SplitNormSum, clip_scale, split_axes
 from mindrlhf.trainer.update.loss import GRPOLossCell, response_logprobs
 
 
@@ -42,8 +42,6 @@ class ModelRouting(nn.Cell):
     @ms.jit
     def construct(self, input_ids, position_ids, bias, labels):
         experts = ops.stop_gradient(routed_forward(self.model.model, input_ids, position_ids, bias))
-        layers, _, k = experts.shape
-        experts = ops.reshape(experts, (layers, input_ids.shape[0], input_ids.shape[1], k))
         return ops.transpose(experts, (1, 2, 0, 3))
 
 
@@ -56,7 +54,7 @@ class PolicyTrainStep(nn.Cell):
         self.optimizer = optimizer
         self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params, has_aux=True)
         self.dp_mean = DPGradMean(mesh)
-        self.norm_sum = SplitNormSum(tp_split_flags(loss_cell.model, optimizer.params), mesh)
+        self.norm_sum = SplitNormSum(split_axes(loss_cell.model, optimizer.params), mesh)
         self.max_grad_norm = max_grad_norm
 
     @ms.jit

@@ -26,7 +26,7 @@ from mindrlhf.parallel.swap import on_ascend
 from mindrlhf.trainer import exchange
 from mindrlhf.trainer.optim import zeros_like
 from mindrlhf.trainer.update.accumulate import AccumulatedUpdate, ApplyAccumulated, micro_batch_stats
-from mindrlhf.trainer.update.grad_norm import tp_split_flags
+from mindrlhf.trainer.update.grad_norm import split_axes
 from mindrlhf.trainer.update.loss import GRPOLossCell
 from mindrlhf.trainer.update.loss_inputs import LossInputs
 
@@ -118,7 +118,7 @@ class PipelineTrainStep(AccumulatedUpdate):
         else:
             self.forward_cell = StageForward(model)
             self.backward_cell = StageBackward(model, params, self.acc, mesh.is_first_stage)
-        self.apply = ApplyAccumulated(optimizer, self.acc, mesh, tp_split_flags(model, params), max_grad_norm)
+        self.apply = ApplyAccumulated(optimizer, self.acc, mesh, split_axes(model, params), max_grad_norm)
         # benchmarks: time inside this stage's compute graphs (synchronised) vs the whole schedule
         self.profile, self.busy_seconds, self.schedule_seconds = False, 0.0, 0.0
 
