@@ -25,9 +25,11 @@ Tensor parallelism (the `tp` axis, with or without sequence parallelism): each e
 over the TP ranks as the dense MLP's is (gate / up column-parallel, down row-parallel); the router runs replicated
 on the layer's gathered tokens, and the partial outputs leave the TP region as the dense MLP's do (all-reduce, or
 reduce-scatter along the sequence). With EP too, the EP sum comes first. MindSpeed-RL's `moe_tp_extend_ep` (the TP
-ranks holding other experts instead of a share of each) is another layout of the same model. An all-to-all dispatcher (each EP rank's attention on its own rows, tokens sent only to the ranks of
-their experts) is what Ascend would use; it needs the data layout to give EP ranks distinct rows and an
-all-to-all this backend lacks, so it is not built (nothing here could verify it).
+ranks holding other experts instead of a share of each) is another layout of the same model.
+
+An all-to-all dispatcher (each EP rank's attention on its own rows, tokens sent only to the ranks of their experts)
+is what Ascend would use; it needs the data layout to give EP ranks distinct rows and an all-to-all this backend
+lacks, so it is not built (nothing here could verify it).
 
 Parameter names are MindFormers' (vllm-mindspore / MindFormers Qwen3-MoE and DeepSeek-V3 weight conversion):
 `feed_forward.routed_experts.router.dense.weight` (E, H) and `feed_forward.routed_experts.ffn.w1/w3.weight`
