@@ -297,16 +297,13 @@ class DecoderModel(nn.Cell):
         if self.first:
             x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H); under SP (B, T/tp, H)
         cos, sin = self.rope(position_ids)
-        if routing is None:
-            for layer in (self.graphs.whole_rows if self.reuse_layers else self.layers):     # see reuse_layers
-                x = layer(x, cos, sin, bias)
-        else:
-            replayed = self.graphs.whole_rows_replayed if self.reuse_layers else self.layers
-            for i in range(len(self.layers)):
-                if self.sparse_index[i] >= 0:
-                    x = replayed[i](x, cos, sin, bias, layer_routing(routing, self.sparse_index[i]))
-                else:
-                    x = (self.graphs.whole_rows if self.reuse_layers else self.layers)[i](x, cos, sin, bias)
+        plain = self.graphs.whole_rows if self.reuse_layers else self.layers          # see reuse_layers
+        replayed = self.graphs.whole_rows_replayed if self.reuse_layers else self.layers
+        for i in range(len(self.layers)):
+            if routing is not None and self.sparse_index[i] >= 0:
+                x = replayed[i](x, cos, sin, bias, layer_routing(routing, self.sparse_index[i]))
+            else:
+                x = plain[i](x, cos, sin, bias)
         return self.norm_out(x) if self.last else x
 
 def _pad_sequence(position_ids, bias, pad: int):

@@ -67,13 +67,18 @@ class RolloutOutput:
         return self.response_mask.sum(-1)
 
 
+def unrouted(shape: tuple, top_k: int) -> np.ndarray:
+    """A routing record of `shape` + (top_k,) holding experts 0..k-1 everywhere: the filler of the positions no
+    pass routed (padding, tokens never fed back)."""
+    return np.broadcast_to(np.arange(top_k, dtype=np.int32), tuple(shape) + (top_k,)).copy()
+
+
 class RoutingRecord:
     """The experts of every token a rollout feeds through a Qwen3-MoE model, filled from prefill's and each
     decode step's outputs (router replay: rl.router_replay)."""
 
     def __init__(self, rows: int, width: int, sparse_layers: int, top_k: int):
-        self.response = np.broadcast_to(np.arange(top_k, dtype=np.int32),
-                                        (rows, width, sparse_layers, top_k)).copy()
+        self.response = unrouted((rows, width, sparse_layers), top_k)
         self.prompts: List[np.ndarray] = []
 
     def prefilled(self, experts: np.ndarray, lengths: np.ndarray, p_len: int, n: int):

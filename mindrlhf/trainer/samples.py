@@ -9,6 +9,7 @@ from mindspore import Tensor
 
 from mindrlhf.models.padding import causal_bias, left_pad, position_ids
 from mindrlhf.reward.verifiers import Scores, merge_scores
+from mindrlhf.rollout.engine import unrouted
 from mindrlhf.trainer.update.loss_inputs import LossInputs
 
 
@@ -48,8 +49,7 @@ class SampleBatch:
         experts = None
         if routing is not None:
             layers, k = routing
-            experts = np.broadcast_to(np.arange(k, dtype=np.int32),
-                                      (rows, prompt_width + response_width, layers, k)).copy()
+            experts = unrouted((rows, prompt_width + response_width, layers), k)
         return SampleBatch(ints(prompt_width), ints(prompt_width), ints(response_width), ints(response_width),
                            np.zeros((rows, response_width), np.float32), np.zeros(rows, np.int64),
                            np.zeros(rows, np.int64), routing=experts)
@@ -129,7 +129,7 @@ def padded_routing(prompt_routing: Sequence[np.ndarray], response_routing: np.nd
     """A rollout's routing record (RolloutOutput.prompt_routing, response_routing) laid out as SampleBatch.routing:
     each row's prompt tokens left-padded to `prompt_width`, then its response; padding holds experts 0..k-1."""
     rows, width, layers, k = response_routing.shape
-    out = np.broadcast_to(np.arange(k, dtype=np.int32), (rows, prompt_width + width, layers, k)).copy()
+    out = unrouted((rows, prompt_width + width, layers), k)
     for i, prompt in enumerate(prompt_routing):
         out[i, prompt_width - len(prompt):prompt_width] = prompt
     out[:, prompt_width:] = response_routing
