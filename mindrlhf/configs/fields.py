@@ -35,7 +35,8 @@ def flag_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
         typ = type_name(f)
         p.add_argument(f"--{f.name}", required=required, nargs="+" if typ.startswith("List") else None,
                        default=None, metavar=typ.upper().replace("LIST[", "").rstrip("]"),
-                       help=f"{f.metadata['help']}" + ("" if required else f" (default: {default_of(f)!r})"))
+                       help=(f"{f.metadata['help']}" + ("" if required else f" (default: {default_of(f)!r})"))
+                       .replace("%", "%%"))      # argparse reads help as a %-format
     return p
 
 
