@@ -104,8 +104,9 @@ ONE_GRAPH = {"layerwise_update": False}     # the mindrlhf_one_graph system: one
 
 
 def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict = None,
-               out_name: str = "mindrlhf", seed: int = 1) -> dict:
-    """One mindrlhf run of the example's config; `extra`: overrides on top (bench_lora.py's LoRA run)."""
+               out_name: str = "mindrlhf", seed: int = 1, config: str = os.path.join(EXAMPLE, "grpo_config.yaml")) -> dict:
+    """One mindrlhf run of an example's config (this one's by default); `extra`: overrides on top (bench_lora.py's
+    LoRA run, bench_tools.py's tool module)."""
     from mindrlhf.configs.grpo_load import load_grpo_config
     from mindrlhf.trainer.grpo_trainer import GRPOTrainer
     from mindrlhf.trainer.metrics import read_metrics
@@ -118,7 +119,7 @@ def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict
     else:
         overrides.update(eval_steps=0)
     overrides.update(extra or {})
-    cfg = load_grpo_config(os.path.join(EXAMPLE, "grpo_config.yaml"), overrides)
+    cfg = load_grpo_config(config, overrides)
     t0 = time.perf_counter()
     trainer = GRPOTrainer(cfg, log=lambda *a, **k: None)
     construct = time.perf_counter() - t0

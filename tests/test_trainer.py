@@ -760,3 +760,12 @@ def test_the_compile_cache_is_refused_with_pipeline_stages():
     with pytest.raises(ConfigError, match=r"run.enable_compile_cache: not verified with pipeline stages "
                                           r"\(pipeline_stage 2\)"):
         set_compile_cache(run, log=lambda *a: None)
+
+
+def test_progress_line_shows_the_sft_loss(tmp_path):
+    """The SFT command's progress lines carry its loss and eval loss (they once showed only gnorm and lr)."""
+    from mindrlhf.trainer.metrics import MetricsLogger
+    lines = []
+    MetricsLogger(str(tmp_path), tensorboard=False).log(
+        3, {"loss": 0.12345, "grad_norm": 2.0, "lr": 1e-5, "eval_loss": 0.25}, echo=lines.append)
+    assert lines == ["step 3 | loss 0.1235 | gnorm 2.000 | lr 1.00e-05 | eval_loss 0.2500"]
