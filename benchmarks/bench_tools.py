@@ -95,7 +95,7 @@ def child_trl(work: str, inputs: dict, steps: int, eval_every: int, seed: int = 
     interpreter = CodeInterpreter(SandboxLimits(timeout=5.0, memory_mb=256))       # tools.py's
     state = {"step_times": [], "tool_s": [], "tool_now": 0.0, "calls": 0}
 
-    def code_interpreter(code: str) -> str:
+    def code_interpreter(code: str):           # no return hint: the schema then equals ours exactly
         """Runs Python code and returns what it prints (stdout, then stderr). Print the values you need.
 
         Args:

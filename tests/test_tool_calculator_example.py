@@ -109,7 +109,7 @@ def test_readme_commands_run_end_to_end(tmp_path):
         os.path.join(EXAMPLE, "grpo_config.yaml"), "--sft_path_train", f"{d}/sft/hf_policy", "--mind_dataset_dir",
         f"{d}/data/train.mindrecord", "--eval_dataset", f"{d}/data/test.mindrecord", "--save_ckpt_dir", f"{d}/run",
         "--total_steps", "1", "--save_steps", "1", "--eval_steps", "0", "--batch_size", "2", "--num_generations", "2",
-        "--progress", "False")
+        "--micro_batch_size", "4", "--progress", "False")
     rows = _rows(f"{d}/run/metrics.jsonl")
     assert rows[-1]["step"] == 1 and "tools/code_interpreter/calls" in rows[-1]
     out = run("-m", "mindrlhf.eval", "--model", f"{d}/run/hf_policy", "--dataset", f"{d}/data/test.jsonl",
