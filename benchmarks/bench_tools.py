@@ -37,7 +37,8 @@ from bench_real_model import child_ours, median, plot, summary  # noqa: E402
 
 EXAMPLE = os.path.join(REPO, "examples", "grpo", "tool_calculator")
 TOOLS = os.path.join(EXAMPLE, "tools.py")
-SYSTEM_PROMPT = "You are a helpful assistant. Use the code_interpreter tool for arithmetic."
+sys.path.insert(0, EXAMPLE)
+from make_data import SYSTEM_PROMPT  # noqa: E402  (the example's one system prompt)
 PROMPTS, G, NEW, TEMPERATURE, LR, WARMUP, EVAL_PROMPTS, MAX_CALLS = 4, 8, 96, 0.7, 1e-5, 3, 64, 2
 PROMPT_WIDTH = 224
 SFT_FLAGS = ["--max_length", "320", "--batch_size", "8", "--total_steps", "16", "--lr", "2e-5", "--warmup_steps", "2"]

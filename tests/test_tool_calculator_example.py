@@ -89,7 +89,7 @@ def test_readme_commands_run_end_to_end(tmp_path):
     from test_real_model import smollm2
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     d, tools = str(tmp_path), os.path.join(EXAMPLE, "tools.py")
-    system = "You are a helpful assistant. Use the code_interpreter tool for arithmetic."
+    system = make_data.SYSTEM_PROMPT
 
     def run(*args):
         out = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

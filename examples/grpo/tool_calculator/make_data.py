@@ -25,13 +25,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEM_PROMPT = "You are a helpful assistant. Use the code_interpreter tool for arithmetic."
 NAMES = ["Tom", "Anna", "Li", "Sara", "Omar", "Mia", "Ben", "Zoe", "Ravi", "Lena"]
 ITEMS = ["apples", "books", "coins", "pencils", "stickers", "shells", "cards", "marbles"]
-STORIES = [           # the GRPO task: a product
+STORIES = [           # (question, answer, operation): the GRPO task, a product
     ("{name} packs {b} boxes with {a} {item} in each box. How many {item} does {name} pack?",
-     "{name} packs {p} {item}."),
+     "{name} packs {p} {item}.", "*"),
     ("A shop sells {a} {item} every day. How many {item} does it sell in {b} days?",
-     "It sells {p} {item}."),
+     "It sells {p} {item}.", "*"),
     ("{name} has {b} bags and puts {a} {item} in each bag. How many {item} are in the bags?",
-     "There are {p} {item} in the bags."),
+     "There are {p} {item} in the bags.", "*"),
 ]
 SFT_STORIES = [       # the cold start's: sums and differences, so SFT teaches the tool, not the task
     ("{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
@@ -52,7 +52,7 @@ def problems(n: int, test: bool, rng: random.Random, stories=STORIES):
         a, b = rng.randint(100, 999), rng.randint(11, 99)
         if held_out(a, b) != test:
             continue
-        story, answer, op = (*rng.choice(stories), "*")[:3]
+        story, answer, op = rng.choice(stories)
         p = {"*": a * b, "+": a + b, "-": a - b}[op]
         fill = dict(name=rng.choice(NAMES), item=rng.choice(ITEMS), a=a, b=b, p=p)
         yield f"print({a} {op} {b})", p, story.format(**fill) + ASK, answer.format(**fill)
