@@ -103,7 +103,7 @@ def stage_convert(work: str, vocab: str, merges: str):
 
 # --arch qwen3_moe: the tiny model as a Qwen3-MoE (q/k norms, own head width, untied head, every MLP sparse)
 QWEN3_MOE = dict(qkv_has_bias=False, qk_layernorm=True, head_dim=16, tie_word_embeddings=False, num_experts=4,
-                 num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True, router_aux_loss_coef=0.0)
+                 num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
 
 
 def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, str]:
@@ -120,7 +120,8 @@ def stage_configs(work: str, workers: int, vocab_size: int, args) -> Dict[str, s
     for role, (dp, tp, ep) in layouts.items():
         doc = copy.deepcopy(base)
         doc["model"]["model_config"].update(vocab_size=padded, seq_length=64, max_position_embedding=64,
-                                            **(QWEN3_MOE if moe else {}))
+                                            **(dict(QWEN3_MOE, router_aux_loss_coef=args.aux_loss_coef) if moe
+                                               else {}))
         doc["parallel_config"].update(data_parallel=dp, model_parallel=tp, **({"expert_parallel": ep} if ep > 1
                                                                               else {}))
         paths[role] = os.path.join(work, f"{role}_model.yaml")
@@ -350,6 +351,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1, help="GRPO seed (sampling and prompt order)")
     p.add_argument("--eval_steps", type=int, default=0, help="held-out eval every N steps (default: steps / 5)")
     p.add_argument("--dynamic_sampling", action="store_true", help="DAPO's dynamic sampling (rl.dynamic_sampling)")
+    p.add_argument("--aux_loss_coef", type=float, default=0.0,
+                   help="--arch qwen3_moe: the model's router_aux_loss_coef, the load-balancing loss's weight in the "
+                        "GRPO update (0: none)")
     p.add_argument("--arch", default="qwen2", choices=("qwen2", "qwen3_moe"),
                    help="the tiny model: Qwen2 (train layout tensor-parallel) or Qwen3-MoE (4 experts, top-2; train "
                         "layout expert-parallel)")

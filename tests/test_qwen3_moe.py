@@ -363,7 +363,9 @@ def test_grpo_trains_a_qwen3_moe_hf_folder(tmp_path):
     """Two GRPO steps with a Qwen3-MoE folder as --sft_path_train (one dense layer, one sparse): the trainer
     builds, rolls out and updates it (shared prompt on: the dense and the sparse layer each compiled once as
 their own reused subgraph, layer_graphs.LayerGraphs), the rollout's log-probs equal the train model's, and the export is a
-    Qwen3-MoE transformers loads. The folder's router_aux_loss_coef, not applied yet, is said at start-up."""
+    Qwen3-MoE transformers loads. The folder's router_aux_loss_coef joins the update (said at start-up) and the
+    aux loss is reported (transformers' form: top_k = 2 when the routing is balanced, more when not: the random
+    routers are not)."""
     import torch
     from transformers import AutoModelForCausalLM
     from grpo_helpers import grpo_overrides, make_grpo_assets
@@ -376,7 +378,9 @@ their own reused subgraph, layer_graphs.LayerGraphs), the rollout's log-probs eq
                                                 share_prompt=True, export_hf=True, save_steps=2))
     logs = []
     rows = GRPOTrainer(cfg, log=lambda *a, **k: logs.append(" ".join(map(str, a)))).fit()
-    assert any("router_aux_loss_coef 0.01 is not applied" in line for line in logs)    # config.json's, said
+    assert any("router_aux_loss_coef 0.01 x the load-balancing loss" in line for line in logs)  # config.json's
+    assert not any("is not applied" in line for line in logs)
+    assert all(2.0 < r["moe/aux_loss"] < 3.0 for r in rows)        # measured 2.64, 2.39
     assert len(rows) == 2
     assert all(np.isfinite(r["loss"]) and r["rollout_train_logprob_gap"] <= 1e-4 for r in rows)
     back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "hf_policy"), dtype=torch.float32)

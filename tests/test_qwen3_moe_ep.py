@@ -94,12 +94,14 @@ def _grpo_flags(tmp_path, assets, folder, name, **extra):
 
 
 def _grpo_runs(tmp_path, layouts):
-    """A single process, then each {name: flags} under 2 msrun workers, on one Qwen3-MoE folder."""
+    """A single process, then each {name: flags} under 2 msrun workers, on one Qwen3-MoE folder whose
+    router_aux_loss_coef (0.5) makes the load-balancing loss a large share of every gradient (trainer/aux_loss.py:
+    its counts are summed over the train-DP replicas and its gradient scaled by dp)."""
     from grpo_helpers import WORKER, make_grpo_assets
     from mindrlhf.trainer.metrics import read_metrics
     assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
     folder = str(tmp_path / "Qwen3-MoE-tiny")
-    make_qwen3_moe_model(folder, vocab=416, mlp_only=(0,))
+    make_qwen3_moe_model(folder, vocab=416, mlp_only=(0,), aux_coef=0.5)
     proc = subprocess.run([sys.executable, WORKER] + _grpo_flags(tmp_path, assets, folder, "single"),
                           env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=900)
@@ -115,7 +117,8 @@ def _same_trajectory(single, other):
     for a, b in zip(single, other):
         assert a["response_len_mean"] == b["response_len_mean"] and a["reward_mean"] == b["reward_mean"]
         assert b["rollout_train_logprob_gap"] <= 1e-4
-        for key, absolute in (("loss", 1e-6), ("pg_loss", 1e-6), ("kl", 1e-7), ("grad_norm", 0), ("entropy", 0)):
+        for key, absolute in (("loss", 1e-6), ("pg_loss", 1e-6), ("kl", 1e-7), ("grad_norm", 0), ("entropy", 0),
+                              ("moe/aux_loss", 0)):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=absolute), key
 
 

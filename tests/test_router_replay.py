@@ -39,7 +39,7 @@ def _logprobs(model, samples, routing=None, shared=(0, 0)):
 
 def _own_routing(model, samples):
     t = training_tensors(samples)
-    return np.sort(ModelRouting(model)(t["input_ids"], t["position_ids"], t["bias"], t["labels"]).asnumpy(), -1)
+    return np.sort(ModelRouting(model)(t["input_ids"], t["position_ids"], t["bias"], t["labels"])[0].asnumpy(), -1)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +189,8 @@ def test_grpo_r3_brings_the_rollout_train_gap_down_under_a_routing_mismatch(tmp_
                 for mode in ("none", "r3"))
     # measured (Intel Xeon, 2 cores): agreement 0.995; gap none 2.8e-3, r3 6.8e-4 (the float16 rollout alone:
     # 4.7e-4, the slow test below)
-    assert r3[0]["moe/routing_agreement"] < 1.0 and "moe/routing_agreement" not in none[0]
+    # the folder's router_aux_loss_coef runs the routing pass with replay off too: both see the mismatch
+    assert r3[0]["moe/routing_agreement"] < 1.0 and none[0]["moe/routing_agreement"] < 1.0
     assert _gap(none) > 2.5 * _gap(r3)
 
 
@@ -237,6 +238,6 @@ def test_episodes_record_the_routing_of_the_tool_tokens_they_feed(template):
     present = out.response_mask.astype(bool)
     assert (out.response_mask - out.loss_mask).sum() > 20                       # tool tokens are in the episode
     assert np.array_equal(replayed[present], plain[present])
-    own = np.sort(ModelRouting(model)(*args).asnumpy(), -1)
+    own = np.sort(ModelRouting(model)(*args)[0].asnumpy(), -1)
     keep = recorded_positions(samples)
     assert (own == samples.input_routing()).all(-1)[keep].all()

@@ -35,9 +35,14 @@ class SharedPrompt:
         self.prompt_tokens = self.prompts * prompt_len
         self.head_dim = head_dim
 
-    def tokens(self, z):
-        """(N, P + T, ...) -> (Q*P + N*T, ...): each group's prompt once, then every response."""
-        prompts = take(take(z, 0, 0, self.rows, self.group), 1, 0, self.prompt_len)
+    def tokens(self, z, sum_group: bool = False):
+        """(N, P + T, ...) -> (Q*P + N*T, ...): each group's prompt once (its first row's, or with `sum_group`
+        the sum of its rows'), then every response."""
+        if sum_group:
+            prompts = take(z, 1, 0, self.prompt_len)
+            prompts = ops.reshape(prompts, (self.prompts, self.group) + prompts.shape[1:]).sum(1)
+        else:
+            prompts = take(take(z, 0, 0, self.rows, self.group), 1, 0, self.prompt_len)
         responses = take(z, 1, self.prompt_len, self.prompt_len + self.response_len)
         rest = z.shape[2:]          # per-token values keep their axes: a sparse layer's routing (N, P + T, k)
         return ops.concat((ops.reshape(prompts, (-1,) + rest), ops.reshape(responses, (-1,) + rest)), 0)
@@ -123,11 +128,12 @@ class WholeRows(_LayerPath):
         return self.layer(x, cos, sin, bias)
 
 
-class WholeRowsReplayed(_LayerPath):
-    """A sparse layer on whole rows with its experts replayed: replay (B, T, k) (router replay)."""
+class WholeRowsRouted(_LayerPath):
+    """A sparse layer on whole rows with its routing inputs (DecoderModel.routing_inputs): replay (B, T, k) the
+    experts to replay (-1: its own), router_grad (B, T, E) the aux loss's gradient."""
 
-    def construct(self, x, cos, sin, bias, replay):
-        return self.layer(x, cos, sin, bias, replay)
+    def construct(self, x, cos, sin, bias, replay, router_grad):
+        return self.layer(x, cos, sin, bias, replay, router_grad)
 
 
 class SharedPromptRows(_LayerPath):
@@ -138,19 +144,20 @@ class SharedPromptRows(_LayerPath):
         return shared_prompt_layer(self.layer, x, cos, sin, bias_p, bias_r)
 
 
-class SharedPromptReplayed(_LayerPath):
-    """SharedPromptRows of a sparse layer with its experts replayed: replay (M, k) in the token matrix's order."""
+class SharedPromptRouted(_LayerPath):
+    """SharedPromptRows of a sparse layer with its routing inputs in the token matrix's order: replay (M, k),
+    router_grad (M, E)."""
 
-    def construct(self, x, cos, sin, bias_p, bias_r, replay):
-        return shared_prompt_layer(self.layer, x, cos, sin, bias_p, bias_r, replay)
+    def construct(self, x, cos, sin, bias_p, bias_r, replay, router_grad):
+        return shared_prompt_layer(self.layer, x, cos, sin, bias_p, bias_r, replay, router_grad)
 
 
-def shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r, replay=None):
+def shared_prompt_layer(layer, x, cos, sin, bias_p, bias_r, replay=None, router_grad=None):
     """SharedPromptRows' pass of `layer`, as a function (trainer/update/layerwise.py runs it outside the reused cell)."""
     rows = bias_r.shape[0]
     split = SharedPrompt(rows, rows // bias_p.shape[0], bias_p.shape[2], bias_r.shape[2], cos.shape[-1])
     h = x + shared_prompt_attention(layer.attention, layer.attention_input(x), cos, sin, bias_p, bias_r, split)
-    return layer.mlp_residual(h, replay)
+    return layer.mlp_residual(h, replay, router_grad)
 
 
 class Prefill(_LayerPath):
@@ -162,7 +169,7 @@ class Prefill(_LayerPath):
         layer = self.layer
         h = x + prefill_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v,
                                   cache_k.shape[0] // x.shape[0])
-        return layer.mlp_residual_routed(h) if layer.is_moe else layer.mlp_residual(h)
+        return layer.mlp_residual_routed(h)[:2] if layer.is_moe else layer.mlp_residual(h)
 
 
 class Decode(_LayerPath):
@@ -173,7 +180,7 @@ class Decode(_LayerPath):
         layer = self.layer
         h = x + decode_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v,
                                  kv_index)
-        return layer.mlp_residual_routed(h) if layer.is_moe else layer.mlp_residual(h)
+        return layer.mlp_residual_routed(h)[:2] if layer.is_moe else layer.mlp_residual(h)
 
 
 class LayerGraphs:
@@ -187,40 +194,43 @@ class LayerGraphs:
         key = [keys[" (MoE)" if getattr(layer, "is_moe", False) else ""] for layer in layers]
         self.whole_rows = tuple(WholeRows(layer, k) for layer, k in zip(layers, key))
         self.shared_prompt = tuple(SharedPromptRows(layer, k) for layer, k in zip(layers, key))
-        # router replay: the sparse layers' paths with the experts as an input (None at the dense layers)
-        replay_key = new_key("decoder layers (MoE, replayed)")
-        self.whole_rows_replayed = tuple(WholeRowsReplayed(layer, replay_key) if getattr(layer, "is_moe", False)
-                                         else None for layer in layers)
-        self.shared_prompt_replayed = tuple(SharedPromptReplayed(layer, replay_key)
-                                            if getattr(layer, "is_moe", False) else None for layer in layers)
+        # the sparse layers' paths with routing inputs (router replay, the aux loss; None at the dense layers)
+        routed_key = new_key("decoder layers (MoE, routing inputs)")
+        self.whole_rows_routed = tuple(WholeRowsRouted(layer, routed_key) if getattr(layer, "is_moe", False)
+                                       else None for layer in layers)
+        self.shared_prompt_routed = tuple(SharedPromptRouted(layer, routed_key)
+                                          if getattr(layer, "is_moe", False) else None for layer in layers)
         self.prefill = tuple(Prefill(layer, k) for layer, k in zip(layers, key))
         self.decode = tuple(Decode(layer, k) for layer, k in zip(layers, key))
 
 
 # ---- the model's paths through its layers -----------------------------------------------------------------
-def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, prompt_len: int, routing=None):
+def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, prompt_len: int, routing=None,
+                          router_grad=None):
     """The final hidden states that predict the response tokens, (N, T + 1, H), of [prompt | response] rows
     (input_ids (N, P + T), bias (N, 1, P + T, P + T) as for `construct`) whose groups of `group` rows share
     their prompt: the prompt runs once per group (SharedPrompt). Position P - 1 (the prompt's last
     token, which predicts the first response token) is the group's, copied to its rows. Whole model
-    only: no pipeline stages, no sequence parallelism. `routing` (N, P + T, sparse layers, k): the experts
-    to replay (DecoderModel.stage_forward)."""
+    only: no pipeline stages, no sequence parallelism. `routing` (N, P + T, sparse layers, k) and
+    `router_grad` (N, P + T, E): the routing inputs (DecoderModel.routing_inputs); a shared prompt token's
+    aux gradient is its rows' sum, as it stands for all of them."""
     if decoder.sp_pad != 1 or not (decoder.first and decoder.last):
         raise ValueError("a shared-prompt forward needs the whole model on one rank's sequence: no pipeline "
                          "stages, no sequence parallelism")
     tokens, cos, sin, bias_p, bias_r = layer_inputs(decoder, input_ids, position_ids, bias, group, prompt_len)
     x = embed(decoder, tokens)
+    routing, router_grad = decoder.routing_inputs(input_ids.shape[0], input_ids.shape[1], routing, router_grad)
     if routing is not None:
         split = SharedPrompt(input_ids.shape[0], group, prompt_len, input_ids.shape[1] - prompt_len, 1)
-        routing = split.tokens(routing)                                     # (M, sparse layers, k)
+        routing, router_grad = split.tokens(routing), split.tokens(router_grad, sum_group=True)   # (M, ...)
     for i in range(len(decoder.layers)):
         sparse = decoder.sparse_index[i]
         if routing is not None and sparse >= 0:
             replay = layer_routing(routing, sparse)
             if decoder.reuse_layers:
-                x = decoder.graphs.shared_prompt_replayed[i](x, cos, sin, bias_p, bias_r, replay)
+                x = decoder.graphs.shared_prompt_routed[i](x, cos, sin, bias_p, bias_r, replay, router_grad)
             else:
-                x = shared_prompt_layer(decoder.layers[i], x, cos, sin, bias_p, bias_r, replay)
+                x = shared_prompt_layer(decoder.layers[i], x, cos, sin, bias_p, bias_r, replay, router_grad)
         elif decoder.reuse_layers:
             x = decoder.graphs.shared_prompt[i](x, cos, sin, bias_p, bias_r)
         else:                           # compiled layer by layer (DecoderModel.reuse_layers says why)
@@ -229,27 +239,31 @@ def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, pr
 
 
 def routed_forward(decoder, input_ids, position_ids, bias):
-    """The experts each token of whole rows (B, T) goes to, (sparse layers, B, T, k), from a forward of the
-    layers up to the last sparse one (router replay's r2 and its agreement metric); whole model on one stage.
-    Each layer compiled on its own: a pass once per step, not worth a reused subgraph of its own. Under sequence
+    """The experts each token of whole rows (B, T) goes to, (sparse layers, B, T, k), and the sparse layers'
+    router logits (sparse layers, B, T, E) float32, from a forward of the layers up to the last sparse one
+    (router replay's r2, the routing metrics, the aux loss's report); whole model on one stage. Each layer
+    compiled on its own: a pass once per step, not worth a reused subgraph of its own. Under sequence
     parallelism the sparse layers route the gathered sequence, padded (DecoderModel.sp_padded): the pad cut."""
     rows, length = input_ids.shape
-    input_ids, position_ids, bias, _ = decoder.sp_padded(input_ids, position_ids, bias)
+    input_ids, position_ids, bias, _, _ = decoder.sp_padded(input_ids, position_ids, bias)
     x = embed(decoder, input_ids)
     cos, sin = decoder.rope(position_ids)
-    experts = []
+    experts, logits = [], []
     last = max(i for i in range(len(decoder.layers)) if decoder.sparse_index[i] >= 0)
     for i in range(last + 1):
         layer = decoder.layers[i]
         h = x + layer.attention(layer.attention_input(x), cos, sin, bias)
         if decoder.sparse_index[i] >= 0:
-            x, chosen = layer.mlp_residual_routed(h)
+            x, chosen, router = layer.mlp_residual_routed(h)
             experts.append(chosen)
+            logits.append(router)
         else:
             x = layer.mlp_residual(h)
-    experts = ops.stack(experts)
-    experts = ops.reshape(experts, (experts.shape[0], rows, -1, experts.shape[-1]))
-    return take(experts, 2, 0, length)
+
+    def per_row(z):             # (sparse layers, B x T', ...) -> (sparse layers, B, T, ...)
+        z = ops.stack(z)
+        return take(ops.reshape(z, (z.shape[0], rows, -1, z.shape[-1])), 2, 0, length)
+    return per_row(experts), per_row(logits)
 
 
 def layer_routing(routing, sparse_index: int):

@@ -35,8 +35,9 @@ Parameter names are MindFormers' (vllm-mindspore / MindFormers Qwen3-MoE and Dee
 `feed_forward.routed_experts.router.dense.weight` (E, H) and `feed_forward.routed_experts.ffn.w1/w3.weight`
 (E, H, I), `...ffn.w2.weight` (E, I, H): stacked and transposed as MindFormers stores them (x @ W).
 
-The load-balancing loss (Switch Transformer; transformers' load_balancing_loss_func) needs the router logits
-of every sparse layer: `moe_aux_loss` below, from `MoEFeedForward.route`.
+The load-balancing loss (Switch Transformer; transformers' load_balancing_loss_func): `load_balancing_loss`
+below over every sparse layer's router logits. In the GRPO update its gradient enters the router probabilities
+in the backward (AuxLossGradient; trainer/aux_loss.py says why that is exact and layout-invariant).
 """
 from __future__ import annotations
 
@@ -187,39 +188,62 @@ class MoEFeedForward(nn.Cell):
         self.norm_topk_prob = cfg.norm_topk_prob
         self.compute_dtype = compute_dtype
         self.topk = ops.TopK()
+        self.aux_gradient = AuxLossGradient()
 
-    def route(self, x, replay=None):
+    def route(self, x, replay=None, router_grad=None):
         """x (N, H) -> (router logits (N, E) float32, routing weights (N, E): zero off the chosen experts,
         chosen (N, E): 1.0 on them). The chosen experts are the top-k of the router's probabilities, or, under
-        router replay, `replay` (N, k) expert ids recorded elsewhere (the rollout's pass): the weights are then
-        the router's probabilities of the replayed experts (renormalised as usual), so gradients still reach
-        the router."""
+        router replay, `replay` (N, k) expert ids recorded elsewhere (the rollout's pass; a token whose ids are
+        -1 routes itself): the weights are then the router's probabilities of the replayed experts
+        (renormalised as usual), so gradients still reach the router. `router_grad` (N, E): the load-balancing
+        loss's gradient with respect to the router probabilities, added in the backward (AuxLossGradient)."""
         logits = self.routed_experts.router(self.router_input(x))
         probs = ops.softmax(logits, -1)
-        chosen = top_k_mask(probs, self.top_k) if replay is None else replay_mask(replay, probs.shape[-1])
+        if router_grad is not None:
+            probs = self.aux_gradient(probs, router_grad)
+        chosen = top_k_mask(probs, self.top_k)
+        if replay is not None:
+            own = ops.cast(replay[:, :1] < 0, ms.float32)
+            chosen = own * chosen + replay_mask(replay, probs.shape[-1])
         weights = probs * chosen
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdims=True)
         return logits, weights, chosen
 
-    def construct(self, x, replay=None):
+    def construct(self, x, replay=None, router_grad=None):
         """x (..., H): (B, T, H) for whole rows, (M, H) for a shared-prompt token matrix; `replay` (..., k) the
-        expert ids to use instead of the router's top-k (route)."""
-        return self.routed(x, replay)[0]
+        expert ids to use instead of the router's top-k, `router_grad` (..., E) the aux loss's gradient (route)."""
+        return self.routed(x, replay, router_grad)[0]
 
-    def routed(self, x, replay=None):
-        """construct's output and the experts each token went to, (N, k) int32 ids (in no particular order):
-        what the rollout records for router replay."""
+    def routed(self, x, replay=None, router_grad=None):
+        """construct's output, the experts each token went to, (N, k) int32 ids (in no particular order: what
+        the rollout records for router replay) and the router logits (N, E) float32."""
         shape = x.shape
         flat = ops.reshape(x, (-1, shape[-1]))
-        _, weights, chosen = self.route(flat, None if replay is None else ops.reshape(replay, (-1, self.top_k)))
+        logits, weights, chosen = self.route(flat, None if replay is None else ops.reshape(replay, (-1, self.top_k)),
+                                        None if router_grad is None else ops.reshape(router_grad,
+                                                                                     (-1, router_grad.shape[-1])))
         tokens, mine = self.dispatcher.dispatch(flat, self.enter_weights(weights))
         out = self.dispatcher.combine(self.routed_experts.ffn(tokens, mine, self.compute_dtype))
-        return self.leave(ops.reshape(out, shape)), self.topk(chosen, self.top_k)[1]
+        return self.leave(ops.reshape(out, shape)), self.topk(chosen, self.top_k)[1], logits
+
+
+class AuxLossGradient(nn.Cell):
+    """The load-balancing loss's gradient joins the router probabilities' in the backward, its value stays out
+    of the forward (Megatron's MoEAuxLossAutoScaler): probs (N, E) pass unchanged, their gradient gains
+    `router_grad` (N, E). Exact because the loss is linear in the probabilities once the expert fractions are
+    fixed (trainer/aux_loss.py computes them and the gradient)."""
+
+    def construct(self, probs, router_grad):
+        return probs
+
+    def bprop(self, probs, router_grad, out, dout):
+        return dout + router_grad, ops.zeros_like(router_grad)
 
 
 def replay_mask(ids, num_experts: int):
-    """(N, k) expert ids -> (N, E) float32, 1.0 on each token's k experts (no gradient: a choice, not a value)."""
+    """(N, k) expert ids -> (N, E) float32, 1.0 on each token's k experts, none for ids -1 (no gradient: a
+    choice, not a value)."""
     hot = ops.one_hot(ops.cast(ids, ms.int32), num_experts, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
     return ops.stop_gradient(hot.sum(1))
 
@@ -228,7 +252,7 @@ def load_balancing_loss(router_logits: List, num_experts: int, top_k: int, mask=
     """transformers' load_balancing_loss_func: over all sparse layers' router logits (each (N, E)) together,
     E * sum_e f_e * P_e with f_e the fraction of (token, top-k slot) assignments to expert e per token and
     P_e the mean router probability, both over the tokens of every layer (weighted by `mask` (N,) when given:
-    padding excluded). Not yet times router_aux_loss_coef."""
+    padding excluded). Not times router_aux_loss_coef: the GRPO update applies it (trainer/aux_loss.py)."""
     counts, prob_sum, rows = 0.0, 0.0, 0.0
     for logits in router_logits:
         probs = ops.softmax(ops.cast(logits, ms.float32), -1)

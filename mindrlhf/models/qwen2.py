@@ -32,7 +32,7 @@ from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig, layer_split
 from mindrlhf.models.cpu_cells import BMM, BMM_NT, HalfRotation, LastAxisSoftmax, RMSNormFunction
 from mindrlhf.models.graph_ops import expand_as, swap_middle, take
-from mindrlhf.models.layer_graphs import LayerGraphs, layer_routing, shared_prompt_forward
+from mindrlhf.models.layer_graphs import LayerGraphs, layer_routing, routed_forward, shared_prompt_forward
 from mindrlhf.models.moe import MoEFeedForward, load_balancing_loss
 from mindrlhf.models.padding import NEG_INF
 from mindrlhf.models.specs import mesh_layouts
@@ -211,26 +211,27 @@ class DecoderLayer(nn.Cell):
         self.enter_attn = enter_tp(mesh)        # under sequence parallelism: gather the sequence
         self.enter_ffn = enter_tp(mesh)
 
-    def construct(self, x, cos, sin, bias, replay=None):
+    def construct(self, x, cos, sin, bias, replay=None, router_grad=None):
         # pre-norm residual block on the stream x (B, T, H); the other paths (layer_graphs.py) differ only
-        # in how attention reads its keys. `replay` (B, T, k): a sparse layer's experts per token, replayed
-        # (router replay, models/moe.py)
+        # in how attention reads its keys. A sparse layer's routing inputs (models/moe.py): `replay` (B, T, k)
+        # its experts per token, replayed (router replay; -1: its own), `router_grad` (B, T, E) the aux loss's
+        # gradient with respect to its router probabilities
         h = x + self.attention(self.attention_input(x), cos, sin, bias)
-        return self.mlp_residual(h, replay)
+        return self.mlp_residual(h, replay, router_grad)
 
     def attention_input(self, x):
         return self.enter_attn(self.attention_norm(x))
 
-    def mlp_residual(self, h, replay=None):
+    def mlp_residual(self, h, replay=None, router_grad=None):
         if self.is_moe:
-            return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)), replay)
+            return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)), replay, router_grad)
         return h + self.feed_forward(self.enter_ffn(self.ffn_norm(h)))
 
     def mlp_residual_routed(self, h):
-        """mlp_residual and, of a sparse layer, the experts each token went to (N, k) (MoEFeedForward.routed):
-        the rollout's passes record them for router replay."""
-        out, experts = self.feed_forward.routed(self.enter_ffn(self.ffn_norm(h)))
-        return h + out, experts
+        """mlp_residual, and of a sparse layer the experts each token went to (N, k) (MoEFeedForward.routed) and
+        its router logits (N, E): the rollout's passes record the experts for router replay."""
+        out, experts, logits = self.feed_forward.routed(self.enter_ffn(self.ffn_norm(h)))
+        return h + out, experts, logits
 
 
 class DecoderModel(nn.Cell):
@@ -247,6 +248,7 @@ class DecoderModel(nn.Cell):
         # reads), -1 for a dense layer
         sparse = cfg.sparse_layers
         self.sparse_index = tuple(sparse.index(n) if n in sparse else -1 for n in self.layer_ids)
+        self.num_sparse, self.top_k, self.num_experts = len(sparse), cfg.num_experts_per_tok, cfg.num_experts
         if self.first:
             self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, mesh, pdt,
                                                          _std(cfg, random_init))
@@ -273,35 +275,50 @@ class DecoderModel(nn.Cell):
         sin = ops.expand_dims(ops.gather(self.signed_sin_table, position_ids, 0), 1)
         return cos, sin
 
-    def construct(self, input_ids, position_ids, bias, routing=None):
-        return self.stage_forward(input_ids, position_ids, bias, routing)
+    def construct(self, input_ids, position_ids, bias, routing=None, router_grad=None):
+        return self.stage_forward(input_ids, position_ids, bias, routing, router_grad)
 
-    def sp_padded(self, x, position_ids, bias, routing=None):
+    def routing_inputs(self, rows: int, length: int, routing=None, router_grad=None):
+        """The sparse layers' routing inputs, both or neither: `routing` (rows, length, sparse layers, k) the
+        experts to replay, -1 where a token routes itself (all of it when only `router_grad` is given), and
+        `router_grad` (rows, length, E) the aux loss's gradient, zeros when only `routing` is given."""
+        if routing is None and router_grad is None:
+            return None, None
+        if routing is None:
+            routing = ops.fill(ms.int32, (rows, length, self.num_sparse, self.top_k), -1)
+        if router_grad is None:
+            router_grad = ops.zeros((rows, length, self.num_experts), ms.float32)
+        return routing, router_grad
+
+    def sp_padded(self, x, position_ids, bias, routing=None, router_grad=None):
         """Under sequence parallelism the sequence padded to a multiple of tp (_pad_sequence): token ids (on the
-        first stage), positions, bias and the routing to replay; as they are otherwise."""
+        first stage), positions, bias and the routing inputs; as they are otherwise."""
         pad = (-position_ids.shape[1]) % self.sp_pad
         if pad:
             position_ids, bias = _pad_sequence(position_ids, bias, pad)
             if self.first:
                 x = ops.concat((x, ops.zeros((x.shape[0], pad), x.dtype)), 1)
-            if routing is not None:         # the pad positions' experts: any (their outputs are never read)
-                routing = ops.concat((routing, ops.zeros((routing.shape[0], pad) + routing.shape[2:],
-                                                         routing.dtype)), 1)
-        return x, position_ids, bias, routing
+            # the pad positions' experts: any (their outputs are never read); no aux gradient
+            routing, router_grad = (None if z is None else ops.concat(
+                (z, ops.zeros((z.shape[0], pad) + z.shape[2:], z.dtype)), 1) for z in (routing, router_grad))
+        return x, position_ids, bias, routing, router_grad
 
-    def stage_forward(self, x, position_ids, bias, routing=None):
+    def stage_forward(self, x, position_ids, bias, routing=None, router_grad=None):
         """This stage's part of the forward: token ids (B, T) in on the first stage, else the residual stream
         (B, T, H); out the residual stream, normed on the last stage. Without PP: the whole model.
-        `routing` (B, T, sparse layers, k): the experts to replay (router replay), None: the router's own."""
-        x, position_ids, bias, routing = self.sp_padded(x, position_ids, bias, routing)
+        `routing` (B, T, sparse layers, k): the experts to replay (router replay), None: the router's own;
+        `router_grad` (B, T, E): the aux loss's gradient (routing_inputs)."""
+        routing, router_grad = self.routing_inputs(position_ids.shape[0], position_ids.shape[1], routing,
+                                                   router_grad)
+        x, position_ids, bias, routing, router_grad = self.sp_padded(x, position_ids, bias, routing, router_grad)
         if self.first:
             x = ops.cast(self.tok_embeddings(x), self.compute_dtype)     # (B, T, H); under SP (B, T/tp, H)
         cos, sin = self.rope(position_ids)
         plain = self.graphs.whole_rows if self.reuse_layers else self.layers          # see reuse_layers
-        replayed = self.graphs.whole_rows_replayed if self.reuse_layers else self.layers
+        routed = self.graphs.whole_rows_routed if self.reuse_layers else self.layers
         for i in range(len(self.layers)):
             if routing is not None and self.sparse_index[i] >= 0:
-                x = replayed[i](x, cos, sin, bias, layer_routing(routing, self.sparse_index[i]))
+                x = routed[i](x, cos, sin, bias, layer_routing(routing, self.sparse_index[i]), router_grad)
             else:
                 x = plain[i](x, cos, sin, bias)
         return self.norm_out(x) if self.last else x
@@ -384,35 +401,26 @@ class CausalLM(nn.Cell):
 
     def moe_aux_loss(self, input_ids, position_ids, bias, mask=None):
         """Qwen3-MoE's load-balancing loss over this model's sparse layers (models/moe.load_balancing_loss, as
-        transformers' aux_loss with output_router_logits; `mask` (B, T) excludes padding), not yet times
-        config.router_aux_loss_coef. A forward of its own (the router logits are not kept by the other
-        passes); whole model on one pipeline stage. 0.0 for a dense model."""
+        transformers' aux_loss with output_router_logits; `mask` (B, T) excludes padding), not times
+        config.router_aux_loss_coef: a report (the GRPO update applies it: trainer/aux_loss.py). Whole model on
+        one pipeline stage. 0.0 for a dense model."""
         if not self.config.num_experts:
             return Tensor(0.0, ms.float32)
         return load_balancing_loss(self.router_logits(input_ids, position_ids, bias), self.config.num_experts,
                                    self.config.num_experts_per_tok, None if mask is None else ops.reshape(mask, (-1,)))
 
     def router_logits(self, input_ids, position_ids, bias) -> list:
-        """Each sparse layer's router logits (B x T, E) float32, from a forward of their own (the other passes do
-        not keep them): for the aux loss and the expert-load report. Whole model on one pipeline stage."""
-        m = self.model
-        x = ops.cast(m.tok_embeddings(input_ids), m.compute_dtype)
-        cos, sin = m.rope(position_ids)
-        logits = []
-        for layer in m.layers:
-            h = x + layer.attention(layer.attention_input(x), cos, sin, bias)
-            if layer.is_moe:
-                inp = layer.enter_ffn(layer.ffn_norm(h))
-                logits.append(layer.feed_forward.route(ops.reshape(inp, (-1, inp.shape[-1])))[0])
-            x = layer.mlp_residual(h)
-        return logits
+        """Each sparse layer's router logits (B x T, E) float32 (layer_graphs.routed_forward): for the aux loss
+        and the expert-load report. Whole model on one pipeline stage."""
+        logits = routed_forward(self.model, input_ids, position_ids, bias)[1]
+        return [ops.reshape(logits[i], (-1, logits.shape[-1])) for i in range(logits.shape[0])]
 
     def full_logits(self, input_ids, position_ids, bias):
         """Logits over the whole vocabulary (gathers across TP): for tests and sampling only."""
         return self.gather_vocab(self(input_ids, position_ids, bias))
 
     def token_logprobs(self, input_ids, position_ids, bias, labels, last_n: int = 0, temperature: float = 1.0,
-                       group: int = 0, prompt_len: int = 0, routing=None):
+                       group: int = 0, prompt_len: int = 0, routing=None, router_grad=None):
         """Per-position log p(labels) and entropy (B, T) under softmax(logits / temperature),
         vocabulary-parallel; with last_n > 0 only for the last `last_n` positions (B, last_n), and the LM
         head never runs on the positions nobody reads (in GRPO, the prompt: the head is most of a small
@@ -420,14 +428,16 @@ class CausalLM(nn.Cell):
         scales its input (hidden size) instead of the vocabulary-sized logits. With `group` > 0 the rows
         come in groups of that many sharing their first `prompt_len` tokens, and last_n = the rest + 1:
         the shared prompt runs once per group (layer_graphs.shared_prompt_forward). `routing` (B, T, sparse
-        layers, k): a Qwen3-MoE's experts to replay instead of its router's top-k (router replay)."""
+        layers, k): a Qwen3-MoE's experts to replay instead of its router's top-k (router replay);
+        `router_grad` (B, T, E): the aux loss's gradient (DecoderModel.routing_inputs)."""
         if group:
             if last_n != input_ids.shape[1] - prompt_len + 1:
                 raise ValueError(f"a shared prompt of {prompt_len} tokens reads the last "
                                  f"{input_ids.shape[1] - prompt_len + 1} positions, not {last_n}")
-            hidden = shared_prompt_forward(self.model, input_ids, position_ids, bias, group, prompt_len, routing)
+            hidden = shared_prompt_forward(self.model, input_ids, position_ids, bias, group, prompt_len, routing,
+                                           router_grad)
         else:
-            hidden = self.model(input_ids, position_ids, bias, routing)
+            hidden = self.model(input_ids, position_ids, bias, routing, router_grad)
         return self.logprobs_of_hidden(hidden, labels, last_n, temperature)
 
     def logprobs_of_hidden(self, hidden, labels, last_n: int = 0, temperature: float = 1.0):

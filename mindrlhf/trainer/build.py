@@ -104,7 +104,7 @@ class Training:
     swap: SwapSchedule
     rows: object                        # samples.PaddedRows or packing.PackedRowLayout: how samples become rows
     reward_model: Optional[RewardModelScorer] = None     # when run.reward_model
-    policy_routing: Optional[object] = None  # one_graph.ModelRouting of the policy, when rl.router_replay is on
+    policy_routing: Optional[object] = None  # one_graph.ModelRouting of the policy, when run.routing_inputs
 
 
 def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
@@ -146,7 +146,7 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         else PaddedRows(run.geometry.mini_batch)
     scorer = RewardModelScorer(models.reward_model, run.reward_model, swap) if models.reward_model \
         else None
-    routing = ModelRouting(models.policy) if run.cfg.rl.router_replay != "none" else None
+    routing = ModelRouting(models.policy) if run.routing_inputs else None
     return Training(engine, optimizer, update.step, policy_logprob, ref_logprob, swap, rows, scorer, routing)
 
 
@@ -162,11 +162,13 @@ def compile_train_step(run: ResolvedRun, training: Training, log: Callable):
             "first update (utils/compile_ahead.py)")
         return
     t0 = time.time()
-    replay = run.cfg.rl.router_replay != "none"
+    cfg, routed = run.model_cfg, run.routing_inputs
     blank = SampleBatch.blank(run.geometry.mini_batch, run.prompt_width, run.cfg.sampling.max_tokens,
-                              (len(run.model_cfg.sparse_layers), run.model_cfg.num_experts_per_tok) if replay else None)
+                              (len(cfg.sparse_layers), cfg.num_experts_per_tok) if routed else None)
     logp = blank.rollout_logp
+    routing = (blank.input_routing(), np.zeros(blank.input_routing().shape[:2] + (cfg.num_experts,), np.float32)) \
+        if routed else (None, None)
     compile_ahead.compile_jit_cell(training.train_step, *train_step_inputs(
-        blank, LossInputs(blank.response_mask, logp, logp, logp, np.zeros(len(blank), np.float32), 1.0,
-                          blank.input_routing() if replay else None), 0.0))
+        blank, LossInputs(blank.response_mask, logp, logp, logp, np.zeros(len(blank), np.float32), 1.0, *routing),
+        0.0))
     log(f"compiled the training step in {time.time() - t0:.1f} s")

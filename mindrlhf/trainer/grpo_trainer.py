@@ -32,7 +32,7 @@ from mindrlhf.trainer.metrics import MetricsLogger, PhaseClock, logprob_gap_sum_
 from mindrlhf.trainer.optim import scheduled_lr
 from mindrlhf.trainer.resolve import resolve
 from mindrlhf.trainer.rollout_log import RolloutLog
-from mindrlhf.trainer.router_replay import replayed_routing, routing_metrics
+from mindrlhf.trainer.router_replay import StepRouting
 from mindrlhf.trainer.samples import SampleBatch, ScoredBatch
 from mindrlhf.trainer.update.loss import UPDATE_STATS, reduce_updates
 from mindrlhf.trainer.update.loss_inputs import LossInputs
@@ -101,10 +101,10 @@ class GRPOTrainer:
         return self.rows.logprobs(cell, samples, routing)
 
     def update(self, samples: SampleBatch, train_mask, old_logp, ref_logp, advantages, token_norms,
-               routing=None) -> np.ndarray:
+               routing: StepRouting) -> np.ndarray:
         """num_iterations passes over this rank's mini-batches; returns UPDATE_STATS over the updates (MAX_STATS
         by max, the rest by mean). `train_mask` is the response mask the loss sees (masked groups and, with
-        mask_truncated_completions, truncated rows zeroed); `routing`: the experts every update replays."""
+        mask_truncated_completions, truncated rows zeroed); `routing`: the update's routing inputs."""
         stats, mb = [], self.geometry.mini_batch
         for _ in range(self.cfg.rl.num_iterations):
             for k in range(self.geometry.minibatches):
@@ -113,7 +113,7 @@ class GRPOTrainer:
                 lr = scheduled_lr(update_index, self.cfg.optim, self.run.total_updates)
                 rows = samples.rows(sl.start, sl.stop)
                 loss_inputs = LossInputs(train_mask[sl], old_logp[sl], rows.rollout_logp, ref_logp[sl],
-                                         advantages[sl], token_norms[k], None if routing is None else routing[sl])
+                                         advantages[sl], token_norms[k], *routing.rows(sl))
                 out = self.train_step(*self.rows.step_inputs(rows, loss_inputs, lr))
                 stats.append([float(x.asnumpy()) for x in out] + [lr])
         return reduce_updates(stats)
@@ -179,16 +179,17 @@ class GRPOTrainer:
         if self.run.shared_prompt[0]:
             my_samples.check_groups(self.run.shared_prompt[0])
         skip = rl.dynamic_sampling and not group_mask.any()      # nothing informative: no update at all
-        policy_routing = None               # router replay: the policy's own routing pass (router_replay.py)
-        if rl.router_replay != "none" and not skip:
+        policy_routing = None               # the policy's own routing pass (router_replay.py, aux_loss.py)
+        if self.policy_routing is not None and not skip:
             self.swap.enter("logprob")
             policy_routing = phase("routing", self.logprobs, self.policy_routing, my_samples)
-        routing = replayed_routing(rl.router_replay, my_samples, policy_routing)
+        routing = StepRouting.of(self.run, samples, my_samples, policy_routing, self.geometry.mini_batch,
+                                 self.train_mesh)
         if self.run.on_policy or skip:
             old_logp = my_samples.rollout_logp          # the loss cell uses its own detached log-probs
         else:
             self.swap.enter("logprob")
-            old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples, routing)
+            old_logp = phase("old_logprob", self.logprobs, self.policy_logprob, my_samples, routing.replayed)
         ref_logp = np.zeros_like(old_logp)
         if self.ref_logprob and not skip:
             self.swap.enter("ref_logprob")
@@ -214,8 +215,7 @@ class GRPOTrainer:
             self.swap.groups["ref"].reload()
             copy_params(self.policy.get_parameters(), self.ref_model.get_parameters())   # same layout: local
         metrics.update(sample_metrics(samples, rewards, batch.scores, self.run.episodes, self.infer_mesh), **collect_stats)
-        metrics.update(routing_metrics(samples, self.run.model_cfg.num_experts, policy_routing, my_samples,
-                                       self.train_mesh))
+        metrics.update(routing.metrics)
         if skip:
             metrics["dynamic_sampling/skipped_update"] = 1.0
         metrics.update(phase.metrics(), time_swap=self.swap.seconds - swap_before,

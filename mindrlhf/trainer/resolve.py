@@ -120,6 +120,29 @@ class ResolvedRun:
         return "host" if self.micro_batches > 1 or self.train_mesh.pp > 1 or self.packing else "one"
 
     @property
+    def routing_refusal(self) -> str:
+        """Why the update cannot take the routing inputs (router replay, the aux loss: one graph, or micro-batches
+        without pipeline stages take them), "" when it can."""
+        return next((why for on, why in (
+            (self.update_graphs == "layerwise", "engine.layerwise_update (a graph per decoder layer)"),
+            (self.train_mesh.pp > 1, f"pipeline stages (train pipeline_stage {self.train_mesh.pp})"),
+            (bool(self.packing), "engine.sequence_packing")) if on), "")
+
+    @property
+    def aux_loss_coef(self) -> float:
+        """The load-balancing loss's weight the update applies (trainer/aux_loss.py): the model's
+        router_aux_loss_coef; 0 for a dense model and where the update takes no routing inputs (said at
+        start-up)."""
+        return self.model_cfg.router_aux_loss_coef if self.model_cfg.num_experts and not self.routing_refusal \
+            else 0.0
+
+    @property
+    def routing_inputs(self) -> bool:
+        """The update takes routing inputs (LossInputs.routing / router_grad) and a routing pass runs before
+        it: router replay on, or the aux loss applied. The one place that decides."""
+        return self.cfg.rl.router_replay != "none" or self.aux_loss_coef > 0
+
+    @property
     def logprob_graphs(self) -> str:
         """How the no-grad log-prob passes run: "layerwise" (the update's layer template), "stages" (pipeline
         stages, micro-batches forward through them) or "one" (one graph for the model)."""
@@ -184,10 +207,6 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     check_backend(run.rollout_backend)
 
     model_cfg = train_yaml.model
-    if model_cfg.num_experts and model_cfg.router_aux_loss_coef:
-        log(f"note: {run.sft_path_train}: router_aux_loss_coef {model_cfg.router_aux_loss_coef:g} is not applied: the "
-            f"load-balancing loss is not part of the GRPO update yet (as transformers / TRL without "
-            f"output_router_logits); the routers learn from the policy-gradient and KL terms only")
     tokenizer = load_tokenizer(run.vocab_path, run.merges_file_path)
     pad_id, eos_ids = special_ids(tokenizer, model_cfg)
     if not run.mind_dataset_dir:
@@ -218,10 +237,24 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
                            shared, spec, packing, reward_model,
                            episodes)
     _check_router_replay(resolved, log)
+    _say_aux_loss(resolved, log)
     if resolved.reference == "none" and run.load_ref_checkpoint:
         log(f"note: load_ref_checkpoint {run.load_ref_checkpoint} is not loaded: rl.beta is 0, so there is no "
             f"KL term and no reference model (set beta > 0 to use it)")
     return resolved
+
+
+def _say_aux_loss(run: ResolvedRun, log):
+    """Whether the MoE load-balancing loss is part of the update, said at start-up (trainer/aux_loss.py)."""
+    coef, path = run.model_cfg.router_aux_loss_coef, run.cfg.run.sft_path_train
+    if not (run.model_cfg.num_experts and coef):
+        return
+    if run.aux_loss_coef:
+        log(f"aux loss: {path}: router_aux_loss_coef {coef:g} x the load-balancing loss (transformers' form) over "
+            f"each global mini-batch joins the update; reported as moe/aux_loss (set it to 0 to train without)")
+    else:
+        log(f"note: {path}: router_aux_loss_coef {coef:g} is not applied: {run.routing_refusal} does not take the "
+            f"routing inputs yet; the routers learn from the policy-gradient and KL terms only")
 
 
 def _check_router_replay(run: ResolvedRun, log):
@@ -235,13 +268,9 @@ def _check_router_replay(run: ResolvedRun, log):
     if not run.model_cfg.num_experts:
         raise ConfigError(f"{where}: {path} is a dense model (num_experts 0): there is no expert routing to replay "
                           f"(set rl.router_replay none)")
-    refused = [why for on, why in (
-        (run.update_graphs == "layerwise", "engine.layerwise_update (a graph per decoder layer)"),
-        (run.train_mesh.pp > 1, f"pipeline stages (train pipeline_stage {run.train_mesh.pp})"),
-        (bool(run.packing), "engine.sequence_packing")) if on]
-    if refused:
+    if run.routing_refusal:
         raise ConfigError(f"{where}: the replayed routing is an input of the one-graph update and of micro-batches "
-                          f"without pipeline stages; {refused[0]} does not take it yet: turn it off or set "
+                          f"without pipeline stages; {run.routing_refusal} does not take it yet: turn it off or set "
                           f"rl.router_replay none")
     if mode == "r3" and run.cfg.run.rollout_backend != "mindspore":
         raise ConfigError(f"{where}: replays the rollout's routing, which only the mindspore rollout backend records "

@@ -13,18 +13,55 @@ The routing weights are always the training router's probabilities of the chosen
 router keeps its gradient. The reference model routes itself.
 
 Metrics (every MoE run): `moe/expert_load_max_over_mean` (the rollout's tokens per expert, max over mean, mean
-over the sparse layers; 1.0 is perfectly balanced). With replay on, the routing pass also gives
-`moe/routing_agreement` (the share of tokens whose k experts the policy's routers choose exactly as the rollout's
-did, mean over the sparse layers) and `moe/routing_agreement_min` (the least agreeing layer).
+over the sparse layers; 1.0 is perfectly balanced). When the routing pass runs (replay on, or the aux loss), it
+also gives `moe/routing_agreement` (the share of tokens whose k experts the policy's routers choose exactly as the
+rollout's did, mean over the sparse layers) and `moe/routing_agreement_min` (the least agreeing layer).
+
+StepRouting gathers what a step's passes take: the routing the old-policy pass replays and the update's routing
+inputs (LossInputs.routing / router_grad: the replayed experts, -1 where the forward routes itself, and the aux
+loss's gradient, trainer/aux_loss.py).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from mindrlhf.trainer import exchange
+from mindrlhf.trainer.aux_loss import router_grad
 from mindrlhf.trainer.samples import SampleBatch
+
+
+@dataclass
+class StepRouting:
+    """A step's routing on this train replica's rows; all None for a dense model or a step without an update."""
+    replayed: Optional[np.ndarray] = None       # (N, T, sparse layers, k) what every policy pass replays
+    update: Optional[np.ndarray] = None         # the update's routing: `replayed`, or -1 (routes itself)
+    router_grad: Optional[np.ndarray] = None    # (N, T, E) the aux loss's gradient (zeros at coefficient 0)
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+    def rows(self, cut) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """(routing, router_grad) of rows `cut`: the update's optional loss inputs."""
+        return (None, None) if self.update is None else (self.update[cut], self.router_grad[cut])
+
+    @classmethod
+    def of(cls, run, samples: SampleBatch, my_samples: SampleBatch, policy_routing, mini_batch: int,
+           mesh) -> "StepRouting":
+        """From the step's `samples` (every rank holds them), this replica's `my_samples` and the policy's routing
+        pass over them (ModelRouting's (experts, probability sums), None when it did not run); `run` a
+        ResolvedRun (rl.router_replay, routing_inputs, aux_loss_coef)."""
+        num_experts = run.model_cfg.num_experts
+        ids, prob_sums = (None, None) if policy_routing is None else policy_routing
+        metrics = routing_metrics(samples, num_experts, ids, my_samples, mesh)
+        replayed = replayed_routing(run.cfg.rl.router_replay, my_samples, ids)
+        if not run.routing_inputs or ids is None:
+            return cls(replayed, metrics=metrics)
+        update = np.full(ids.shape, -1, np.int32) if replayed is None else replayed
+        grad, aux = router_grad(update if replayed is not None else ids, prob_sums, recorded_positions(my_samples),
+                                mini_batch, num_experts, run.aux_loss_coef, mesh)
+        metrics["moe/aux_loss"] = aux
+        return cls(replayed, update, grad, metrics)
 
 
 def replayed_routing(mode: str, samples: SampleBatch, policy_routing: Optional[np.ndarray]) -> Optional[np.ndarray]:

@@ -170,17 +170,18 @@ class PaddedRows:
     def __init__(self, rows_per_call: int):
         self.rows_per_call = rows_per_call
 
-    def logprobs(self, cell, samples: SampleBatch, routing: np.ndarray = None) -> np.ndarray:
-        """`cell` over the samples, rows_per_call rows a call; `routing` (N, T, sparse layers, k): the experts
-        it replays (router replay), None: it routes itself."""
+    def logprobs(self, cell, samples: SampleBatch, routing: np.ndarray = None):
+        """`cell` over the samples, rows_per_call rows a call, its output (or each of its outputs) row-joined;
+        `routing` (N, T, sparse layers, k): the experts it replays (router replay), None: it routes itself."""
         out = []
         for start in range(0, len(samples), self.rows_per_call):
             t = training_tensors(samples.rows(start, start + self.rows_per_call))
             args = (t["input_ids"], t["position_ids"], t["bias"], t["labels"])
             if routing is not None:
                 args += (Tensor(np.asarray(routing[start:start + self.rows_per_call], np.int32)),)
-            out.append(cell(*args).asnumpy())
-        return np.concatenate(out)
+            got = cell(*args)
+            out.append(tuple(x.asnumpy() for x in got) if isinstance(got, tuple) else got.asnumpy())
+        return tuple(map(np.concatenate, zip(*out))) if isinstance(out[0], tuple) else np.concatenate(out)
 
     def step_inputs(self, batch: SampleBatch, loss_inputs: LossInputs, lr) -> tuple:
         return train_step_inputs(batch, loss_inputs, lr)

@@ -23,7 +23,7 @@ from mindspore import Tensor  # noqa: E402
 
 def _routing(model, ids):
     inputs = model_inputs(ids[:, :-1])
-    return np.sort(ModelRouting(model)(*inputs, Tensor(ids[:, 1:].astype(np.int32))).asnumpy(), -1)
+    return np.sort(ModelRouting(model)(*inputs, Tensor(ids[:, 1:].astype(np.int32)))[0].asnumpy(), -1)
 
 
 def _logprobs(model, ids, routing):

@@ -68,8 +68,8 @@ for _names, _why in (
         ("max_window_layers", "sliding-window attention is off (use_sliding_window false)"),
         ("sliding_window", "sliding-window attention is off (use_sliding_window false)"),
         ("bos_token", "token strings live in the tokenizer files"),
-        ("output_router_logits", "the router logits are always computed; the load-balancing loss is "
-                                 "CausalLM.moe_aux_loss, weighted by router_aux_loss_coef")):
+        ("output_router_logits", "the load-balancing loss joins the GRPO update whenever router_aux_loss_coef "
+                                 "is above 0 (trainer/aux_loss.py)")):
     HF_INERT.update(dict.fromkeys(_names.split(), _why))
 # key -> (check(value, raw), what is expected)
 HF_CHECKED = {

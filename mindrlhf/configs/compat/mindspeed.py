@@ -91,7 +91,8 @@ MODEL_MAPPED = {
     "moe_ffn_hidden_size": "moe_intermediate_size (Megatron's default: ffn_hidden_size)",
     "norm_topk_prob": "norm_topk_prob (default false)",
     "moe_aux_loss_coeff": "router_aux_loss_coef (Megatron's default 0.0; our loss is transformers' form, over "
-                          "all sparse layers together)",
+                          "all sparse layers and the global mini-batch together; Megatron's is per layer and "
+                          "micro-batch)",
 }
 MODEL_REQUIRED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
                   "seq_length")

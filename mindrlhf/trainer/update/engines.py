@@ -22,7 +22,7 @@ def build_update(run, policy, optimizer: AdamW, read_len: int, micro_rows: int) 
     response positions (the packed width with packed rows) and packed micro-batches of `micro_rows` (0: none)."""
     temperature, shared, m = run.logprob_temperature, run.shared_prompt, run.micro_batches
     max_norm = run.cfg.optim.max_grad_norm
-    loss_cell = GRPOLossCell(policy, run.cfg.rl, read_len, temperature, run.on_policy, m, shared)
+    loss_cell = GRPOLossCell(policy, run.cfg.rl, read_len, temperature, run.on_policy, m, shared, run.routing_inputs)
     template: Optional[LayerTemplate] = None
     if run.update_graphs == "layerwise":
         template = LayerTemplate(policy, bool(shared[0]))

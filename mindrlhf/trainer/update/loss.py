@@ -15,13 +15,14 @@ from mindrlhf.trainer.grpo_math import CovOptions, agg_token_mean, grpo_loss, ti
 
 
 def response_logprobs(model: CausalLM, input_ids, position_ids, bias, labels, response_len: int,
-                      temperature: float, shared_prompt=(0, 0), routing=None):
+                      temperature: float, shared_prompt=(0, 0), routing=None, router_grad=None):
     """(logprob, entropy) of the last `response_len` label positions under softmax(logits / temperature),
     each (N, R): the log-prob convention of rollout/sampling.py. shared_prompt = (group, prompt width): rows
     come in groups of `group` with one prompt, which then runs once per group; (0, 0): every row whole.
-    `routing` (N, T, sparse layers, k): experts to replay (router replay), None: the router's own."""
+    `routing` (N, T, sparse layers, k): experts to replay (router replay), None: the router's own;
+    `router_grad` (N, T, E): the aux loss's gradient (trainer/aux_loss.py)."""
     return model.token_logprobs(input_ids, position_ids, bias, labels, response_len, temperature, *shared_prompt,
-                                routing=routing)
+                                routing=routing, router_grad=router_grad)
 
 
 class GRPOLossCell(nn.Cell):
@@ -35,10 +36,10 @@ class GRPOLossCell(nn.Cell):
     quantile is over one micro-batch on one rank (TRL gathers the entropies of every rank's micro-batch first)."""
 
     def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0, on_policy: bool = False,
-                 micro_batches: int = 1, shared_prompt=(0, 0)):
+                 micro_batches: int = 1, shared_prompt=(0, 0), routed: bool = False):
         super().__init__(auto_prefix=False)
         self.model = model
-        self.replay = rl.router_replay != "none"     # the loss inputs end with the routing to replay
+        self.routed = routed                # the loss inputs end with the routing inputs (LossInputs)
         self.shared_prompt = tuple(shared_prompt)       # see response_logprobs
         # the token-mean terms are normalised by the mini-batch's token count (token_norm), so micro-batch
         # losses add up to the mini-batch's; the sequence means are per call, hence 1/m
@@ -53,10 +54,10 @@ class GRPOLossCell(nn.Cell):
         self.cov = CovOptions(rl.kl_cov_ratio, rl.ppo_kl_coef, rl.clip_cov_ratio, rl.clip_cov_lb, rl.clip_cov_ub)
 
     def construct(self, input_ids, position_ids, bias, labels, *loss_inputs):
-        if self.replay:
+        if self.routed:
             logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
-                                          self.temperature, self.shared_prompt, loss_inputs[-1])
-            return self.terms(logp, ent, loss_inputs[:-1])
+                                          self.temperature, self.shared_prompt, *loss_inputs[-2:])
+            return self.terms(logp, ent, loss_inputs[:-2])
         logp, ent = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
                                       self.temperature, self.shared_prompt)
         return self.terms(logp, ent, loss_inputs)

@@ -4,8 +4,9 @@ Every update engine takes a mini-batch as (input_ids, position_ids, bias, labels
 the loss inputs through to the loss cell without naming them: a new input (a tool-token mask, a routing to
 replay) is a field here and a read in `GRPOLossCell`, nowhere else. On the host the fields are numpy
 arrays; `tensors()` makes the Tensors the graphs take (float32 always, so one compiled graph serves every call;
-the routing int32). `routing` is the one optional field: present (router replay) it is the last argument, absent
-it is no argument at all, so a dense model's graphs are what they were.
+the routing int32). The routing inputs, `routing` and `router_grad`, are the optional fields, both or neither:
+present (router replay, the MoE aux loss) they are the last two arguments, absent no arguments at all, so a dense
+model's graphs are what they were.
 """
 from __future__ import annotations
 
@@ -26,17 +27,25 @@ class LossInputs:
     ref_logp: Any       # the reference model's log-probs (zeros when there is none)
     advantages: Any     # (N,) per sequence, or (N, R) per token (packed rows)
     token_norm: Any     # () the global mini-batch's token count: the token-mean denominators
-    # (N, T, sparse layers, k) the experts the policy's forward replays, laid out as the model inputs
-    # (rl.router_replay; SampleBatch.input_routing); None: each forward routes itself
+    # (N, T, sparse layers, k) the experts the policy's forward replays, laid out as the model inputs, -1 where a
+    # token routes itself (rl.router_replay; SampleBatch.input_routing); None: each forward routes itself
     routing: Any = None
+    # (N, T, E) the load-balancing loss's gradient with respect to each input token's router probabilities
+    # (trainer/aux_loss.py); None with routing
+    router_grad: Any = None
 
     NOT_PER_ROW = ("token_norm",)
+    ROUTING = ("routing", "router_grad")
+
+    def __post_init__(self):
+        if (self.routing is None) != (self.router_grad is None):
+            raise ValueError("LossInputs: routing and router_grad come together (both or neither)")
 
     def args(self) -> tuple:
         """The fields in order: the positional arguments the engines' graphs take after the model inputs (the
-        routing only when present)."""
+        routing inputs only when present)."""
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self)
-                     if not (f.name == "routing" and self.routing is None))
+                     if not (f.name in self.ROUTING and self.routing is None))
 
     def per_row(self, fn: Callable) -> "LossInputs":
         """`fn` applied to every field with a row axis (slicing, packing), the others kept."""
@@ -52,5 +61,6 @@ class LossInputs:
 
 
 def field_names() -> tuple:
-    """The fields GRPOLossCell.terms reads, in order (the optional routing is read before: GRPOLossCell.construct)."""
-    return tuple(f.name for f in dataclasses.fields(LossInputs) if f.name != "routing")
+    """The fields GRPOLossCell.terms reads, in order (the optional routing inputs are read before:
+    GRPOLossCell.construct)."""
+    return tuple(f.name for f in dataclasses.fields(LossInputs) if f.name not in LossInputs.ROUTING)

@@ -33,7 +33,8 @@ class ResponseLogProb(nn.Cell):
 
 class ModelRouting(nn.Cell):
     """No-grad: the experts a Qwen3-MoE model's own routers choose for each input token, (N, T, sparse layers,
-    k) int32 in no particular order per token. Called like ResponseLogProb (labels unused)."""
+    k) int32 in no particular order per token, and its router probabilities summed over the sparse layers,
+    (N, T, E) float32 (the aux loss's report). Called like ResponseLogProb (labels unused)."""
 
     def __init__(self, model: CausalLM):
         super().__init__(auto_prefix=False)
@@ -41,8 +42,9 @@ class ModelRouting(nn.Cell):
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias, labels):
-        experts = ops.stop_gradient(routed_forward(self.model.model, input_ids, position_ids, bias))
-        return ops.transpose(experts, (1, 2, 0, 3))
+        experts, logits = routed_forward(self.model.model, input_ids, position_ids, bias)
+        probs = ops.softmax(logits, -1).sum(0)
+        return ops.stop_gradient(ops.transpose(experts, (1, 2, 0, 3))), ops.stop_gradient(probs)
 
 
 class PolicyTrainStep(nn.Cell):
