@@ -79,7 +79,6 @@ def test_the_rollout_records_the_routing_its_own_passes_chose(moe_model, rollout
     assert metrics["moe/expert_load_max_over_mean"] >= 1.0
 
 
-@pytest.mark.slow       # ~8 s; the trainer's version (test_grpo_r3_brings_...) is in the default run
 def test_r3_removes_a_forced_routing_mismatch(moe_model, rollout):
     """A rollout model whose routers differ slightly from the training model's (noise of 10% of the router
     weights' scale: what kernels or precisions that differ do to near-tied experts, made frequent): routing
@@ -180,6 +179,7 @@ def _gap(rows):
     return np.mean([r["rollout_train_logprob_gap"] for r in rows])
 
 
+@pytest.mark.slow       # ~21 s; the model-level version (test_r3_removes_a_forced_routing_mismatch) is in the default run
 def test_grpo_r3_brings_the_rollout_train_gap_down_under_a_routing_mismatch(tmp_path, monkeypatch):
     """A GRPO step on a Qwen3-MoE folder (one dense layer, one sparse) with a float16 rollout model whose routers
     are perturbed by 1% (a few near-tied tokens flip experts): routing agreement below 1, and the rollout-train
