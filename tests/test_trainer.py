@@ -769,3 +769,13 @@ def test_progress_line_shows_the_sft_loss(tmp_path):
     MetricsLogger(str(tmp_path), tensorboard=False).log(
         3, {"loss": 0.12345, "grad_norm": 2.0, "lr": 1e-5, "eval_loss": 0.25}, echo=lines.append)
     assert lines == ["step 3 | loss 0.1235 | gnorm 2.000 | lr 1.00e-05 | eval_loss 0.2500"]
+
+
+def test_progress_line_shows_a_moe_runs_expert_load_and_aux_loss(tmp_path):
+    """A Qwen3-MoE run's progress lines carry the expert load and the aux loss (moe/ metrics), a dense run's not."""
+    from mindrlhf.trainer.metrics import MetricsLogger
+    lines = []
+    logger = MetricsLogger(str(tmp_path), tensorboard=False)
+    logger.log(1, {"loss": 0.5, "moe/expert_load_max_over_mean": 1.234, "moe/aux_loss": 2.0312}, echo=lines.append)
+    logger.log(2, {"loss": 0.5}, echo=lines.append)
+    assert lines == ["step 1 | loss 0.5000 | load 1.23 | aux 2.031", "step 2 | loss 0.5000"]

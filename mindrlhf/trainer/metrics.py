@@ -17,6 +17,7 @@ from mindrlhf.utils.atomic import atomic_path
 _SHOWN = [("reward", "reward_mean", "{:.3f}"), ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
           ("kl", "kl", "{:.4f}"), ("clip", "clip_frac", "{:.3f}"), ("ent", "entropy", "{:.3f}"),
           ("loss", "loss", "{:.4f}"), ("gnorm", "grad_norm", "{:.3f}"), ("lr", "lr", "{:.2e}"), ("gap", "rollout_train_logprob_gap", "{:.1e}"),
+          ("load", "moe/expert_load_max_over_mean", "{:.2f}"), ("aux", "moe/aux_loss", "{:.3f}"),
           ("s", "time_step", "{:.1f}"), ("eval_acc", "eval_accuracy", "{:.3f}"),
           ("eval_loss", "eval_loss", "{:.4f}")]
 
