@@ -22,11 +22,11 @@ def assets(tmp_path_factory):
     return make_grpo_assets(str(tmp_path_factory.mktemp("layerwise")), rows=16)
 
 
-def _run(assets, out, **extra):
+def _run(assets, out, steps=2, **extra):
     cfg = load_grpo_config(None, grpo_overrides(assets, out, beta=0.04, verifier_function="digit_fraction_test",
                                                 **extra))
     trainer = GRPOTrainer(cfg, log=lambda *a: None)
-    history = [trainer.train_one_step() for _ in range(2)]
+    history = [trainer.train_one_step() for _ in range(steps)]
     weights = {p.name: param_as_f32(p).copy() for p in trainer.policy.get_parameters()}
     return trainer, history, weights
 
@@ -39,7 +39,8 @@ def _run(assets, out, **extra):
     # ~16 s: -m slow (LoRA under the one-graph update stays in the default run: test_lora)
     pytest.param(dict(share_prompt=True, micro_batch_size=4, lora_rank=4, lora_alpha=8, lr=1e-2),
                  marks=pytest.mark.slow),
-    dict(share_prompt=True, mini_batch_size=4),         # two updates per step: old log-probs of their own pass
+    # two updates per step, old log-probs of their own pass (~18 s: -m slow; the MoE test below runs them)
+    pytest.param(dict(share_prompt=True, mini_batch_size=4), marks=pytest.mark.slow),
 ], ids=["shared_prompt_micro_batches", "whole_rows", "whole_rows_micro_batches", "lora", "off_policy"])
 def test_layerwise_update_equals_the_one_graph_update(assets, tmp_path, case):
     _, h1, w1 = _run(assets, str(tmp_path / "graph"), **case)
@@ -95,3 +96,25 @@ def test_head_pieces_are_the_micro_batches_own_streams(group):
     for c, piece in zip(cuts, pieces):
         np.testing.assert_array_equal(piece.asnumpy(), stream(c.start, c.stop))
     np.testing.assert_array_equal(head.join(pieces, rows).asnumpy(), whole.asnumpy())
+
+
+@pytest.mark.parametrize("replay", ["r3", pytest.param("none", marks=pytest.mark.slow)])     # ~25 s each
+def test_layerwise_update_of_a_moe_model_takes_its_routing_inputs(tmp_path, replay):
+    """A Qwen3-MoE folder (every layer sparse) with router replay (r3) or not (none: the layers route themselves)
+    and the load-balancing loss (coefficient 0.5: a large share of every gradient; the test fails with the
+    routing inputs left out of the layer graphs): one step of two updates (the old-policy pass replays the
+    routing too), shared prompts; the layerwise update gives the one-graph update's numbers and weights."""
+    from hf_reference import make_qwen3_moe_model
+    assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
+    folder = str(tmp_path / "moe")
+    make_qwen3_moe_model(folder, vocab=416, aux_coef=0.5)
+    moe = dict(assets, sft_path_train=folder)
+    case = dict(share_prompt=True, mini_batch_size=4, router_replay=replay)
+    _, h1, w1 = _run(moe, str(tmp_path / "graph"), steps=1, **case)
+    trainer, h2, w2 = _run(moe, str(tmp_path / "layers"), steps=1, layerwise_update=True, **case)
+    assert isinstance(trainer.train_step, LayerwiseTrainStep)
+    for a, b in zip(h1, h2):
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "moe/aux_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    moved = sum(np.linalg.norm(w1[n] - w2[n]) ** 2 for n in w1) ** 0.5
+    assert moved <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5

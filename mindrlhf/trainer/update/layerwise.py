@@ -16,7 +16,9 @@ update/accumulate.py. The price: every layer's forward runs twice per update (do
 bench_real_model.py).
 
 Whole model on one rank only (no pipeline stages, no sequence parallelism: resolve.py checks); TP runs inside
-the layer graphs as in the model's own.
+the layer graphs as in the model's own. A Qwen3-MoE model's routing inputs (router replay, the aux loss's gradient:
+LossInputs.routing / router_grad) enter every layer graph of a sparse layer; one template serves one kind of
+layer, so a model mixing dense and sparse layers is refused (LayerTemplate.sources).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindrlhf.models.layer_graphs import embed, final_hidden, layer_inputs, shared_prompt_layer
+from mindrlhf.models.layer_graphs import (SharedPrompt, embed, final_hidden, layer_inputs, layer_routing,
+                                          shared_prompt_layer)
 from mindrlhf.models.lora import freeze_base
 from mindrlhf.models.qwen2 import DecoderLayer
 from mindrlhf.trainer.optim import aliases, zeros_like
@@ -49,6 +52,31 @@ class _Inputs(nn.Cell):
     def construct(self, input_ids, position_ids, bias):
         return ops.stop_gradient(layer_inputs(self.decoder, input_ids, position_ids, bias, self.group,
                                               self.prompt_len))
+
+
+class _Routing(nn.Cell):
+    """A layer call's routing inputs (LossInputs.routing / router_grad, DecoderModel.routing_inputs) in its token
+    order: whole rows as they are; a shared-prompt token matrix's (SharedPrompt.tokens, the aux gradient summed
+    over each group's rows, as layer_graphs.shared_prompt_forward does). No gradient."""
+
+    def __init__(self, group: int, prompt_len: int):
+        super().__init__(auto_prefix=False)
+        self.group, self.prompt_len = group, prompt_len
+
+    @ms.jit
+    def construct(self, routing, router_grad):
+        if self.group:
+            split = SharedPrompt(routing.shape[0], self.group, self.prompt_len, routing.shape[1] - self.prompt_len, 1)
+            routing, router_grad = split.tokens(routing), split.tokens(router_grad, sum_group=True)
+        return ops.stop_gradient(routing), ops.stop_gradient(router_grad)
+
+
+def _layer_route(routes, call: int, sparse_index: int) -> tuple:
+    """The routing inputs of layer call `call` for the sparse layer `sparse_index`: () without routing inputs."""
+    if routes is None or sparse_index < 0:
+        return ()
+    routing, router_grad = routes[call]
+    return layer_routing(routing, sparse_index), router_grad
 
 
 class _Embed(nn.Cell):
@@ -87,16 +115,17 @@ class _EmbedBackward(nn.Cell):
 
 
 class _LayerFn(nn.Cell):
-    """The template layer on whole rows or on a shared-prompt token matrix (layer_graphs' paths)."""
+    """The template layer on whole rows or on a shared-prompt token matrix (layer_graphs' paths); `route`: a
+    sparse layer's routing inputs (replay, router_grad), or none."""
 
     def __init__(self, layer, shared: bool):
         super().__init__(auto_prefix=False)
         self.layer, self.shared = layer, shared
 
-    def construct(self, x, cos, sin, bias, bias_r):
+    def construct(self, x, cos, sin, bias, bias_r, *route):
         if self.shared:
-            return shared_prompt_layer(self.layer, x, cos, sin, bias, bias_r)
-        return self.layer(x, cos, sin, bias)
+            return shared_prompt_layer(self.layer, x, cos, sin, bias, bias_r, *route)
+        return self.layer(x, cos, sin, bias, *route)
 
 
 class _LayerForward(nn.Cell):
@@ -105,8 +134,8 @@ class _LayerForward(nn.Cell):
         self.fn = fn
 
     @ms.jit
-    def construct(self, x, cos, sin, bias, bias_r):
-        return ops.stop_gradient(self.fn(x, cos, sin, bias, bias_r))
+    def construct(self, x, cos, sin, bias, bias_r, *route):
+        return ops.stop_gradient(self.fn(x, cos, sin, bias, bias_r, *route))
 
 
 class _Contracted(nn.Cell):
@@ -118,8 +147,8 @@ class _Contracted(nn.Cell):
         super().__init__(auto_prefix=False)
         self.fn = fn
 
-    def construct(self, x, cos, sin, bias, bias_r, dy):
-        return ops.reduce_sum(self.fn(x, cos, sin, bias, bias_r) * ops.stop_gradient(dy))
+    def construct(self, x, cos, sin, bias, bias_r, dy, *route):
+        return ops.reduce_sum(self.fn(x, cos, sin, bias, bias_r, *route) * ops.stop_gradient(dy))
 
 
 class _LayerBackward(nn.Cell):
@@ -132,8 +161,8 @@ class _LayerBackward(nn.Cell):
         hold_reads(self, fn.get_parameters())
 
     @ms.jit
-    def construct(self, x, cos, sin, bias, bias_r, dy, acc):
-        _, (dx, grads) = self.grad_fn(x, cos, sin, bias, bias_r, dy)
+    def construct(self, x, cos, sin, bias, bias_r, dy, acc, *route):
+        _, (dx, grads) = self.grad_fn(x, cos, sin, bias, bias_r, dy, *route)
         done = dy
         for i in range(len(acc)):
             done = ops.assign_add(acc[i], ops.depend(grads[i], done))
@@ -250,6 +279,7 @@ class LayerwiseTrainStep(AccumulatedUpdate):
         layer_names = {p.name for layer in self.sources for p in layer}
         self.shared_prompt = group, prompt_len = loss_cell.shared_prompt
         self.inputs = _Inputs(decoder, group, prompt_len)
+        self.routing, self.sparse_index = _Routing(group, prompt_len), decoder.sparse_index
         self.backward = _LayerBackward(template.fn, template.trainable)
         embed_fn = _Embed(decoder)
         self.embed = _EmbedForward(embed_fn)
@@ -269,19 +299,21 @@ class LayerwiseTrainStep(AccumulatedUpdate):
         rows = input_ids.shape[0]
         cuts = layer_calls(rows, self.micro_rows)
         ins = [self.inputs(input_ids[c], position_ids[c], bias[c]) for c in cuts]
+        routes = None if loss_inputs.routing is None else \
+            [self.routing(loss_inputs.routing[c], loss_inputs.router_grad[c]) for c in cuts]
         streams: List[list] = [[self.embed(tokens)] for tokens, *_ in ins]
         layers = len(self.sources)
         for k in range(layers):
             self.template.load(self.sources[k])
-            for x, args in zip(streams, ins):
-                x.append(self.template.forward(x[-1], *args[1:]))
+            for j, (x, args) in enumerate(zip(streams, ins)):
+                x.append(self.template.forward(x[-1], *args[1:], *_layer_route(routes, j, self.sparse_index[k])))
         per_micro, grads = [], []
         head = HeadPieces(self.micro_rows or rows // self.micro_batches, *self.shared_prompt)
         for c, x in zip(cuts, streams):
             pieces = []
             total = c.stop - c.start
             for h, piece in zip(head.cuts(c), head.cut(x.pop(), total)):
-                loss, aux, dx = self.head(piece, labels[h], *loss_inputs.rows(h).args())
+                loss, aux, dx = self.head(piece, labels[h], *loss_inputs.rows(h).without_routing().args())
                 per_micro.append([float(loss.asnumpy())] + [float(a.asnumpy()) for a in aux])
                 pieces.append(dx)
             grads.append(head.join(pieces, total))
@@ -289,7 +321,8 @@ class LayerwiseTrainStep(AccumulatedUpdate):
             self.template.load(self.sources[k])
             acc = aliases(self.acc, self.acc_ids[k])
             for j, (x, args) in enumerate(zip(streams, ins)):
-                grads[j] = self.backward(x.pop(), *args[1:], grads[j], acc)
+                grads[j] = self.backward(x.pop(), *args[1:], grads[j], acc,
+                                         *_layer_route(routes, j, self.sparse_index[k]))
         if self.embed_backward is not None:
             for (tokens, *_), dx in zip(ins, grads):
                 self.embed_backward(tokens, dx)
@@ -371,17 +404,23 @@ class LayerwiseLogProb:
         self.template, self.sources = template, template.sources(model)
         self.head_rows, self.layer_rows = head_rows, layer_rows
         self.inputs = _Inputs(model.model, group, prompt_len)
+        self.routing, self.sparse_index = _Routing(group, prompt_len), model.model.sparse_index
+        self.num_experts = model.config.num_experts
         self.embed = _EmbedForward(_Embed(model.model))
         self.head = _HeadLogProb(model, response_len, temperature, group, prompt_len)
 
-    def __call__(self, input_ids, position_ids, bias, labels):
+    def __call__(self, input_ids, position_ids, bias, labels, routing=None):
+        """(N, R) log-probs; `routing` (N, T, sparse layers, k): the experts to replay (router replay)."""
         rows = input_ids.shape[0]
         cuts = layer_calls(rows, self.layer_rows if self.layer_rows and rows % self.layer_rows == 0 else 0)
         ins = [self.inputs(input_ids[c], position_ids[c], bias[c]) for c in cuts]
+        routes = None if routing is None else [self.routing(routing[c], Tensor(np.zeros(
+            (c.stop - c.start, routing.shape[1], self.num_experts), np.float32))) for c in cuts]
         xs = [self.embed(tokens) for tokens, *_ in ins]
-        for params in self.sources:
+        for k, params in enumerate(self.sources):
             self.template.load(params)
-            xs = [self.template.forward(x, *args[1:]) for x, args in zip(xs, ins)]
+            xs = [self.template.forward(x, *args[1:], *_layer_route(routes, j, self.sparse_index[k]))
+                  for j, (x, args) in enumerate(zip(xs, ins))]
         out = []
         for c, x in zip(cuts, xs):
             total = c.stop - c.start

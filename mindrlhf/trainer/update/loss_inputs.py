@@ -47,6 +47,10 @@ class LossInputs:
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self)
                      if not (f.name in self.ROUTING and self.routing is None))
 
+    def without_routing(self) -> "LossInputs":
+        """The fields the loss reads after the model (what a head-only graph takes: update/layerwise.py)."""
+        return dataclasses.replace(self, routing=None, router_grad=None)
+
     def per_row(self, fn: Callable) -> "LossInputs":
         """`fn` applied to every field with a row axis (slicing, packing), the others kept."""
         return LossInputs(*(v if f.name in self.NOT_PER_ROW else fn(v)
