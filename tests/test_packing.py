@@ -211,3 +211,60 @@ def test_packed_run_follows_the_padded_trajectory(tmp_path, monkeypatch):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     diff = sum(np.linalg.norm(w2[n] - w) ** 2 for n, w in w1.items()) ** 0.5
     assert diff <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5
+
+
+@pytest.mark.slow       # ~30 s; the routing inputs' packing itself is the fast test below
+def test_packed_moe_run_with_router_replay_and_aux_loss_follows_the_padded_trajectory(tmp_path, monkeypatch):
+    """A Qwen3-MoE folder with r3 and the load-balancing loss at 0.5: the packed run replays the rollout's experts
+    and takes the aux gradient at the packed positions, and equals the padded run (one step, two updates: the
+    old-policy pass replays the routing too)."""
+    from grpo_helpers import grpo_overrides, make_grpo_assets
+    from hf_reference import make_qwen3_moe_model
+    from mindrlhf.configs.grpo_load import load_grpo_config
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    from mindrlhf.utils.params import param_as_f32
+    assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
+    folder = str(tmp_path / "moe")
+    make_qwen3_moe_model(folder, vocab=416, aux_coef=0.5)
+    results = {}
+    for packing in (False, True):
+        cfg = load_grpo_config(None, grpo_overrides(dict(assets, sft_path_train=folder), str(tmp_path / str(packing)),
+                                                    beta=0.04, max_tokens=12, mini_batch_size=4, router_replay="r3",
+                                                    verifier_function="digit_fraction_test",
+                                                    sequence_packing=packing, max_packing_token_size=2 * 27))
+        if not packing:
+            cfg.engine.max_packing_token_size = 0
+        trainer = GRPOTrainer(cfg, log=lambda *a: None)
+        assert (trainer.run.packing is not None) == packing
+        history = [trainer.train_one_step()]
+        results[packing] = (history, {p.name: param_as_f32(p).copy() for p in trainer.policy.get_parameters()})
+    (h1, w1), (h2, w2) = results[False], results[True]
+    assert h1[0]["grad_norm"] > 1e-3 and h1[0]["moe/aux_loss"] > 0
+    for a, b in zip(h1, h2):
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "moe/aux_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    diff = sum(np.linalg.norm(w2[n] - w) ** 2 for n, w in w1.items()) ** 0.5
+    assert diff <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5
+
+
+def test_routing_inputs_are_packed_with_their_tokens():
+    """Per input token values (a MoE's routing inputs) land where pack put each sequence's input tokens: experts
+    -1 and aux gradient 0 elsewhere; a sequence left out of the pack leaves nothing."""
+    rng = np.random.RandomState(0)
+    n, p, r = 4, 5, 4
+    prompt_len, resp_len = np.array([2, 5, 3, 1]), np.array([3, 1, 4, 2])
+    prompt_ids = np.where(np.arange(p)[None] >= p - prompt_len[:, None], rng.randint(3, 50, (n, p)), 0)
+    resp_mask = (np.arange(r)[None] < resp_len[:, None]).astype(np.int64)
+    batch = SampleBatch(prompt_ids, (prompt_ids > 0).astype(np.int64), rng.randint(3, 50, (n, r)) * resp_mask,
+                        resp_mask, np.zeros((n, r), np.float32), np.zeros(n, np.int64), np.ones(n, np.int64))
+    packed = pack(batch, 0, keep=np.array([True, True, True, False]))
+    ids = np.arange(n * (p + r - 1))[:, None].repeat(2, 1).reshape(n, p + r - 1, 2).astype(np.int32) + 1
+    out = packed.scatter_tokens(ids)
+    inputs = np.concatenate([batch.prompt_ids, batch.response_ids], 1)[:, :-1]
+    for i in range(3):
+        where = packed.segments == i
+        real = np.flatnonzero(np.concatenate([batch.prompt_mask[i], resp_mask[i, 1:]]))
+        np.testing.assert_array_equal(out[where], ids[i, real])                   # the same tokens' values
+        np.testing.assert_array_equal(packed.input_ids[where], inputs[i, real])
+    assert (out[packed.segments < 0] == -1).all() and not np.isin(ids[3], out).any()
+    assert (packed.scatter_tokens(ids.astype(np.float32))[packed.segments < 0] == 0).all()

@@ -18,7 +18,7 @@ import numpy as np
 from mindspore import Tensor
 
 from mindrlhf.models.padding import NEG_INF
-from mindrlhf.trainer.samples import SampleBatch, step_inputs
+from mindrlhf.trainer.samples import PaddedRows, SampleBatch, step_inputs
 from mindrlhf.trainer.update.loss_inputs import LossInputs
 
 
@@ -62,6 +62,11 @@ class PackedRows:
     segments: np.ndarray        # (rows, W) int32: the sequence a position belongs to, -1 for padding
     response_rows: np.ndarray   # (N, R) int64: packed row of response token k of sequence i (-1: not packed)
     response_cols: np.ndarray   # (N, R) int64: its column
+    # per sequence: its packed row (-1: not packed), first column, and first input position in the padded layout
+    # (P - prompt length): its m input tokens are padded positions [first, first + m), contiguous
+    segment_rows: np.ndarray = None
+    segment_cols: np.ndarray = None
+    segment_firsts: np.ndarray = None
 
     @property
     def rows(self) -> int:
@@ -88,6 +93,18 @@ class PackedRows:
         out = np.zeros(self.input_ids.shape, dtype)
         on = self.response_rows >= 0
         out[self.response_rows[on], self.response_cols[on]] = values[on]
+        return out
+
+    def scatter_tokens(self, values: np.ndarray) -> np.ndarray:
+        """(N, P + R - 1, ...) per input token in the padded layout (a MoE's routing inputs) -> (rows, W, ...) at the
+        packed positions; elsewhere -1 for integers (experts: the token routes itself), 0 for floats."""
+        values = np.asarray(values)
+        fill = -1 if np.issubdtype(values.dtype, np.integer) else 0
+        out = np.full(self.input_ids.shape + values.shape[2:], fill, values.dtype)
+        for i in np.flatnonzero(self.segment_rows >= 0):
+            m = int((self.segments[self.segment_rows[i]] == i).sum())
+            col, first = self.segment_cols[i], self.segment_firsts[i]
+            out[self.segment_rows[i], col:col + m] = values[i, first:first + m]
         return out
 
     def model_inputs(self, start: int = 0, stop: int = None) -> Dict[str, Tensor]:
@@ -125,6 +142,7 @@ def pack(samples: SampleBatch, pad_id: int, row_multiple: int = 1, keep: np.ndar
     seg = np.full((rows, width), -1, np.int32)
     resp_rows = np.full((n, r), -1, np.int64)
     resp_cols = np.zeros((n, r), np.int64)
+    seg_rows, seg_cols = np.full(n, -1, np.int64), np.zeros(n, np.int64)
     for row, members in enumerate(bins):
         at = 0
         for i in members:
@@ -137,28 +155,37 @@ def pack(samples: SampleBatch, pad_id: int, row_multiple: int = 1, keep: np.ndar
             seg[row, at:at + m] = i
             resp_rows[i, :resp_len[i]] = row
             resp_cols[i, :resp_len[i]] = at + prompt_len[i] - 1 + np.arange(resp_len[i])
+            seg_rows[i], seg_cols[i] = row, at
             at += m
-    return PackedRows(ids, pos, labels, seg, resp_rows, resp_cols)
+    return PackedRows(ids, pos, labels, seg, resp_rows, resp_cols, seg_rows, seg_cols, p - prompt_len)
 
 
-def packed_logprobs(cell, samples: SampleBatch, pad_id: int, micro_rows: int, per_call: int) -> np.ndarray:
+def packed_logprobs(cell, samples: SampleBatch, pad_id: int, micro_rows: int, per_call: int,
+                    routing: np.ndarray = None) -> np.ndarray:
     """(N, R) response log-probs of `samples` from a log-prob cell (update/one_graph.ResponseLogProb or
     update/pipelined.PipelineLogProb, built for the packed width) run on their packed rows, `per_call` rows per
-    call (0: all at once, the pipelined cell cuts them into micro-batches itself)."""
+    call (0: all at once, the pipelined cell cuts them into micro-batches itself); `routing` (N, P + R - 1,
+    sparse layers, k): the experts to replay (router replay), packed as the tokens are."""
     packed = pack(samples, pad_id, micro_rows)
+    routing = None if routing is None else packed.scatter_tokens(np.asarray(routing, np.int32))
     step = per_call or packed.rows
     out = []
     for start in range(0, packed.rows, step):
         t = packed.model_inputs(start, start + step)
-        out.append(cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"]).asnumpy())
+        extra = () if routing is None else (Tensor(routing[start:start + step]),)
+        out.append(cell(t["input_ids"], t["position_ids"], t["bias"], t["labels"], *extra).asnumpy())
     return packed.gather(np.concatenate(out))
 
 
 def packed_step_inputs(batch: SampleBatch, loss_inputs: LossInputs, lr, pad_id: int, micro_rows: int) -> tuple:
-    """samples.train_step_inputs for packed rows: the sequences with a token to train (loss_inputs.mask), packed
-    into a multiple of `micro_rows` rows; the per-token values at their packed positions, advantages per token."""
-    packed = pack(batch, pad_id, micro_rows, keep=np.asarray(loss_inputs.mask).any(1))
-    return step_inputs(packed.model_inputs(), loss_inputs.per_row(packed.scatter), lr)
+    """samples.train_step_inputs for packed rows: the sequences with a token to train (loss_inputs.mask) or an aux
+    gradient, packed into a multiple of `micro_rows` rows; the per-token values at their packed positions,
+    advantages per token, the routing inputs per input token."""
+    keep = np.asarray(loss_inputs.mask).any(1)
+    if loss_inputs.router_grad is not None:         # a row with no trained token still takes the aux loss
+        keep = keep | np.asarray(loss_inputs.router_grad).any((1, 2))
+    packed = pack(batch, pad_id, micro_rows, keep=keep)
+    return step_inputs(packed.model_inputs(), loss_inputs.per_row(packed.scatter, packed.scatter_tokens), lr)
 
 
 class PackedRowLayout:
@@ -169,9 +196,9 @@ class PackedRowLayout:
         self.per_call = 0 if pipelined else micro_rows
 
     def logprobs(self, cell, samples: SampleBatch, routing=None) -> np.ndarray:
-        if routing is not None:
-            raise ValueError("packed rows take no routing to replay (resolve.py refuses router replay with packing)")
-        return packed_logprobs(cell, samples, self.pad_id, self.micro_rows, self.per_call)
+        if getattr(cell, "per_input_token", False):     # one_graph.ModelRouting: its output is per padded token
+            return PaddedRows(self.micro_rows).logprobs(cell, samples, routing)
+        return packed_logprobs(cell, samples, self.pad_id, self.micro_rows, self.per_call, routing)
 
     def step_inputs(self, batch: SampleBatch, loss_inputs: LossInputs, lr) -> tuple:
         return packed_step_inputs(batch, loss_inputs, lr, self.pad_id, self.micro_rows)

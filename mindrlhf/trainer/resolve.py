@@ -121,11 +121,9 @@ class ResolvedRun:
 
     @property
     def routing_refusal(self) -> str:
-        """Why the update cannot take the routing inputs (router replay, the aux loss: one graph, micro-batches
-        without pipeline stages and the layerwise update take them), "" when it can."""
-        return next((why for on, why in (
-            (self.train_mesh.pp > 1, f"pipeline stages (train pipeline_stage {self.train_mesh.pp})"),
-            (bool(self.packing), "engine.sequence_packing")) if on), "")
+        """Why the update cannot take the routing inputs (router replay, the aux loss: every engine but pipeline
+        stages takes them), "" when it can."""
+        return f"pipeline stages (train pipeline_stage {self.train_mesh.pp})" if self.train_mesh.pp > 1 else ""
 
     @property
     def aux_loss_coef(self) -> float:
@@ -268,9 +266,8 @@ def _check_router_replay(run: ResolvedRun, log):
         raise ConfigError(f"{where}: {path} is a dense model (num_experts 0): there is no expert routing to replay "
                           f"(set rl.router_replay none)")
     if run.routing_refusal:
-        raise ConfigError(f"{where}: the replayed routing is an input of the one-graph and layerwise updates and of "
-                          f"micro-batches without pipeline stages; {run.routing_refusal} does not take it yet: turn it "
-                          f"off or set rl.router_replay none")
+        raise ConfigError(f"{where}: the replayed routing is an input of every update but pipeline stages' "
+                          f"({run.routing_refusal}): set rl.router_replay none")
     if mode == "r3" and run.cfg.run.rollout_backend != "mindspore":
         raise ConfigError(f"{where}: replays the rollout's routing, which only the mindspore rollout backend records "
                           f"(run.rollout_backend {run.cfg.run.rollout_backend}); r2 replays the policy's own")

@@ -51,10 +51,11 @@ class LossInputs:
         """The fields the loss reads after the model (what a head-only graph takes: update/layerwise.py)."""
         return dataclasses.replace(self, routing=None, router_grad=None)
 
-    def per_row(self, fn: Callable) -> "LossInputs":
-        """`fn` applied to every field with a row axis (slicing, packing), the others kept."""
-        return LossInputs(*(v if f.name in self.NOT_PER_ROW else fn(v)
-                            for f, v in zip(dataclasses.fields(self), self.args())))
+    def per_row(self, fn: Callable, token_fn: Callable = None) -> "LossInputs":
+        """`fn` applied to every field with a row axis (slicing, packing), the others kept; `token_fn`, when
+        given, to the routing inputs instead (per input token, not per response token: packing)."""
+        return LossInputs(*(v if f.name in self.NOT_PER_ROW else (token_fn or fn)(v) if f.name in self.ROUTING
+                            else fn(v) for f, v in zip(dataclasses.fields(self), self.args())))
 
     def rows(self, cut) -> "LossInputs":
         return self.per_row(lambda v: v[cut])

@@ -34,7 +34,9 @@ class ResponseLogProb(nn.Cell):
 class ModelRouting(nn.Cell):
     """No-grad: the experts a Qwen3-MoE model's own routers choose for each input token, (N, T, sparse layers,
     k) int32 in no particular order per token, and its router probabilities summed over the sparse layers,
-    (N, T, E) float32 (the aux loss's report). Called like ResponseLogProb (labels unused)."""
+    (N, T, E) float32 (the aux loss's report). Called like ResponseLogProb (labels unused), always on padded rows
+    (`per_input_token`: packing.PackedRowLayout runs it so)."""
+    per_input_token = True
 
     def __init__(self, model: CausalLM):
         super().__init__(auto_prefix=False)
