@@ -221,8 +221,7 @@ def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, pr
     x = embed(decoder, tokens)
     routing, router_grad = decoder.routing_inputs(input_ids.shape[0], input_ids.shape[1], routing, router_grad)
     if routing is not None:
-        split = SharedPrompt(input_ids.shape[0], group, prompt_len, input_ids.shape[1] - prompt_len, 1)
-        routing, router_grad = split.tokens(routing), split.tokens(router_grad, sum_group=True)   # (M, ...)
+        routing, router_grad = shared_prompt_routing(routing, router_grad, group, prompt_len)
     for i in range(len(decoder.layers)):
         sparse = decoder.sparse_index[i]
         if routing is not None and sparse >= 0:
@@ -236,6 +235,13 @@ def shared_prompt_forward(decoder, input_ids, position_ids, bias, group: int, pr
         else:                           # compiled layer by layer (DecoderModel.reuse_layers says why)
             x = shared_prompt_layer(decoder.layers[i], x, cos, sin, bias_p, bias_r)
     return final_hidden(decoder, x, input_ids.shape[0], group, prompt_len)
+
+
+def shared_prompt_routing(routing, router_grad, group: int, prompt_len: int):
+    """Routing inputs of [prompt | response] rows, (N, P + T, ...), in a shared-prompt token matrix's order (M, ...):
+    SharedPrompt.tokens, the aux gradient of a prompt token summed over its group's rows (it stands for all)."""
+    split = SharedPrompt(routing.shape[0], group, prompt_len, routing.shape[1] - prompt_len, 1)
+    return split.tokens(routing), split.tokens(router_grad, sum_group=True)
 
 
 def routed_forward(decoder, input_ids, position_ids, bias):

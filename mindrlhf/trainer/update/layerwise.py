@@ -28,8 +28,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindrlhf.models.layer_graphs import (SharedPrompt, embed, final_hidden, layer_inputs, layer_routing,
-                                          shared_prompt_layer)
+from mindrlhf.models.layer_graphs import (embed, final_hidden, layer_inputs, layer_routing, shared_prompt_layer,
+                                          shared_prompt_routing)
 from mindrlhf.models.lora import freeze_base
 from mindrlhf.models.qwen2 import DecoderLayer
 from mindrlhf.trainer.optim import aliases, zeros_like
@@ -66,8 +66,7 @@ class _Routing(nn.Cell):
     @ms.jit
     def construct(self, routing, router_grad):
         if self.group:
-            split = SharedPrompt(routing.shape[0], self.group, self.prompt_len, routing.shape[1] - self.prompt_len, 1)
-            routing, router_grad = split.tokens(routing), split.tokens(router_grad, sum_group=True)
+            routing, router_grad = shared_prompt_routing(routing, router_grad, self.group, self.prompt_len)
         return ops.stop_gradient(routing), ops.stop_gradient(router_grad)
 
 
