@@ -509,3 +509,7 @@ def test_a_row_waiting_for_its_tool_does_not_stop_the_others(model, template):
     assert moved and moved[0] > 0
     assert out.finish_reason == ["stop", "stop"] and out.tool_calls.tolist() == [1, 0]
     assert tok.decode(out.response_ids[0][out.response_mask[0] == 1]).endswith("done" + SPECIAL[2])
+    # the waiting row's cache slots stay untouched while it idles: what it decodes after the tool's answer
+    # equals a full forward over its episode (a decode step whose idle rows wrote into their next slot fails)
+    full, m = full_forward_logprobs(model, out), out.loss_mask.astype(bool)
+    assert np.abs(full[m] - out.logprobs[m]).max() <= 1e-5

@@ -16,7 +16,8 @@ from typing import Sequence
 
 from mindspore import nn, ops
 
-from mindrlhf.models.graph_ops import swap_middle, take
+from mindrlhf.models.cpu_cells import BMM, BMM_NT
+from mindrlhf.models.graph_ops import expand_as, swap_middle, take
 from mindrlhf.utils.subgraph_reuse import new_key, reused
 
 
@@ -87,14 +88,21 @@ def prefill_attention(attn, x, cos, sin, bias, cache_k, cache_v, n_samples):
     return attn.attend(q, k, v, bias)
 
 
-def decode_attention(attn, x, cos, sin, bias, cache_k, cache_v, kv_index):
-    """One new token per sequence: write its k/v in place at [n, head, slot] (kv_index (N*nkv, 3)),
-    then attend to the whole cache."""
-    q, k, v = attn.project_qkv(x, cos, sin)                       # k/v (N, nkv, 1, hd)
-    n = k.shape[0]
-    keys = ops.scatter_nd_update(cache_k, kv_index, ops.reshape(k, (n * attn.nkv, attn.hd)))
-    values = ops.scatter_nd_update(cache_v, kv_index, ops.reshape(v, (n * attn.nkv, attn.hd)))
-    return attn.attend(q, keys, values, bias)
+def decode_attention(attn, x, cos, sin, bias, cache_k, cache_v):
+    """One new token per sequence against its cache and itself: bias (N, 1, 1, L) masks the cache slots the
+    token must not see, its own slot included; its own key joins as an (L+1)-th score of one softmax. The
+    cache is only read here: the caller adds the returned k/v (N, nkv, 1, hd) into it (decode)."""
+    q, k, v = attn.project_qkv(x, cos, sin)                       # q (N, nh, 1, hd), k/v (N, nkv, 1, hd)
+    n, length = q.shape[0], cache_k.shape[2]
+    qg = ops.reshape(q, (n, attn.nkv, attn.rep, attn.hd))
+    scores = ops.concat((BMM_NT(qg, cache_k), BMM_NT(qg, k)), 3) * attn.scale     # (N, nkv, rep, L + 1)
+    scores = ops.cast(ops.reshape(scores, (n, attn.nh, 1, length + 1)), attn.softmax_dtype)
+    bias = ops.concat((bias, ops.zeros((n, 1, 1, 1), bias.dtype)), 3)
+    probs = ops.cast(attn.softmax(scores + expand_as(bias, scores)), v.dtype)
+    probs = ops.reshape(probs, (n, attn.nkv, attn.rep, length + 1))
+    out = BMM(take(probs, 3, 0, length), cache_v) + BMM(take(probs, 3, length, length + 1), v)
+    out = ops.reshape(swap_middle(ops.reshape(out, (n, attn.nh, 1, attn.hd))), (n, 1, attn.nh * attn.hd))
+    return attn.wo(out), k, v
 
 
 def _repeat_rows(x, n: int):
@@ -173,14 +181,17 @@ class Prefill(_LayerPath):
 
 
 class Decode(_LayerPath):
-    """The layer on one new token per sequence, reading and extending its KV cache; a sparse layer also returns
-    the token's experts (N, k), as Prefill."""
+    """The layer on one new token per sequence, reading its KV cache; returns the layer's output and the token's
+    k/v for the caller to write into the cache (decode), a sparse layer also the token's experts (N, k)."""
 
-    def construct(self, x, cos, sin, bias, cache_k, cache_v, kv_index):
+    def construct(self, x, cos, sin, bias, cache_k, cache_v):
         layer = self.layer
-        h = x + decode_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v,
-                                 kv_index)
-        return layer.mlp_residual_routed(h)[:2] if layer.is_moe else layer.mlp_residual(h)
+        out, k, v = decode_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v)
+        h = x + out
+        if layer.is_moe:
+            x, experts = layer.mlp_residual_routed(h)[:2]
+            return x, k, v, experts
+        return layer.mlp_residual(h), k, v
 
 
 class LayerGraphs:
@@ -319,27 +330,45 @@ def prefill(decoder, input_ids, position_ids, bias, caches_k, caches_v):
     """The prompts (B, P) through every layer, each layer's cache (B * n, nkv, L, hd) filled with each prompt's
     keys/values copied to its n samples' rows. Returns (final hidden states, the experts each token went to,
     (sparse layers, B x P, k), or None for a dense model)."""
-    return _cached_pass(decoder, decoder.graphs.prefill, input_ids, position_ids, bias, caches_k, caches_v, None)
+    return _cached_pass(decoder, decoder.graphs.prefill, input_ids, position_ids, bias, caches_k, caches_v, False)
 
 
-def decode(decoder, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
-    """One token per row through every layer (prefill's outputs: experts (sparse layers, N, k) or None)."""
-    return _cached_pass(decoder, decoder.graphs.decode, input_ids, position_ids, bias, caches_k, caches_v, kv_index)
+def decode(decoder, input_ids, position_ids, bias, caches_k, caches_v):
+    """One token per row through every layer, bias (N, 1, 1, L) over the cache slots it may read (not the one
+    it will be written to). Returns what prefill returns and each layer's new k/v, (N, nkv, 1, hd) each, for
+    write_decoded; the caches are only read here."""
+    return _cached_pass(decoder, decoder.graphs.decode, input_ids, position_ids, bias, caches_k, caches_v, True)
 
 
-def _cached_pass(decoder, layers, input_ids, position_ids, bias, caches_k, caches_v, kv_index):
-    """prefill's and decode's pass through `layers` (their Prefill or Decode cells; kv_index None: prefill)."""
+def write_decoded(caches_k, caches_v, new_kv, kv_index, kv_keep):
+    """Each layer's new k/v (decode's), times kv_keep (N, 1, 1, 1: 0 for a row whose write must not land), added
+    at kv_index (N * nkv, 3: row, kv head, slot) of its cache, a slot that holds zeros until then (prefill
+    zeroes every slot past the prompt; GenerationEngine writes each slot once). An add, not an update:
+    MindSpore 2.10's CPU ScatterNdUpdate copies the whole cache per call, ScatterNdAdd does not. Placed after
+    every read of the step's graph: a write between two reads of one weight (the tied embedding and head)
+    makes the graph copy that weight (docs/BENCHMARKS.md, bench_floors.py)."""
+    for i, (k, v) in enumerate(new_kv):
+        rows = k.shape[0] * k.shape[1]
+        keep = ops.cast(kv_keep, k.dtype)
+        ops.scatter_nd_add(caches_k[i], kv_index, ops.reshape(k * keep, (rows, k.shape[-1])))
+        ops.scatter_nd_add(caches_v[i], kv_index, ops.reshape(v * keep, (rows, v.shape[-1])))
+    return kv_index
+
+
+def _cached_pass(decoder, layers, input_ids, position_ids, bias, caches_k, caches_v, decoding: bool):
+    """prefill's and decode's pass through `layers` (their Prefill or Decode cells)."""
     x = ops.cast(decoder.tok_embeddings(input_ids), decoder.compute_dtype)
     cos, sin = decoder.rope(position_ids)
-    experts = []
+    experts, new_kv = [], []
     for i in range(len(layers)):
-        if kv_index is None:
-            out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
-        else:
-            out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i], kv_index)
+        out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
+        if decoding:
+            new_kv.append((out[1], out[2]))
+            out = out[0] if len(out) == 3 else (out[0], out[3])
         if decoder.sparse_index[i] >= 0:
             x = out[0]
             experts.append(out[1])
         else:
             x = out
-    return decoder.norm_out(x), (ops.stack(experts) if experts else None)
+    hidden, experts = decoder.norm_out(x), (ops.stack(experts) if experts else None)
+    return (hidden, experts, new_kv) if decoding else (hidden, experts)

@@ -26,7 +26,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.models.layer_graphs import decode, prefill
+from mindrlhf.models.layer_graphs import decode, prefill, write_decoded
 from mindrlhf.models.padding import NEG_INF, causal_bias, left_pad, position_ids
 from mindrlhf.models.qwen2 import CausalLM, last_positions
 from mindrlhf.rollout.sampling import SamplingParams, process_logits, row_uniforms, sample, token_logprobs
@@ -130,9 +130,10 @@ class _Decode(nn.Cell):
         self.caches_k, self.caches_v = caches_k, caches_v
 
     @ms.jit
-    def construct(self, input_ids, position_ids, bias, kv_index):
-        h, experts = decode(self.lm.model, input_ids, position_ids, bias, self.caches_k, self.caches_v, kv_index)
+    def construct(self, input_ids, position_ids, bias, kv_index, kv_keep):
+        h, experts, new_kv = decode(self.lm.model, input_ids, position_ids, bias, self.caches_k, self.caches_v)
         logits = _one_position(self.lm.gather_vocab(self.lm.head(h)))
+        write_decoded(self.caches_k, self.caches_v, new_kv, kv_index, kv_keep)
         return logits if experts is None else (logits, experts)
 
 
@@ -330,10 +331,11 @@ class GenerationEngine:
                 real = np.arange(smaller) < len(still)
                 batch = smaller
             slot = p_len + t
+            bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]   # the cache before slot
             key_ok[:, slot] = True
-            bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]
             logits, experts = _outputs(self._decode(batch, total)(
-                Tensor(feed[:, None]), Tensor(next_pos[:, None]), Tensor(bias), Tensor(self._kv_index(batch, slot))))
+                Tensor(feed[:, None]), Tensor(next_pos[:, None]), Tensor(bias), Tensor(self._kv_index(batch, slot)),
+                Tensor(np.ones((batch, 1, 1, 1), np.float32))))
             if record is not None:              # the rows that fed response token t
                 fed = np.flatnonzero(real & ~done[seq_of])
                 record.decoded(experts, fed, seq_of[fed], t)
@@ -474,13 +476,14 @@ class GenerationEngine:
             feed = np.full(batch, self.pad_token_id, np.int32)
             fb = np.flatnonzero(feeding)
             feed[fb] = out_ids[seq_of[fb], fed_pos[fb]]
+            bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]   # the cache before slots
             key_ok[fb, slots[fb]] = True
-            bias = np.where(key_ok, 0.0, NEG_INF).astype(np.float32)[:, None, None, :]
             pos_ids = (lengths[seq_of // n] + fed_pos).astype(np.int32)
             index = self._kv_index(batch, 0)
             index[:, 2] = np.repeat(slots, index.shape[0] // batch)
+            write = feeding.astype(np.float32)[:, None, None, None]      # an idle row's slot stays zero
             logits, experts = _outputs(self._decode(batch, total)(Tensor(feed[:, None]), Tensor(pos_ids[:, None]),
-                                                                  Tensor(bias), Tensor(index)))
+                                                                  Tensor(bias), Tensor(index), Tensor(write)))
             if record is not None:
                 record.decoded(experts, fb, seq_of[fb], fed_pos[fb])
             self.decoded_rows += batch
