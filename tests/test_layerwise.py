@@ -98,7 +98,10 @@ def test_head_pieces_are_the_micro_batches_own_streams(group):
     np.testing.assert_array_equal(head.join(pieces, rows).asnumpy(), whole.asnumpy())
 
 
-@pytest.mark.parametrize("replay", ["r3", pytest.param("none", marks=pytest.mark.slow)])     # ~25 s each
+# ~25-29 s each, so both run with -m slow; the default run keeps the routing inputs of the one-graph update
+# (test_aux_loss.py, test_router_replay.py) and the layerwise update's dense equalities above
+@pytest.mark.slow
+@pytest.mark.parametrize("replay", ["r3", "none"])
 def test_layerwise_update_of_a_moe_model_takes_its_routing_inputs(tmp_path, replay):
     """A Qwen3-MoE folder (every layer sparse) with router replay (r3) or not (none: the layers route themselves)
     and the load-balancing loss (coefficient 0.5: a large share of every gradient; the test fails with the

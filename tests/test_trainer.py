@@ -546,7 +546,8 @@ def test_three_column_file_without_final_answers_is_refused(assets, tmp_path):
         _trainer(assets, tmp_path, mind_dataset_dir=path)
 
 
-def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):
+@pytest.mark.slow       # ~25 s; shared-prompt log-probs and gradients against transformers stay in the default run
+def test_shared_prompt_gives_the_whole_rows_trajectory(assets, tmp_path):     # (test_model_parity.py)
     """engine.share_prompt (each prompt runs once for its group in the reference and training forwards): the same
     losses, KL, gradient norms and weights as every row run whole; a layout it cannot serve says so."""
     common = dict(total_steps=2, beta=0.05, verifier_function="digit_fraction_test", temperature=0.7,
