@@ -181,17 +181,14 @@ class Prefill(_LayerPath):
 
 
 class Decode(_LayerPath):
-    """The layer on one new token per sequence, reading its KV cache; returns the layer's output and the token's
-    k/v for the caller to write into the cache (decode), a sparse layer also the token's experts (N, k)."""
+    """The layer on one new token per sequence, reading its KV cache: (what Prefill returns, the token's k, v),
+    the k/v for the caller to write into the cache (decode)."""
 
     def construct(self, x, cos, sin, bias, cache_k, cache_v):
         layer = self.layer
         out, k, v = decode_attention(layer.attention, layer.attention_input(x), cos, sin, bias, cache_k, cache_v)
         h = x + out
-        if layer.is_moe:
-            x, experts = layer.mlp_residual_routed(h)[:2]
-            return x, k, v, experts
-        return layer.mlp_residual(h), k, v
+        return (layer.mlp_residual_routed(h)[:2] if layer.is_moe else layer.mlp_residual(h)), k, v
 
 
 class LayerGraphs:
@@ -352,7 +349,6 @@ def write_decoded(caches_k, caches_v, new_kv, kv_index, kv_keep):
         keep = ops.cast(kv_keep, k.dtype)
         ops.scatter_nd_add(caches_k[i], kv_index, ops.reshape(k * keep, (rows, k.shape[-1])))
         ops.scatter_nd_add(caches_v[i], kv_index, ops.reshape(v * keep, (rows, v.shape[-1])))
-    return kv_index
 
 
 def _cached_pass(decoder, layers, input_ids, position_ids, bias, caches_k, caches_v, decoding: bool):
@@ -363,8 +359,8 @@ def _cached_pass(decoder, layers, input_ids, position_ids, bias, caches_k, cache
     for i in range(len(layers)):
         out = layers[i](x, cos, sin, bias, caches_k[i], caches_v[i])
         if decoding:
-            new_kv.append((out[1], out[2]))
-            out = out[0] if len(out) == 3 else (out[0], out[3])
+            out, k, v = out
+            new_kv.append((k, v))
         if decoder.sparse_index[i] >= 0:
             x = out[0]
             experts.append(out[1])
