@@ -26,6 +26,9 @@ def results(tmp_path_factory):
     return [dict(np.load(out / f"rank_{r}.npz")) for r in range(2)]
 
 
+# ~25 s of msrun set-up: -m slow. The default run keeps Qwen3's attention under tp2, q/k norm gradients included,
+# through Qwen3-MoE's tp2 (test_qwen3_moe_ep.py, every gradient against one process)
+@pytest.mark.slow
 @pytest.mark.parametrize("tag", ["tp", "sp"])
 def test_qwen3_tp2_equals_one_process(results, tag):
     layouts = role_layouts(param_specs(ModelConfig(**qwen3_model_kwargs())), Mesh(dp=1, tp=2))
