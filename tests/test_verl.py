@@ -331,7 +331,8 @@ def test_other_ranks_take_rank_0s_conversion_and_ignore_a_stale_one(tmp_path, mo
     os.utime(ready, (old, old))                       # a previous run's: waited past, then replaced
     monkeypatch.setenv("RANK_ID", "1")
     import threading
-    threading.Timer(1.0, lambda: ready.write_text(json.dumps({"train": "new", "train_sources": {}}))).start()
+    from mindrlhf.utils.atomic import write_text      # as rank 0 writes it: a reader never sees it half-written
+    threading.Timer(1.0, lambda: write_text(str(ready), json.dumps({"train": "new", "train_sources": {}}))).start()
     assert verl_main.prepare_data(plan, False)["train"] == "new"
 
 
