@@ -129,7 +129,12 @@ def _run(assets, name, suffix="", **extra):
 
 @pytest.fixture(scope="module")
 def runs(assets):
-    return {name: _run(assets, name) for name in LAYOUTS}
+    """The layouts' runs two at a time: much of each is graph compilation on one thread, so two jobs on the two
+    cores finish sooner than one after the other (each run's numbers do not depend on what runs beside it)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(_run, assets, name) for name in LAYOUTS}
+    return {name: f.result() for name, f in futures.items()}
 
 
 def _full_weights(assets, out_dir, name, lora=None):

@@ -283,6 +283,7 @@ def test_a_bf16_policy_is_refused_on_cpu_at_set_up(assets, tmp_path):
         _trainer(assets, tmp_path, sft_path_train=bf16, total_steps=1)
 
 
+@pytest.mark.slow       # ~8 s; the default run: the gap at T 0.8 + top_p every step (test_layout_invariance), filters (test_rollout)
 def test_rollout_and_train_logprobs_agree_at_temperature(assets, tmp_path):
     """Old, reference and current log-probs follow the rollout's temperature (log softmax(logits / T)):
     on the first step the rollout-vs-train gap is float noise and the KL to the identical reference is 0."""
@@ -412,6 +413,7 @@ def test_tensorboard_events_are_written(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("reward_mean")] == [(1, 0.25), (2, 0.5)]
 
 
+@pytest.mark.slow       # ~8 s; the default run keeps the events being written (test_tensorboard_events_are_written)
 def test_tensorboard_off_writes_no_events(assets, tmp_path):
     """run.tensorboard False: metrics JSONL only, no event files (and no writer import)."""
     from mindrlhf.trainer.metrics import MetricsLogger
@@ -464,6 +466,7 @@ def test_too_few_eval_prompts_for_the_infer_replicas_is_a_set_up_error(assets, t
         assert "error: run.eval_prompts: 1 eval prompt(s)" in log and "infer data-parallel replicas" in log
 
 
+@pytest.mark.slow       # ~17 s: two runs; the default run trains through the skipped pass in every one-mini-batch test
 def test_one_update_per_rollout_skips_the_old_policy_pass(assets, tmp_path, monkeypatch):
     """num_iterations 1 and one mini-batch: no separate old-policy pass, and the same losses, gradients and
     weights as with it (the ratio is 1 with the gradient of log p either way)."""
