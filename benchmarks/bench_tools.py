@@ -4,7 +4,7 @@ multiplication word problems (examples/grpo/tool_calculator, whose README says w
     python benchmarks/bench_tools.py [--steps 20] [--eval_every 5] [--trl_python PY] [--plot tools.png]
 
 Both systems start from the same SFT checkpoint (the example's commands: make_data.py, then `python -m
-mindrlhf.sft`, 16 steps; written once into --work), see the same prompts (the example's chat template, its
+mindrlhf.sft`, 10 steps; written once into --work), see the same prompts (the example's chat template, its
 system prompt, the interpreter's schema: TRL's is derived from a function whose docstring gives the same schema,
 checked), call the same tool (mindrlhf's CodeInterpreter, bubblewrap sandbox, 5 s, 256 MB; in TRL as a plain
 function, `GRPOTrainer(tools=[code_interpreter])`, TRL reading the calls with its Qwen3 / hermes response
@@ -41,7 +41,7 @@ sys.path.insert(0, EXAMPLE)
 from make_data import SYSTEM_PROMPT  # noqa: E402  (the example's one system prompt)
 PROMPTS, G, NEW, TEMPERATURE, LR, WARMUP, EVAL_PROMPTS, MAX_CALLS = 4, 8, 96, 0.7, 1e-5, 3, 64, 2
 PROMPT_WIDTH = 224
-SFT_FLAGS = ["--max_length", "320", "--batch_size", "8", "--total_steps", "16", "--lr", "2e-5", "--warmup_steps", "2"]
+SFT_FLAGS = ["--max_length", "320", "--batch_size", "8", "--total_steps", "10", "--lr", "2e-5", "--warmup_steps", "2"]
 
 
 def _run(*args):
