@@ -275,7 +275,9 @@ def test_first_step_kl_against_an_independent_reference(slice_dir, tmp_path):
     assert abs(kl - want) <= 1e-3 * want, (kl, want)      # float32 sums over ~100 tokens
 
 
-@pytest.mark.slow       # ~15 s; the default run keeps the KL against an independent reference here and the export against transformers (test_layout_invariance)
+# ~15 s; the default run keeps the KL against an independent reference (above) and the export against
+# transformers (test_layout_invariance)
+@pytest.mark.slow
 def test_first_step_kl_is_zero_and_export_loads_in_transformers(slice_dir, tmp_path):
     import torch
     from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile

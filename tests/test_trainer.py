@@ -283,7 +283,8 @@ def test_a_bf16_policy_is_refused_on_cpu_at_set_up(assets, tmp_path):
         _trainer(assets, tmp_path, sft_path_train=bf16, total_steps=1)
 
 
-@pytest.mark.slow       # ~8 s; the default run: the gap at T 0.8 + top_p every step (test_layout_invariance), filters (test_rollout)
+# ~8 s; the default run checks the gap at T 0.8 + top_p on every step (test_layout_invariance), filters in test_rollout
+@pytest.mark.slow
 def test_rollout_and_train_logprobs_agree_at_temperature(assets, tmp_path):
     """Old, reference and current log-probs follow the rollout's temperature (log softmax(logits / T)):
     on the first step the rollout-vs-train gap is float noise and the KL to the identical reference is 0."""
