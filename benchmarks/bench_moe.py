@@ -27,11 +27,11 @@ this process's cores, 1 rank); transformers' side sets torch.set_num_threads to 
 measurement in a fresh process (common.run_child), ours and transformers alternating, train then rollout, for
 --rounds rounds (2 cores: the machine drifts); medians reported.
 
-Not like for like, by design of each side, and reported as it is: our experts run densely, every expert on
-every token as one batched matmul weighted by the routing (models/moe.py: E / top-k = 4x the expert FLOPs of a
-dispatch here), while transformers 5.24 dispatches (its default `experts_implementation` "grouped_mm" on CPU
-sorts the (token, expert) pairs and runs a grouped matmul; "eager" loops over the experts that received tokens).
-Which one ran is in the last line (`--hf_experts` picks another).
+Our experts' form: `--experts` (model_config.moe_expert_compute; auto picks per call between dense, every expert
+on every token, and sorted, the (token, expert) pairs sorted by expert into blocks: models/moe.py). transformers
+5.24 dispatches (its default `experts_implementation` "grouped_mm" on CPU sorts the (token, expert) pairs and runs
+a grouped matmul; "eager" loops over the experts that received tokens). Both are in the last line (`--hf_experts`
+picks another).
 
 Last line: {"bench": "moe_vs_transformers", "cpu", "train_ratio", "rollout_ratio", "ep2_expert_memory_ratio", ...}
 with ratio = ours / transformers tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1
@@ -69,9 +69,9 @@ def shapes(quick: bool) -> dict:
     return QUICK if quick else FULL
 
 
-def config(quick: bool):
+def config(quick: bool, experts: str = "auto"):
     from mindrlhf.configs import ModelConfig
-    return ModelConfig(**shapes(quick)["model"])
+    return ModelConfig(**shapes(quick)["model"], moe_expert_compute=experts)
 
 
 def hf_moe_dir(quick: bool) -> str:
@@ -112,21 +112,21 @@ def rollout_prompts(s: dict) -> np.ndarray:
     return np.random.RandomState(1).randint(1, s["model"]["vocab_size"], (s["prompts"], s["prompt"]))
 
 
-def ours_model(hf_dir: str, quick: bool):
+def ours_model(hf_dir: str, quick: bool, experts: str):
     import mindspore as ms
     from mindrlhf.checkpoint.model_io import load_weights
     from mindrlhf.models.qwen2 import CausalLM
     ms.set_seed(0)
-    model = CausalLM(config(quick))
+    model = CausalLM(config(quick, experts))
     load_weights(model, hf_dir)
     return model
 
 
-def ours(phase: str, hf_dir: str, quick: bool) -> dict:
+def ours(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
     s = shapes(quick)
     threads = ours_kernel_threads()
     assert threads == same_threads(), (threads, same_threads())
-    model = ours_model(hf_dir, quick)
+    model = ours_model(hf_dir, quick, experts)
     if phase == "train":
         return {"tokens_per_s": train_tokens_per_s(model, train_ids(s), s["warmup"], s["steps"]), "threads": threads}
     from mindrlhf.rollout.engine import GenerationEngine
@@ -232,6 +232,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="tiny shapes and one round: checks the script runs")
     p.add_argument("--hf_experts", default="default", choices=("default", "eager", "grouped_mm", "batched_mm"),
                    help="transformers' experts_implementation (default: what from_pretrained picks)")
+    p.add_argument("--experts", default="auto", choices=("auto", "dense", "sorted"),
+                   help="our experts' form (model_config.moe_expert_compute; auto: the cheaper per call)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--hf_dir", help=argparse.SUPPRESS)
     p.add_argument("--ep_worker", help=argparse.SUPPRESS)
@@ -244,7 +246,7 @@ def main():
         if phase == "memory":
             res = memory(args.quick)
         elif side == "ours":
-            res = ours(phase, args.hf_dir, args.quick)
+            res = ours(phase, args.hf_dir, args.quick, args.experts)
         else:
             res = reference(phase, args.hf_dir, args.quick, args.hf_experts)
         print(json.dumps(res), flush=True)
@@ -253,7 +255,7 @@ def main():
         p.error(f"--rounds must be >= 1, got {args.rounds}")
     rounds = 1 if args.quick else args.rounds
     script = os.path.abspath(__file__)
-    flags = ["--hf_experts", args.hf_experts] + (["--quick"] if args.quick else [])
+    flags = ["--hf_experts", args.hf_experts, "--experts", args.experts] + (["--quick"] if args.quick else [])
     hf_dir = hf_moe_dir(args.quick)
     print(f"model: {json.dumps(shapes(args.quick)['model'])}; HF folder {hf_dir}", flush=True)
     runs = {(phase, side): [] for phase in ("train", "rollout") for side in ("ours", "transformers")}
@@ -296,7 +298,7 @@ def main():
                                "process",
         "ep2_ratio_from_layouts": {k: round(v, 4) for k, v in predicted.items()},
         "medians_tokens_per_s": {f"{ph}_{side}": round(v, 1) for (ph, side), v in med.items()},
-        "hf_experts_implementation": implementation, "threads": threads}), flush=True)
+        "hf_experts_implementation": implementation, "our_experts": args.experts, "threads": threads}), flush=True)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,13 @@ def moe(tmp_path_factory):
     return d, hf, load_ours(d, ModelConfig(**qwen3_moe_model_kwargs()))
 
 
-@pytest.mark.parametrize("kw", [{}, MIXED, dict(top_k=1, norm_topk_prob=False)], ids=["sparse", "mixed", "top1"])
-def test_qwen3_moe_logits_match_hf(tmp_path, rng, kw):
+@pytest.mark.parametrize("kw, form", [({}, "auto"), (MIXED, "auto"), (dict(top_k=1, norm_topk_prob=False), "auto"),
+                                      ({}, "sorted"), (dict(top_k=1, norm_topk_prob=False), "sorted")],
+                         ids=["sparse", "mixed", "top1", "sparse_sorted", "top1_sorted"])
+def test_qwen3_moe_logits_match_hf(tmp_path, rng, kw, form):
+    """auto: these tiny shapes run the dense forms; sorted: the experts sorted by expert into blocks."""
     hf = make_qwen3_moe_model(str(tmp_path), **kw)
-    cfg = ModelConfig(**qwen3_moe_model_kwargs(**kw))
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(**kw), moe_expert_compute=form)
     ours = load_ours(str(tmp_path), cfg)
     sparse = [layer.is_moe for layer in ours.model.layers]
     assert sparse == [cfg.is_moe_layer(n) for n in range(cfg.num_layers)]
@@ -56,13 +59,16 @@ def _hf_grad(hf_params, name, cfg):
     return part.transpose(0, 2, 1)
 
 
-@pytest.mark.parametrize("kw, rows", [({}, 2), (MIXED, 2), ({}, 8)], ids=["sparse", "mixed", "sparse_many_tokens"])
-def test_qwen3_moe_every_gradient_matches_hf(tmp_path, rng, kw, rows):
+@pytest.mark.parametrize("kw, rows, form", [({}, 2, "auto"), (MIXED, 2, "auto"), ({}, 8, "auto"), ({}, 8, "sorted"),
+                                            (MIXED, 2, "sorted")],
+                         ids=["sparse", "mixed", "sparse_many_tokens", "sparse_sorted", "mixed_sorted"])
+def test_qwen3_moe_every_gradient_matches_hf(tmp_path, rng, kw, rows, form):
     """The mean next-token NLL and the gradient of every parameter (router and stacked experts included); 2 x 11
-    tokens run the experts' batched form, 8 x 11 (>= 2 x moe_intermediate_size) their side-by-side form."""
+    tokens run the experts' batched form, 8 x 11 (>= 2 x moe_intermediate_size) their side-by-side form, both
+    under "auto" at these shapes; "sorted" the sorted-by-expert blocks."""
     import torch
     hf = make_qwen3_moe_model(str(tmp_path), **kw)
-    cfg = ModelConfig(**qwen3_moe_model_kwargs(**kw))
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(**kw), moe_expert_compute=form)
     ours = load_ours(str(tmp_path), cfg)
     names = [p.name for p in ours.get_parameters()]
     assert "model.layers.1.feed_forward.routed_experts.router.dense.weight" in names
@@ -127,11 +133,15 @@ def test_qwen3_moe_left_padded_rows_equal_hf_and_their_unpadded_forward(moe, rng
     assert np.abs(got[1, 4:] - alone[0]).max() <= TOL
 
 
-def test_qwen3_moe_greedy_generation_equals_hf_generate(moe):
+@pytest.mark.parametrize("form", ["auto", "sorted"])
+def test_qwen3_moe_greedy_generation_equals_hf_generate(moe, form):
+    """auto runs the dense forms at these shapes; sorted the sorted blocks in prefill and every decode step."""
     import torch
     from mindrlhf.rollout.engine import GenerationEngine
     from mindrlhf.rollout.sampling import SamplingParams
-    _, hf, ours = moe
+    d, hf, ours = moe
+    if form == "sorted":
+        ours = load_ours(d, ModelConfig(**qwen3_moe_model_kwargs(), moe_expert_compute=form))
     rs = np.random.RandomState(0)
     prompts = [rs.randint(3, 160, size=n).tolist() for n in (5, 9, 3, 7)]
     out = GenerationEngine(ours, pad_token_id=0, prompt_bucket=8).generate(
@@ -423,6 +433,27 @@ def test_routing_ties_go_to_the_lower_expert_id():
     got = top_k_mask(Tensor(probs), 2).asnumpy()
     assert got.tolist() == [[1, 1, 0, 0], [0, 1, 0, 1], [1, 0, 1, 0]]
     assert top_k_mask(Tensor(probs), 1).asnumpy().tolist() == [[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 0]]
+
+
+def test_sorted_slots_group_the_pairs_by_expert_in_token_order():
+    """Each expert's (token, expert) pairs in token order, its group padded to whole blocks, blocks past the
+    last group padding; the buffer holds the worst case (every token on the same experts)."""
+    from mindspore import Tensor
+    from mindrlhf.models.moe import expert_block, sorted_capacity, sorted_slots
+    chosen = np.array([[1, 0, 1], [0, 1, 1], [1, 0, 1], [0, 0, 0], [1, 1, 0]], np.float32)    # 5 tokens, 3 experts
+    slots, block_expert = (t.asnumpy() for t in sorted_slots(Tensor(chosen), 4, 2))
+    pad = 15                                                              # E * N: a padding row
+    assert len(slots) == sorted_capacity(5, 2, 3, 4) == 20
+    assert slots.tolist() == [0, 2, 4, pad, 6, 9, pad, pad, 10, 11, 12, pad] + [pad] * 8
+    assert block_expert.tolist() == [0, 1, 2, 2, 2]
+    crowded = np.zeros((9, 4), np.float32)
+    crowded[:, :2] = 1                                                    # every token on experts 0 and 1
+    slots, block_expert = (t.asnumpy() for t in sorted_slots(Tensor(crowded), 4, 2))
+    assert sorted(slots[slots < 36].tolist()) == list(range(18))          # no pair lost
+    assert block_expert.tolist()[:6] == [0, 0, 0, 1, 1, 1]
+    # the cost model: many tokens over many experts sort; top-k = E, few tokens, or forced dense stay dense
+    assert expert_block(2048, 2, 8) == 256 and expert_block(2048, 2, 8, "dense") == 0
+    assert expert_block(16, 2, 8) == 0 and expert_block(2048, 4, 4) == 0 and expert_block(16, 2, 8, "sorted") > 0
 
 
 def test_convert_weight_qwen3_moe_round_trips(moe, tmp_path):

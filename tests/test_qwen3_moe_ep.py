@@ -27,10 +27,11 @@ def results(tmp_path_factory):
     return [dict(np.load(out / f"rank_{r}.npz")) for r in range(2)]
 
 
-@pytest.mark.parametrize("tag, ep, tp", [("ep", 2, 1), ("tp", 1, 2)], ids=["ep2", "tp2"])
+@pytest.mark.parametrize("tag, ep, tp", [("ep", 2, 1), ("tp", 1, 2), ("ep_sorted", 2, 1)],
+                         ids=["ep2", "tp2", "ep2_sorted"])
 def test_split_experts_equal_one_process(results, tag, ep, tp):
     """ep2: each rank holds half of the experts; tp2: half of every expert's intermediate width, the router
-    replicated (with sequence parallelism and ep: the 4-worker test below). Bounds as the TP tests' (1e-5): the sums over ranks reorder float32
+    replicated; ep2_sorted: ep2 with each rank's experts sorted by expert (moe_expert_compute "sorted") (with sequence parallelism and ep: the 4-worker test below). Bounds as the TP tests' (1e-5): the sums over ranks reorder float32
     sums of 2 partial outputs."""
     layouts = layouts_for(ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,))), 2 if ep > 1 else 1, tp, ep=ep)
     experts = "model.layers.1.feed_forward.routed_experts.ffn."

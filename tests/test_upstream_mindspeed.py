@@ -172,6 +172,29 @@ def test_the_model_entry_and_the_layouts(tmp_path):
                                                                 "original_max_position_embeddings": 16.0}
 
 
+def test_noop_layers_leave_the_real_layers_in_their_pipeline_stages(tmp_path):
+    """MindSpeed's no-op layers pad the depth for the pipeline (Qwen3-235B-A22B: 96 over 16 stages, identities at
+    5 and 95, for its 94 layers): the model has the real layers, each stage the real ones of its range."""
+    from mindrlhf.configs.model_config import layer_split
+    infer = load_model_yaml(os.path.join(SHIPPED, "grpo_qwen3_235b_a22b_A2.yaml"), role="infer")
+    assert infer.model.num_layers == 94 and infer.parallel.expert_parallel == 8
+    two_stages = {"rl_config.actor_resource": {"num_npus": 2}, "actor_config.pipeline_model_parallel_size": 2,
+                  "megatron_training.global_batch_size": 2, "rl_config.mini_batch_size": 1}
+    six = lambda e: e.update(num_layers=6)  # noqa: E731
+    model = load_model_yaml(_write(tmp_path / "a", _edited(**two_stages, **{"actor_config.noop_layers": "5"}),
+                                   model_edits=six)).model
+    assert model.num_layers == 5 and [len(r) for r in layer_split(5, 2, model.offset)] == [3, 2]
+    model = load_model_yaml(_write(tmp_path / "b", _edited(**two_stages, **{"actor_config.noop_layers": [0, 1]}),
+                                   model_edits=six)).model
+    assert model.num_layers == 4 and [len(r) for r in layer_split(4, 2, model.offset)] == [1, 3]
+    with pytest.raises(ConfigError, match=r"noop_layers: '3,4,5' leaves pipeline stage 1 without a real layer"):
+        load_model_yaml(_write(tmp_path / "c", _edited(**two_stages, **{"actor_config.noop_layers": "3,4,5"}),
+                               model_edits=six))
+    with pytest.raises(ConfigError, match=r"noop_layers: '0,0' must name distinct layer indices in \[0, num_layers=2\)"):
+        load_model_yaml(_write(tmp_path / "d", _edited(**{"actor_config.noop_layers": "0,0"})))
+    assert load_model_yaml(_write(tmp_path / "e", _edited(**{"actor_config.noop_layers": [1]}))).model.num_layers == 1
+
+
 def test_the_mini_batch_divides_over_train_data_parallel(tmp_path):
     path = _write(tmp_path, _edited(**{"rl_config.actor_resource": {"num_npus": 2}, "rl_config.mini_batch_size": 2,
                                        "megatron_training.global_batch_size": 4}))
@@ -368,8 +391,8 @@ RUNS = ["grpo_qwen25_7b_A3.yaml", "before_acb2c70/grpo_qwen25_7b_A3.yaml", "grpo
 REFUSED = {
     "dapo_qwen25_32b_A2_20k.yaml": r"actor_config.context_parallel_size: 2 is not supported \(we implement 1\)",
     "dapo_qwen25_32b_A3_32k.yaml": r"actor_config.context_parallel_size: 2 is not supported \(we implement 1\)",
-    "grpo_qwen3_235b_a22b_A2.yaml": r"actor_config.noop_layers: '5,95' is not supported \(we implement unset\)",
     "grpo_lora_qwen25_32b_A2.yaml": r"megatron_training.lora_target_modules: \[.*\] is not supported",
+    "grpo_qwen3_235b_a22b_A2.yaml": r"train layout.expert_parallel=4 with pipeline_stage=16 is not supported",
 }
 
 

@@ -18,6 +18,8 @@ from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.fields import help_field as _f
 
 DTYPES = ("float32", "float16", "bfloat16")
+# how a sparse layer computes its experts (models/moe.ExpertsFFN): every expert on every token, or sorted by expert
+EXPERT_COMPUTE = ("auto", "dense", "sorted")
 EXTEND_METHODS = ("None", "LLAMA3")
 
 
@@ -58,6 +60,7 @@ class ModelConfig:
     decoder_sparse_step: int = 1           # layer l is sparse when (l + 1) % decoder_sparse_step == 0 ...
     mlp_only_layers: List[int] = dataclasses.field(default_factory=list)   # ... and l is not listed here
     router_aux_loss_coef: float = 0.0      # load-balancing loss weight (MindSpeed-RL: moe_aux_loss_coeff); 0 allowed
+    moe_expert_compute: str = "auto"       # "dense" | "sorted" | "auto" (the cheaper per call): models/moe.py
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -155,6 +158,9 @@ class ModelConfig:
                 not all(isinstance(x, int) and not isinstance(x, bool) for x in self.mlp_only_layers):
             raise ConfigError(f"{where}.mlp_only_layers: expected a list of layer indices, got "
                               f"{self.mlp_only_layers!r}")
+        if self.moe_expert_compute not in EXPERT_COMPUTE:
+            raise ConfigError(f"{where}.moe_expert_compute: expected one of {', '.join(EXPERT_COMPUTE)}, got "
+                              f"{self.moe_expert_compute!r}")
         if isinstance(self.router_aux_loss_coef, bool) or not isinstance(self.router_aux_loss_coef, (int, float)) \
                 or self.router_aux_loss_coef < 0:
             raise ConfigError(f"{where}.router_aux_loss_coef: expected a number >= 0, got "

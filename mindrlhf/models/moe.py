@@ -5,13 +5,16 @@ kept (ties broken by the lower expert id, so every layout routes alike), renorma
 `norm_topk_prob`. Each expert is a SwiGLU MLP of width `moe_intermediate_size`; a token's output is the
 routing-weighted sum of its experts' outputs.
 
-Computed grouped, never a loop over tokens or experts: the experts' weights are stacked Parameters
-(E, H, I) / (E, I, H) and every expert runs on every token (side by side in plain matmuls, or batched per expert
-for a few tokens: ExpertsFFN), weighted by the (tokens, E) routing weights, which are zero off the top-k. Exact
-(an unrouted expert's term is multiplied by 0 in the forward and gets 0 gradient) and simple, but E / top-k
-times the expert FLOPs of a dispatch: right for the tiny E of CPU tests, wrong for Qwen3-30B-A3B's 128 experts. The alternative for large E is to sort the
-(token, expert) pairs by expert, gather the tokens, run one grouped matmul over the groups and scatter-add
-back (MindSpore's GroupedMatmul on Ascend; an all-to-all dispatcher under expert parallelism): not built yet.
+Computed grouped, never a loop over tokens or experts; the experts' weights are stacked Parameters
+(E, H, I) / (E, I, H), and ExpertsFFN runs them in one of two exact forms, the cheaper for the call's shapes
+(`moe_expert_compute` "auto"; "dense" / "sorted" force one):
+- dense: every expert on every token (side by side in plain matmuls, or batched per expert for a few tokens),
+  weighted by the (tokens, E) routing weights, which are zero off the top-k: E / top-k times a dispatch's FLOPs;
+- sorted: the (token, expert) pairs sorted by expert into one buffer whose groups are padded to a block size
+  (the buffer's size is static: tokens x top-k + E x (block - 1) rows at most), each block runs its expert as
+  one batched matmul over the blocks (each block's weights gathered), and the outputs are scatter-added back
+  to the tokens, routing-weighted. The rows a dispatch computes, plus the padding, at the price of gathering a
+  block's weights (MindSpore's GroupedMatmul does this without padding on Ascend: not used here).
 
 Expert parallelism (the mesh's `ep` axis): each EP rank holds experts [i E/ep, (i+1) E/ep) and the EP ranks see the
 same tokens (the all-gather dispatcher of Megatron, with the gather done by the data layout: an EP group's ranks
@@ -50,7 +53,7 @@ from mindspore.common.initializer import Normal, Zero, initializer
 
 from mindrlhf.configs.model_config import ModelConfig
 from mindrlhf.models.cpu_cells import BMM
-from mindrlhf.models.graph_ops import take
+from mindrlhf.models.graph_ops import expand_as, take
 from mindrlhf.models.tp_regions import CopyToTP, Identity, ReduceFromTP, ScaleGradient, copy_to_tp, leave_tp
 from mindrlhf.parallel.mesh import Mesh
 
@@ -71,6 +74,64 @@ class Router(nn.Cell):
         return self.matmul(ops.cast(x, ms.float32), ops.cast(self.dense.weight, ms.float32))
 
 
+# The sorted form's cost per block, in rows of expert work: gathering the block's weights, scattering their
+# gradient back and the smaller batched matmuls. A dense row's cost against a sorted row's (plain matmuls run
+# faster than the blocks' batched ones). Fitted on bench_moe's shapes (8 experts of 256, hidden 512, 2048 tokens:
+# dense 350 ms, sorted by blocks of 64 / 128 / 256 / 512: 255 / 221 / 218 / 253 ms fwd + bwd; docs/BENCHMARKS.md).
+BLOCK_COST_ROWS = 80
+DENSE_ROW_COST = 0.8
+BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
+
+
+def sorted_capacity(tokens: int, top_k: int, experts: int, block: int) -> int:
+    """Rows of the sorted form's buffer: every (token, expert) pair of this rank's experts plus each expert's
+    group padded up to a multiple of `block`, rounded up to whole blocks."""
+    rows = tokens * min(top_k, experts) + experts * (block - 1)
+    return -(-rows // block) * block
+
+
+def expert_block(tokens: int, top_k: int, experts: int, form: str = "auto") -> int:
+    """The sorted form's block size for a call on `tokens` tokens, `experts` local experts of which each token
+    uses `top_k` (at most), or 0 for the dense form: the cheaper by the cost model above under "auto". Plain
+    loops and arithmetic on constants: MindSpore's graph compiler folds it to a constant."""
+    best, best_cost = 0, 0
+    for block in BLOCK_SIZES:
+        rows = sorted_capacity(tokens, top_k, experts, block)
+        cost = rows + BLOCK_COST_ROWS * rows // block
+        if best == 0 or cost < best_cost:
+            best, best_cost = block, cost
+    if form == "sorted":
+        return best
+    if form == "dense" or top_k >= experts or tokens < BLOCK_SIZES[0]:
+        return 0
+    if best_cost < DENSE_ROW_COST * tokens * experts:
+        return best
+    return 0
+
+
+def sorted_slots(chosen, block: int, top_k: int):
+    """chosen (N, E) 1.0 where a token uses an expert -> (slots (R,) int32: the (expert e, token n) pair in each
+    row of the sorted buffer as e * N + n, E * N on padding rows; block_expert (R / block,) int32: each block's
+    expert). Groups in expert order, tokens in order within a group: the same layout for the same routing.
+    Counting in float32 is exact below 2^24 pairs."""
+    n, e = chosen.shape
+    rows = sorted_capacity(n, top_k, e, block)
+    used = ops.transpose(chosen, (1, 0))                                             # (E, N)
+    rank = ops.cumsum(used, 1) - used                                                 # place within the group
+    padded = ops.ceil(used.sum(1) / block) * block                                    # (E,) group sizes
+    ends = ops.cumsum(padded, 0)
+    dest = ops.cast((ops.expand_dims(ends - padded, 1) + rank) * used + rows * (1 - used), ms.int32)
+    pair = Tensor(np.arange(e * n, dtype=np.float32).reshape(e, n))
+    pair = ops.cast(pair * used + (e * n) * (1 - used), ms.int32)                     # unused pairs: the dump row
+    slots = ops.tensor_scatter_update(ops.fill(ms.int32, (rows + 1,), e * n), ops.reshape(dest, (-1, 1)),
+                                      ops.reshape(pair, (-1,)))
+    starts = Tensor(np.arange(0, rows, block, dtype=np.float32))
+    block_expert = ops.cast((ops.expand_dims(starts, 1) >= ops.expand_dims(ends, 0)).astype(ms.float32).sum(1),
+                            ms.int32)
+    return (ops.stop_gradient(take(slots, 0, 0, rows)),
+            ops.stop_gradient(ops.minimum(block_expert, e - 1)))       # blocks past the last group: padding only
+
+
 class ExpertsFFN(nn.Cell):
     """This rank's E / ep stacked SwiGLU experts, each its I / tp share of the intermediate width: w1 = gate_proj,
     w3 = up_proj (E/ep, H, I/tp), w2 = down_proj (E/ep, I/tp, H)."""
@@ -86,12 +147,39 @@ class ExpertsFFN(nn.Cell):
         self.w2 = nn.Cell()
         self.w2.weight = Parameter(initializer(init(), (e, i, h), param_dtype), name="weight")
         self.experts = e
+        self.top_k = cfg.num_experts_per_tok
+        self.form = cfg.moe_expert_compute
         self.matmul = ops.MatMul()
 
     def construct(self, x, weights, compute_dtype):
-        """x (N, H), weights (N, E/ep) of this rank's experts -> sum_e weights[:, e] * expert_e(x), (N, H).
+        """x (N, H), weights (N, E/ep) of this rank's experts, zero off each token's chosen ones -> sum_e
+        weights[:, e] * expert_e(x), (N, H), in the form expert_block picks for N (static in a graph)."""
+        block = expert_block(x.shape[0], self.top_k, self.experts, self.form)
+        if block:
+            return self._sorted(x, weights, compute_dtype, block)
+        return self._dense(x, weights, compute_dtype)
 
-        Two forms of the same dense FLOPs, picked by the token count (static in a graph):
+    def _sorted(self, x, weights, compute_dtype, block):
+        """The sorted form (module docstring). A chosen expert whose routing weight is exactly 0 is left out: it
+        adds 0 to the output, and its weight's gradient reaches the router only times that probability, 0."""
+        n, h = x.shape
+        e = self.experts
+        slots, block_expert = sorted_slots(ops.cast(weights != 0, ms.float32), block, self.top_k)
+        rows = slots.shape[0]
+        token = ops.stop_gradient(ops.select(slots < e * n, slots % n, ops.fill(ms.int32, (rows,), n)))
+        xs = ops.gather(ops.concat((x, ops.zeros((1, h), x.dtype)), 0), token, 0)       # padding: a zero row
+        xs = ops.reshape(xs, (rows // block, block, h))
+        gate = BMM(xs, ops.gather(ops.cast(self.w1.weight, compute_dtype), block_expert, 0))
+        up = BMM(xs, ops.gather(ops.cast(self.w3.weight, compute_dtype), block_expert, 0))
+        act = gate * ops.sigmoid(gate) * up                                               # (blocks, block, I)
+        flat = ops.reshape(ops.transpose(ops.cast(weights, compute_dtype), (1, 0)), (-1,))   # e * N + n
+        pair_weight = ops.gather(ops.concat((flat, ops.zeros((1,), compute_dtype)), 0), slots, 0)
+        act = act * expand_as(ops.reshape(pair_weight, (rows // block, block, 1)), act)
+        y = BMM(act, ops.gather(ops.cast(self.w2.weight, compute_dtype), block_expert, 0))
+        return take(ops.unsorted_segment_sum(ops.reshape(y, (rows, h)), token, n + 1), 0, 0, n)
+
+    def _dense(self, x, weights, compute_dtype):
+        """Every expert on every token. Two forms of the same FLOPs, picked by the token count:
         - many tokens (N >= 2 I: training, prefill): two plain matmuls over all experts side by side, gate / up =
           x @ [W_1 | ... | W_E] (N, E*I), and the routing-weighted sum of the down projections as one matmul,
           [w_1 h_1 | ... | w_E h_E] @ [W2_1; ...; W2_E]: no E copies of the tokens or outputs, at the price of a

@@ -39,11 +39,14 @@ def main():
     cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
     ids = np.random.RandomState(7).randint(0, 160, (4, 12))
     names, result = one_process_reference(hf_dir, cfg, ids)
-    layouts = {"ep": Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),)), "tp": Mesh(dp=1, tp=2, rank=rank)} \
-        if world == 2 else {"eptp": Mesh(dp=1, tp=2, rank=rank, seq_parallel=True, extra_axes=(("ep", 2),))}
+    ep2 = Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),))
+    # ep_sorted: ep2 with the experts sorted by expert (models/moe.py), against the one process's dense form
+    sorted_cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)), moe_expert_compute="sorted")
+    layouts = {"ep": (ep2, cfg), "tp": (Mesh(dp=1, tp=2, rank=rank), cfg), "ep_sorted": (ep2, sorted_cfg)} \
+        if world == 2 else {"eptp": (Mesh(dp=1, tp=2, rank=rank, seq_parallel=True, extra_axes=(("ep", 2),)), cfg)}
     ref_routing = _routing(load_ours(hf_dir, cfg), ids) if world == 4 else None
-    for tag, mesh in layouts.items():
-        model = load_ours(hf_dir, cfg, mesh)
+    for tag, (mesh, layout_cfg) in layouts.items():
+        model = load_ours(hf_dir, layout_cfg, mesh)
         if ref_routing is not None:
             # router replay in this layout: its routing pass gives one process's experts, and replaying them
             # gives the forward's own log-probs (the sequence padded for sequence parallelism's split)

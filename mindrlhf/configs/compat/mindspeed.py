@@ -83,6 +83,8 @@ MODEL_MAPPED = {
     "high_freq_factor": "scaling_factor.high_freq_factor (llama3)",
     "original_max_position_embeddings": "scaling_factor.original_max_position_embeddings (llama3)",
     "num_layer_list": "offset: layers per pipeline stage, e.g. \"4,4,4,4\" (with pipeline_model_parallel_size > 1)",
+    "noop_layers": "num_layers minus these (MindSpeed's identity layers, padding the depth for the pipeline; "
+                   "no weights in HF checkpoints), each stage's real layers kept as offset",
     "qk_layernorm": "qk_layernorm (Qwen3's per-head RMSNorm on q and k before RoPE)",
     "kv_channels": "head_dim (Megatron's default: hidden_size / num_attention_heads)",
     # Qwen3-MoE (models/moe.py): every layer sparse (moe_layer_freq 1, first_k_dense_replace unset)
@@ -142,6 +144,9 @@ MEGATRON["expert_model_parallel_size"] = Key("expert_model_parallel_size", MAPPE
 MEGATRON["train_iters"] = Key("train_iters", MAPPED, "run.total_steps; optim.decay_steps = train_iters x "
                                                      "global_batch_size / rl_config.mini_batch_size updates")
 
+# the Qwen3 layer spec MindSpeed-RL's Qwen3-235B-A22B entry names (its other Qwen3 entries give qk_layernorm alone)
+QWEN3_SPEC = ["mindspeed_llm.tasks.models.spec.qwen3_spec", "layer_spec"]
+
 # name -> (ok(value, namespace), what we implement, MindSpeed-RL's default when absent or _ABSENT)
 MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
     "optimizer": (lambda v, ns: v == "adam", "adam (AdamW: decoupled weight decay, none on biases and norms)",
@@ -168,9 +173,10 @@ MEGATRON_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any
     "hidden_dropout": (lambda v, ns: float(v) == 0.0, "0.0 (no dropout)", 0.1),
     "lora_target_modules": (lambda v, ns: not v, "unset (MindSpeed-RL's Megatron LoRA keys are not translated; "
                             "Megatron fuses q/k/v and gate/up into one adapter each: set our lora section instead)", None),
-    "noop_layers": (lambda v, ns: v is None, "unset", None),
     "mm_model": (lambda v, ns: v is None, "unset (text models only)", None),
-    "spec": (lambda v, ns: v is None, "unset (the built-in Qwen2/Llama decoder)", None),
+    "spec": (lambda v, ns: v is None or (list(v) == QWEN3_SPEC and bool(ns.get("qk_layernorm"))),
+             f"unset (the built-in Qwen2/Llama decoder), or {QWEN3_SPEC} with qk_layernorm true (MindSpeed-LLM's "
+             f"Qwen3 layer: the decoder with q/k RMSNorm that qk_layernorm builds)", None),
     "split": (lambda v, ns: v is None or [float(x) for x in str(v).split(",")][1:] in ([], [0.0], [0.0, 0.0]),
               "train only, e.g. 100,0,0 (the GRPO trainer reads only the train split)", None),
 }
@@ -578,6 +584,33 @@ def _moe_fields(values: Dict[str, Any], ffn_hidden_size: int, where) -> Dict[str
         router_aux_loss_coef=_as("number", values.get("moe_aux_loss_coeff", 0.0), where("moe_aux_loss_coeff")))
 
 
+def _int_list(value, where: str) -> List[int]:
+    """"5,95" or [5, 95] -> [5, 95] (MindSpeed writes both)."""
+    parts = value if isinstance(value, list) else str(value).split(",")
+    return [_as("integer", str(c).strip(), where) for c in parts]
+
+
+def _without_noop_layers(value, num_layers: int, pp: int, counts: Optional[List[int]], where: str) -> List[int]:
+    """MindSpeed's noop_layers: identity layers at these global indices pad the depth to a multiple of the
+    pipeline stages (Qwen3-235B-A22B: 94 layers as 96 over 16 stages, "5,95"). They hold no weights (HF
+    checkpoints have the real layers only), so the model has the real layers, and each stage keeps the real
+    layers it holds in MindSpeed (the no-op ones of its range removed) -> the real layers per stage."""
+    noop = _int_list(value, where)
+    if len(set(noop)) != len(noop) or not all(0 <= i < num_layers for i in noop):
+        raise ConfigError(f"{where}: {value!r} must name distinct layer indices in [0, num_layers={num_layers})")
+    if counts is None:
+        if num_layers % pp:
+            raise ConfigError(f"{where}: num_layers={num_layers} is not divisible by pipeline_model_parallel_size="
+                              f"{pp} (give num_layer_list)")
+        counts = [num_layers // pp] * pp
+    starts = [sum(counts[:s]) for s in range(len(counts))]
+    real = [c - sum(1 for i in noop if s <= i < s + c) for s, c in zip(starts, counts)]
+    if min(real) < 1:
+        raise ConfigError(f"{where}: {value!r} leaves pipeline stage {real.index(min(real))} without a real layer "
+                          f"(layers per stage {counts})")
+    return real
+
+
 def _model_config(values: Dict[str, Any], origin: Dict[str, str], name: str, pp: int, path: str):
     where = lambda k: f"{path}: {origin.get(k, f'model.{name}.{k}')}"  # noqa: E731
     for key in MODEL_REQUIRED:
@@ -613,14 +646,17 @@ def _model_config(values: Dict[str, Any], origin: Dict[str, str], name: str, pp:
             "factor": _as("number", values.get("rope_scaling_factor", 1.0), where("rope_scaling_factor")),
             **{k: _as("number", values.get(k), where(k))
                for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}}
+    counts = None                      # layers per pipeline stage, no-op layers included
     if pp > 1 and values.get("num_layer_list") is not None:
-        raw_list = values["num_layer_list"]
-        parts = raw_list if isinstance(raw_list, list) else str(raw_list).split(",")
-        counts = [_as("integer", str(c).strip(), where("num_layer_list")) for c in parts]
+        counts = _int_list(values["num_layer_list"], where("num_layer_list"))
         if len(counts) != pp or sum(counts) != num["num_layers"]:
-            raise ConfigError(f"{where('num_layer_list')}: {raw_list!r} must give {pp} stage sizes adding up to "
-                              f"num_layers={num['num_layers']}")
-        kwargs["offset"] = [c - num["num_layers"] // pp for c in counts]
+            raise ConfigError(f"{where('num_layer_list')}: {values['num_layer_list']!r} must give {pp} stage sizes "
+                              f"adding up to num_layers={num['num_layers']}")
+    if values.get("noop_layers") is not None:
+        counts = _without_noop_layers(values["noop_layers"], num["num_layers"], pp, counts, where("noop_layers"))
+        kwargs["num_layers"] = sum(counts)
+    if pp > 1 and counts is not None:
+        kwargs["offset"] = [c - kwargs["num_layers"] // pp for c in counts]
     try:
         return ModelConfig(**kwargs)
     except ConfigError as err:
