@@ -258,9 +258,6 @@ class ParallelConfig:
             if self.data_parallel % ep:
                 raise ConfigError(f"{where}.expert_parallel={ep} does not divide data_parallel={self.data_parallel} "
                                   f"(as in MindFormers, the EP ranks are taken from the data-parallel ones)")
-            if self.pipeline_stage > 1:
-                raise ConfigError(f"{where}.expert_parallel={ep} with pipeline_stage={self.pipeline_stage} is not "
-                                  f"supported yet (untested); use pipeline_stage 1")
         split = ("num_heads", "n_kv_heads", "intermediate_size", "vocab_size")
         bad = [f"{name}={getattr(model, name)}" for name in split if getattr(model, name) % tp]
         if bad:
