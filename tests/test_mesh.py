@@ -83,3 +83,21 @@ def test_gathered_samples_come_once_from_each_row_group(monkeypatch, axes, dp, w
     local = SampleBatch(*(np.zeros((1, 2), np.int64) for _ in range(5)), np.zeros(1, np.int64),
                         np.zeros(1, np.int64))
     assert exchange.gather_samples(local, mesh).prompt_ids[:, 0].tolist() == want
+
+
+@pytest.mark.parametrize("pp, tp, ep", [(2, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2)])
+def test_values_a_replica_holds_alike_are_counted_once_per_replica(monkeypatch, pp, tp, ep):
+    """exchange.sum_over_replicas: every rank of a train replica (its stages, TP and EP ranks) holds the aux loss's
+    expert counts alike; one of them contributes. Counting each pipeline stage doubled the counts and the token
+    total under pp2, halving the aux gradient (tests/test_qwen3_moe_ep.py's pp2 run with the aux loss)."""
+    import numpy as np
+    from mindrlhf.parallel import comm
+    from mindrlhf.trainer import exchange
+    world = tuple(range(pp * 2 * ep * tp))
+    monkeypatch.setattr(comm, "world_ranks", lambda: world)
+    sent = {}
+    monkeypatch.setattr(comm, "all_reduce_sum", lambda arr, ranks: sent.setdefault(len(sent), arr))
+    for rank in world:
+        mesh = Mesh(dp=2, tp=tp, pp=pp, rank=rank, extra_axes=(("ep", ep),) if ep > 1 else ())
+        exchange.sum_over_replicas([1.0], mesh)
+    assert sum(float(a[0]) for a in sent.values()) == 2.0          # dp 2: two replicas, each counted once

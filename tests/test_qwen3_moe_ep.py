@@ -176,14 +176,28 @@ def test_grpo_train_tp2_with_router_replay_follows_one_process(tmp_path):
         assert np.abs(tp2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
 
 
-@pytest.mark.slow       # ~90 s on 4 workers
-def test_grpo_train_pp2_by_ep2_follows_one_process(tmp_path):
+def test_grpo_train_pp2_with_the_aux_loss_and_r3_follows_one_process(tmp_path):
+    """Pipeline stages take the routing inputs: train pp2 (stage 0 the dense layer 0, stage 1 the sparse one; 2
+    micro-batches, 1F1B) / infer dp2, the aux loss at 0.5 and router replay r3: the routing pass runs through the
+    stages, the old-policy pass and each update replay the rollout's experts, and the aux gradient, counted once
+    per replica (not once per stage), enters the sparse stage's graphs. The same trajectory as one process with
+    r3 (metrics 1e-5, moe/aux_loss included)."""
+    runs = _grpo_runs(tmp_path, {"pp2": {"train_pipeline_stage": 2, "train_micro_batch_num": 2, "batch_size": 2,
+                                         "router_replay": "r3"}}, single={"router_replay": "r3"})
+    _same_trajectory(runs["single"], runs["pp2"])
+    assert all(r["moe/routing_agreement"] == 1.0 for r in runs["pp2"])
+
+
+@pytest.mark.slow       # ~70 s on 4 workers
+def test_grpo_train_pp2_by_ep2_with_the_aux_loss_and_r2_follows_one_process(tmp_path):
     """Expert parallelism with pipeline stages: train pp2 x data_parallel 2 as expert_parallel 2 (each stage's two
-    ranks hold half of its experts and the same rows; 2 micro-batches, 1F1B) / infer dp4, on 4 workers: the same
-    trajectory as one process and the exported policy within 1e-5, every expert included. The folder's aux loss
-    is 0: pipeline stages do not take it (said at start-up)."""
+    ranks hold half of its experts and the same rows; 2 micro-batches, 1F1B) / infer dp4, on 4 workers, the aux
+    loss at 0.5 and router replay r2: the routing pass runs through the stages (stage 0 holds only the dense
+    layer 0, stage 1 the sparse one) and the replayed experts and aux gradient enter each stage's graphs. The same
+    trajectory as one process with r2 and the exported policy within 1e-5, every expert included."""
     runs = _grpo_runs(tmp_path, {"pp2_ep2": {"train_pipeline_stage": 2, "train_expert_parallel": 2,
-                                             "train_micro_batch_num": 2, "batch_size": 1}}, aux_coef=0.0, workers=4)
+                                             "train_micro_batch_num": 2, "batch_size": 1, "router_replay": "r2"}},
+                      single={"router_replay": "r2"}, workers=4)
     _same_trajectory(runs["single"], runs["pp2_ep2"])
     ref = _exported(str(tmp_path / "single" / "hf_policy"))
     got = _exported(str(tmp_path / "pp2_ep2" / "hf_policy"))

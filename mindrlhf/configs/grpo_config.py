@@ -202,7 +202,7 @@ class RLConfig(_Section):
                             "samples), r2 the policy's own before the step's first update (a routing pass over the "
                             "samples); none: each pass routes itself. The routing weights still come from the "
                             "training router's probabilities, so it keeps learning. The reference model routes "
-                            "itself. Not with pipeline stages (yet)", choices=choices.ROUTER_REPLAY)
+                            "itself", choices=choices.ROUTER_REPLAY)
 
 
 @dataclass

@@ -255,16 +255,24 @@ def shared_prompt_routing(routing, router_grad, group: int, prompt_len: int):
 def routed_forward(decoder, input_ids, position_ids, bias):
     """The experts each token of whole rows (B, T) goes to, (sparse layers, B, T, k), and the sparse layers'
     router logits (sparse layers, B, T, E) float32, from a forward of the layers up to the last sparse one
-    (router replay's r2, the routing metrics, the aux loss's report); whole model on one stage. Each layer
-    compiled on its own: a pass once per step, not worth a reused subgraph of its own. Under sequence
-    parallelism the sparse layers route the gathered sequence, padded (DecoderModel.sp_padded): the pad cut."""
-    rows, length = input_ids.shape
-    input_ids, position_ids, bias, _, _ = decoder.sp_padded(input_ids, position_ids, bias)
-    x = embed(decoder, input_ids)
+    (router replay's r2, the routing metrics, the aux loss's report); whole model on one stage."""
+    return routed_stage(decoder, input_ids, position_ids, bias, to_the_end=False)[1:]
+
+
+def routed_stage(decoder, x, position_ids, bias, to_the_end: bool = True):
+    """A stage's routing pass: (the residual stream out, (sparse layers of this stage, B, T, k) experts, (...,
+    E) router logits float32), x token ids on the first stage, else the stream in; `to_the_end` False stops
+    after the stage's last sparse layer (its stream out is then not the stage's). Each layer compiled on its
+    own: a pass once per step, not worth a reused subgraph of its own. Under sequence parallelism the sparse
+    layers route the gathered sequence, padded (DecoderModel.sp_padded): the pad cut."""
+    rows, length = position_ids.shape
+    x, position_ids, bias, _, _ = decoder.sp_padded(x, position_ids, bias)
+    if decoder.first:
+        x = embed(decoder, x)
     cos, sin = decoder.rope(position_ids)
     experts, logits = [], []
-    last = max(i for i in range(len(decoder.layers)) if decoder.sparse_index[i] >= 0)
-    for i in range(last + 1):
+    sparse = [i for i in range(len(decoder.layers)) if decoder.sparse_index[i] >= 0]
+    for i in range(len(decoder.layers) if to_the_end else sparse[-1] + 1):
         layer = decoder.layers[i]
         h = x + layer.attention(layer.attention_input(x), cos, sin, bias)
         if decoder.sparse_index[i] >= 0:
@@ -277,7 +285,7 @@ def routed_forward(decoder, input_ids, position_ids, bias):
     def per_row(z):             # (sparse layers, B x T', ...) -> (sparse layers, B, T, ...)
         z = ops.stack(z)
         return take(ops.reshape(z, (z.shape[0], rows, -1, z.shape[-1])), 2, 0, length)
-    return per_row(experts), per_row(logits)
+    return x, per_row(experts), per_row(logits)
 
 
 def layer_routing(routing, sparse_index: int):

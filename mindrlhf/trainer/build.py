@@ -26,7 +26,6 @@ from mindrlhf.trainer.samples import PaddedRows, SampleBatch, train_step_inputs
 from mindrlhf.trainer.swap_schedule import SwapSchedule
 from mindrlhf.trainer.update.engines import build_update
 from mindrlhf.trainer.update.loss_inputs import LossInputs
-from mindrlhf.trainer.update.one_graph import ModelRouting
 from mindrlhf.utils import compile_ahead
 from mindrlhf.utils.params import copy_params
 
@@ -104,7 +103,7 @@ class Training:
     swap: SwapSchedule
     rows: object                        # samples.PaddedRows or packing.PackedRowLayout: how samples become rows
     reward_model: Optional[RewardModelScorer] = None     # when run.reward_model
-    policy_routing: Optional[object] = None  # one_graph.ModelRouting of the policy, when run.routing_inputs
+    policy_routing: Optional[object] = None  # the policy's routing pass (Update.routing_cell), when run.routing_inputs
 
 
 def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
@@ -146,7 +145,7 @@ def build_training(run: ResolvedRun, models: Models, log: Callable) -> Training:
         else PaddedRows(run.geometry.mini_batch)
     scorer = RewardModelScorer(models.reward_model, run.reward_model, swap) if models.reward_model \
         else None
-    routing = ModelRouting(models.policy) if run.routing_inputs else None
+    routing = update.routing_cell(models.policy) if run.routing_inputs else None
     return Training(engine, optimizer, update.step, policy_logprob, ref_logprob, swap, rows, scorer, routing)
 
 

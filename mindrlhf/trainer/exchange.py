@@ -50,8 +50,10 @@ def max_over_ranks(values: Sequence[float]) -> np.ndarray:
 
 
 def sum_over_replicas(values: Sequence[float], mesh) -> np.ndarray:
-    """Sum of values counted once per DP replica of `mesh` (its row leader contributes: index 0 on tp / ep)."""
-    arr = np.asarray(values, np.float32) if mesh.is_row_leader else np.zeros(len(values), np.float32)
+    """Sum of values every rank of a DP replica holds alike, counted once per replica of `mesh` (its row leader on
+    the first pipeline stage contributes: index 0 on tp / ep and pp)."""
+    once = mesh.is_row_leader and mesh.is_first_stage
+    arr = np.asarray(values, np.float32) if once else np.zeros(len(values), np.float32)
     world = comm.world_ranks()
     return arr if len(world) == 1 else comm.all_reduce_sum(arr, world)
 

@@ -120,18 +120,10 @@ class ResolvedRun:
         return "host" if self.micro_batches > 1 or self.train_mesh.pp > 1 or self.packing else "one"
 
     @property
-    def routing_refusal(self) -> str:
-        """Why the update cannot take the routing inputs (router replay, the aux loss: every engine but pipeline
-        stages takes them), "" when it can."""
-        return f"pipeline stages (train pipeline_stage {self.train_mesh.pp})" if self.train_mesh.pp > 1 else ""
-
-    @property
     def aux_loss_coef(self) -> float:
         """The load-balancing loss's weight the update applies (trainer/aux_loss.py): the model's
-        router_aux_loss_coef; 0 for a dense model and where the update takes no routing inputs (said at
-        start-up)."""
-        return self.model_cfg.router_aux_loss_coef if self.model_cfg.num_experts and not self.routing_refusal \
-            else 0.0
+        router_aux_loss_coef; 0 for a dense model."""
+        return self.model_cfg.router_aux_loss_coef if self.model_cfg.num_experts else 0.0
 
     @property
     def routing_inputs(self) -> bool:
@@ -246,18 +238,13 @@ def _say_aux_loss(run: ResolvedRun, log):
     coef, path = run.model_cfg.router_aux_loss_coef, run.cfg.run.sft_path_train
     if not (run.model_cfg.num_experts and coef):
         return
-    if run.aux_loss_coef:
-        log(f"aux loss: {path}: router_aux_loss_coef {coef:g} x the load-balancing loss (transformers' form) over "
-            f"each global mini-batch joins the update; reported as moe/aux_loss (set it to 0 to train without)")
-    else:
-        log(f"note: {path}: router_aux_loss_coef {coef:g} is not applied: {run.routing_refusal} does not take the "
-            f"routing inputs yet; the routers learn from the policy-gradient and KL terms only")
+    log(f"aux loss: {path}: router_aux_loss_coef {coef:g} x the load-balancing loss (transformers' form) over "
+        f"each global mini-batch joins the update; reported as moe/aux_loss (set it to 0 to train without)")
 
 
 def _check_router_replay(run: ResolvedRun, log):
-    """rl.router_replay r2 / r3 (trainer/router_replay.py): a MoE policy, the update engines that take the
-    routing as an input (one graph, or micro-batches without pipeline stages), and for r3 a rollout that records
-    it; said at start-up."""
+    """rl.router_replay r2 / r3 (trainer/router_replay.py): a MoE policy, and for r3 a rollout that records it;
+    said at start-up."""
     mode, path = run.cfg.rl.router_replay, run.cfg.run.sft_path_train
     if mode == "none":
         return
@@ -265,9 +252,6 @@ def _check_router_replay(run: ResolvedRun, log):
     if not run.model_cfg.num_experts:
         raise ConfigError(f"{where}: {path} is a dense model (num_experts 0): there is no expert routing to replay "
                           f"(set rl.router_replay none)")
-    if run.routing_refusal:
-        raise ConfigError(f"{where}: the replayed routing is an input of every update but pipeline stages' "
-                          f"({run.routing_refusal}): set rl.router_replay none")
     if mode == "r3" and run.cfg.run.rollout_backend != "mindspore":
         raise ConfigError(f"{where}: replays the rollout's routing, which only the mindspore rollout backend records "
                           f"(run.rollout_backend {run.cfg.run.rollout_backend}); r2 replays the policy's own")

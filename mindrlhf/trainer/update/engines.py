@@ -7,14 +7,15 @@ from typing import Callable, Optional
 from mindrlhf.trainer.optim import AdamW
 from mindrlhf.trainer.update.layerwise import LayerTemplate, LayerwiseLogProb, LayerwiseTrainStep
 from mindrlhf.trainer.update.loss import GRPOLossCell
-from mindrlhf.trainer.update.one_graph import PolicyTrainStep, ResponseLogProb
-from mindrlhf.trainer.update.pipelined import PipelineLogProb, PipelineTrainStep
+from mindrlhf.trainer.update.one_graph import ModelRouting, PolicyTrainStep, ResponseLogProb
+from mindrlhf.trainer.update.pipelined import PipelineLogProb, PipelineRouting, PipelineTrainStep
 
 
 @dataclass
 class Update:
     step: object                        # one_graph.PolicyTrainStep, pipelined.PipelineTrainStep, layerwise...
     logprob_cell: Callable              # model -> its no-grad log-prob cell, built the way the update runs
+    routing_cell: Callable              # model -> its routing pass (a Qwen3-MoE's own experts), the same way
 
 
 def build_update(run, policy, optimizer: AdamW, read_len: int, micro_rows: int) -> Update:
@@ -40,4 +41,7 @@ def build_update(run, policy, optimizer: AdamW, read_len: int, micro_rows: int) 
             return PipelineLogProb(model, read_len, temperature, m, micro_rows)
         return ResponseLogProb(model, read_len, temperature, shared)
 
-    return Update(step, logprob_cell)
+    def routing_cell(model):
+        return PipelineRouting(model, m) if run.logprob_graphs == "stages" else ModelRouting(model)
+
+    return Update(step, logprob_cell, routing_cell)

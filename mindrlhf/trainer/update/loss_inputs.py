@@ -47,6 +47,10 @@ class LossInputs:
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self)
                      if not (f.name in self.ROUTING and self.routing is None))
 
+    def routing_args(self) -> tuple:
+        """(routing, router_grad) when present, else (): what a model forward takes besides its inputs."""
+        return () if self.routing is None else (self.routing, self.router_grad)
+
     def without_routing(self) -> "LossInputs":
         """The fields the loss reads after the model (what a head-only graph takes: update/layerwise.py)."""
         return dataclasses.replace(self, routing=None, router_grad=None)

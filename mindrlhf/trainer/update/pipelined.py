@@ -20,6 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from mindrlhf.models.layer_graphs import routed_stage
 from mindrlhf.models.tp_layers import MS_DTYPES
 from mindrlhf.parallel.pipeline import StageIO, make_links, run_1f1b, run_forward_only
 from mindrlhf.parallel.swap import on_ascend
@@ -32,12 +33,14 @@ from mindrlhf.trainer.update.loss_inputs import LossInputs
 
 
 class _StageFn(nn.Cell):
+    """A stage's forward; `routing_inputs`: none, (routing,) or (routing, router_grad) (stage_forward)."""
+
     def __init__(self, model):
         super().__init__(auto_prefix=False)
         self.model = model
 
-    def construct(self, x, position_ids, bias):
-        return self.model.model.stage_forward(x, position_ids, bias)
+    def construct(self, x, position_ids, bias, *routing_inputs):
+        return self.model.model.stage_forward(x, position_ids, bias, *routing_inputs)
 
 
 class StageForward(nn.Cell):
@@ -48,13 +51,14 @@ class StageForward(nn.Cell):
         self.fn = _StageFn(model)
 
     @ms.jit
-    def construct(self, x, position_ids, bias):
-        return ops.stop_gradient(self.fn(x, position_ids, bias))
+    def construct(self, x, position_ids, bias, *routing_inputs):
+        return ops.stop_gradient(self.fn(x, position_ids, bias, *routing_inputs))
 
 
 class StageBackward(nn.Cell):
     """A stage that is not the last: recompute the forward, back-propagate `dy`, add the parameter gradients
-    into `acc`; returns the input gradient (zeros on the first stage, whose input is token ids)."""
+    into `acc`; returns the input gradient (zeros on the first stage, whose input is token ids). The routing
+    inputs, when given, come after `dy`."""
 
     def __init__(self, model, params, acc, first: bool):
         super().__init__(auto_prefix=False)
@@ -65,12 +69,12 @@ class StageBackward(nn.Cell):
         self.grad = ops.GradOperation(get_all=not first, get_by_list=True, sens_param=True)
 
     @ms.jit
-    def construct(self, x, position_ids, bias, dy):
+    def construct(self, x, position_ids, bias, dy, *routing_inputs):
         if self.first:
-            grads = self.grad(self.fn, self.params)(x, position_ids, bias, dy)
+            grads = self.grad(self.fn, self.params)(x, position_ids, bias, *routing_inputs, dy)
             dx = ops.zeros((), ms.float32)
         else:
-            inputs, grads = self.grad(self.fn, self.params)(x, position_ids, bias, dy)
+            inputs, grads = self.grad(self.fn, self.params)(x, position_ids, bias, *routing_inputs, dy)
             dx = inputs[0]
         for i in range(len(self.acc)):
             ops.assign_add(self.acc[i], grads[i])
@@ -145,13 +149,15 @@ class PipelineTrainStep(AccumulatedUpdate):
             stash[i] = input_ids[cut[i]] if self.mesh.is_first_stage else x
             if self.mesh.is_last_stage:
                 return None
-            return self._timed(self.forward_cell, stash[i], position_ids[cut[i]], bias[cut[i]])
+            return self._timed(self.forward_cell, stash[i], position_ids[cut[i]], bias[cut[i]],
+                               *loss_inputs.rows(cut[i]).routing_args())
 
         def backward(i, dy):
             c, x = cut[i], stash[i]
             stash[i] = None
             if not self.mesh.is_last_stage:
-                dx = self._timed(self.backward_cell, x, position_ids[c], bias[c], dy)
+                dx = self._timed(self.backward_cell, x, position_ids[c], bias[c], dy,
+                                 *loss_inputs.rows(c).routing_args())
                 return None if self.mesh.is_first_stage else dx
             loss, aux, dx = self._timed(self.last, x, position_ids[c], bias[c], labels[c],
                                         *loss_inputs.rows(c).args())
@@ -170,8 +176,9 @@ class LastStageLogProb(nn.Cell):
         self.model, self.response_len, self.temperature = model, response_len, temperature
 
     @ms.jit
-    def construct(self, x, position_ids, bias, labels):
-        logp, _ = self.model.token_logprobs(x, position_ids, bias, labels, self.response_len, self.temperature)
+    def construct(self, x, position_ids, bias, labels, *routing):
+        hidden = self.model.model.stage_forward(x, position_ids, bias, *routing)
+        logp, _ = self.model.logprobs_of_hidden(hidden, labels, self.response_len, self.temperature)
         return ops.stop_gradient(logp)
 
 
@@ -187,7 +194,8 @@ class PipelineLogProb:
             else StageForward(model)
         self.response_len = response_len
 
-    def __call__(self, input_ids, position_ids, bias, labels):
+    def __call__(self, input_ids, position_ids, bias, labels, routing=None):
+        """`routing` (N, T, sparse layers, k): the experts to replay (router replay), None: each routes itself."""
         rows = input_ids.shape[0]
         if self.micro_rows:
             n, m = self.micro_rows, rows // self.micro_rows
@@ -200,11 +208,66 @@ class PipelineLogProb:
         def forward(i, x):
             c = cut[i]
             x = input_ids[c] if self.mesh.is_first_stage else x
+            replay = () if routing is None else (routing[c],)
             if not self.mesh.is_last_stage:
-                return self.cell(x, position_ids[c], bias[c])
-            out[c] = self.cell(x, position_ids[c], bias[c], labels[c]).asnumpy()
+                return self.cell(x, position_ids[c], bias[c], *replay)
+            out[c] = self.cell(x, position_ids[c], bias[c], labels[c], *replay).asnumpy()
             return None
 
         run_forward_only(m, StageIO(*self.links, self.model.activation_shape(n, input_ids.shape[1])), forward)
         out = exchange.sum_over(out, self.mesh.pp_ranks())
         return Tensor(out)
+
+
+class StageRouting(nn.Cell):
+    """A stage's routing pass (layer_graphs.routed_stage): the stream out for the next stage (a stage that is not
+    the last), and its sparse layers' experts (sparse layers here, N, T, k) and router probabilities summed over
+    them (N, T, E)."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.decoder = model.model
+
+    @ms.jit
+    def construct(self, x, position_ids, bias):
+        out, experts, logits = routed_stage(self.decoder, x, position_ids, bias, not self.decoder.last)
+        return (ops.stop_gradient(out), ops.stop_gradient(experts),
+                ops.stop_gradient(ops.softmax(logits, -1).sum(0)))
+
+
+class PipelineRouting:
+    """one_graph.ModelRouting for a pipelined layout: micro-batches forward through the stages, each stage
+    routing its own sparse layers; every stage gets the whole model's (experts (N, T, sparse layers, k) int32,
+    router probabilities summed over the sparse layers (N, T, E)), summed over the stages (each fills its layers).
+    A stage without sparse layers only passes the stream on."""
+    per_input_token = True
+
+    def __init__(self, model, micro_batches: int):
+        self.mesh, self.model, self.micro_batches = model.mesh, model, micro_batches
+        decoder = model.model
+        self.mine = [decoder.sparse_index[i] for i in range(len(decoder.layers)) if decoder.sparse_index[i] >= 0]
+        self.links = make_links(self.mesh, MS_DTYPES[model.config.compute_dtype], on_ascend())
+        self.cell = StageRouting(model) if self.mine else StageForward(model)
+
+    def __call__(self, input_ids, position_ids, bias, labels):
+        rows, length = input_ids.shape
+        m = self.micro_batches if rows % self.micro_batches == 0 else 1
+        n = rows // m
+        cut = [slice(i * n, (i + 1) * n) for i in range(m)]
+        cfg = self.model.config
+        experts = np.zeros((rows, length, len(cfg.sparse_layers), cfg.num_experts_per_tok), np.int32)
+        probs = np.zeros((rows, length, cfg.num_experts), np.float32)
+
+        def forward(i, x):
+            c = cut[i]
+            x = input_ids[c] if self.mesh.is_first_stage else x
+            if not self.mine:
+                return None if self.mesh.is_last_stage else self.cell(x, position_ids[c], bias[c])
+            out, chosen, prob_sum = self.cell(x, position_ids[c], bias[c])
+            experts[c][:, :, self.mine] = chosen.asnumpy().transpose(1, 2, 0, 3)
+            probs[c] = prob_sum.asnumpy()
+            return None if self.mesh.is_last_stage else out
+
+        run_forward_only(m, StageIO(*self.links, self.model.activation_shape(n, length)), forward)
+        ranks = self.mesh.pp_ranks()
+        return Tensor(exchange.sum_over(experts, ranks)), Tensor(exchange.sum_over(probs, ranks))
