@@ -120,6 +120,11 @@ def test_qwen3_greedy_generation_equals_hf_generate(qwen3):
                           eos_token_id=7)[0, len(p):].tolist()
         n = int(out.response_mask[i].sum())
         assert out.response_ids[i, :n].tolist() == ref
+        # each decode step's log-prob (its q/k norms run per head as positions: Attention.head_norm) = HF's
+        # forward over the whole sequence
+        logits = hf(torch.tensor([p + ref])).logits[0, len(p) - 1:-1].float()
+        ref_logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ref)[:, None])[:, 0].detach().numpy()
+        assert np.abs(out.logprobs[i, :n] - ref_logp).max() <= TOL
 
 
 # ---- the HF folder: config.json key by key, weights in and out ---------------------------------------------

@@ -138,6 +138,7 @@ class Attention(nn.Cell):
             if cfg.qk_layernorm else Identity()
         self.k_layernorm = RMSNorm(self.hd, cfg.rms_norm_eps, pdt, ndt, split_rows_mesh=mesh) \
             if cfg.qk_layernorm else Identity()
+        self.qk_norm = cfg.qk_layernorm
         self.scale = 1.0 / float(np.sqrt(self.hd))
         self.rotate = HalfRotation(rope_swap(self.hd)[0])
         self.softmax_dtype = MS_DTYPES[cfg.softmax_compute_type]
@@ -146,12 +147,20 @@ class Attention(nn.Cell):
     def project_qkv(self, x, cos, sin):
         """x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd), q/k normed (qk_layernorm), RoPE applied."""
         b, t, _ = x.shape
-        q = swap_middle(self.q_layernorm(ops.reshape(self.wq(x), (b, t, self.nh, self.hd))))
-        k = swap_middle(self.k_layernorm(ops.reshape(self.wk(x), (b, t, self.nkv, self.hd))))
+        q = swap_middle(self.head_norm(self.q_layernorm, self.wq(x), b, t, self.nh))
+        k = swap_middle(self.head_norm(self.k_layernorm, self.wk(x), b, t, self.nkv))
         v = swap_middle(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)))
         cos = ops.cast(cos, q.dtype)
         sin = ops.cast(sin, q.dtype)
         return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
+
+    def head_norm(self, norm, y, b: int, t: int, heads: int):
+        """(B, T, heads * hd) -> (B, T, heads, hd), each head RMS-normed (qk_layernorm; Identity otherwise). In a
+        decode step (T 1) each head goes through the norm as a position of its own, (B x heads, 1, hd): the same
+        values, with the norm's broadcasts left implicit (graph_ops.expand_as), fewer kernels per token."""
+        if t == 1 and self.qk_norm:
+            return ops.reshape(norm(ops.reshape(y, (b * heads, 1, self.hd))), (b, t, heads, self.hd))
+        return norm(ops.reshape(y, (b, t, heads, self.hd)))
 
     def attend(self, q, k, v, bias):
         """q (B, nh, T, hd), k/v (B, nkv, S, hd), bias (B, 1, T, S) additive -> (B, T, H) after wo."""
