@@ -14,7 +14,7 @@ the sequence-mean aggregations, see GRPOLossCell), so the summed micro-batch gra
 from __future__ import annotations
 
 import time
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -170,6 +170,16 @@ class PipelineTrainStep(AccumulatedUpdate):
         return micro_batch_stats(per_micro, self.mesh)
 
 
+def micro_cuts(rows: int, micro_batches: int, micro_rows: int = 0) -> Tuple[int, List[slice]]:
+    """A no-grad pass's micro-batches: (rows each, their slices), `micro_rows` rows each when given (packed rows),
+    else `micro_batches` equal parts, or one part when they do not divide `rows`."""
+    if micro_rows:
+        n = micro_rows
+    else:
+        n = rows // (micro_batches if rows % micro_batches == 0 else 1)
+    return n, [slice(i * n, (i + 1) * n) for i in range(rows // n)]
+
+
 class LastStageLogProb(nn.Cell):
     def __init__(self, model, response_len: int, temperature: float):
         super().__init__(auto_prefix=False)
@@ -197,12 +207,7 @@ class PipelineLogProb:
     def __call__(self, input_ids, position_ids, bias, labels, routing=None):
         """`routing` (N, T, sparse layers, k): the experts to replay (router replay), None: each routes itself."""
         rows = input_ids.shape[0]
-        if self.micro_rows:
-            n, m = self.micro_rows, rows // self.micro_rows
-        else:
-            m = self.micro_batches if rows % self.micro_batches == 0 else 1
-            n = rows // m
-        cut = [slice(i * n, (i + 1) * n) for i in range(m)]
+        n, cut = micro_cuts(rows, self.micro_batches, self.micro_rows)
         out = np.zeros((rows, self.response_len), np.float32)
 
         def forward(i, x):
@@ -214,7 +219,7 @@ class PipelineLogProb:
             out[c] = self.cell(x, position_ids[c], bias[c], labels[c], *replay).asnumpy()
             return None
 
-        run_forward_only(m, StageIO(*self.links, self.model.activation_shape(n, input_ids.shape[1])), forward)
+        run_forward_only(len(cut), StageIO(*self.links, self.model.activation_shape(n, input_ids.shape[1])), forward)
         out = exchange.sum_over(out, self.mesh.pp_ranks())
         return Tensor(out)
 
@@ -251,9 +256,7 @@ class PipelineRouting:
 
     def __call__(self, input_ids, position_ids, bias, labels):
         rows, length = input_ids.shape
-        m = self.micro_batches if rows % self.micro_batches == 0 else 1
-        n = rows // m
-        cut = [slice(i * n, (i + 1) * n) for i in range(m)]
+        n, cut = micro_cuts(rows, self.micro_batches)
         cfg = self.model.config
         experts = np.zeros((rows, length, len(cfg.sparse_layers), cfg.num_experts_per_tok), np.int32)
         probs = np.zeros((rows, length, cfg.num_experts), np.float32)
@@ -268,6 +271,6 @@ class PipelineRouting:
             probs[c] = prob_sum.asnumpy()
             return None if self.mesh.is_last_stage else out
 
-        run_forward_only(m, StageIO(*self.links, self.model.activation_shape(n, length)), forward)
+        run_forward_only(len(cut), StageIO(*self.links, self.model.activation_shape(n, length)), forward)
         ranks = self.mesh.pp_ranks()
         return Tensor(exchange.sum_over(experts, ranks)), Tensor(exchange.sum_over(probs, ranks))
