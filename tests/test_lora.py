@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from grpo_helpers import grpo_overrides, make_grpo_assets, model_yaml
-from hf_reference import hf_logits, make_hf_model, tiny_model_kwargs
+from hf_reference import (hf_logits, make_hf_model, make_qwen3_moe_model, qwen3_moe_model_kwargs,
+                          tiny_model_kwargs)
 from model_helpers import load_ours, model_inputs
 from mindrlhf.checkpoint.model_io import model_state, read_checkpoint
 from mindrlhf.configs import ConfigError, ModelConfig
@@ -123,6 +124,148 @@ def test_peft_loads_our_adapter_export_and_merged_weights_give_our_logits(tmp_pa
     assert np.abs(merged.full_logits(*model_inputs(ids)).asnumpy() - want).max() <= 1e-5
 
 
+MOE_MIXED = dict(layers=3, sparse_step=2, mlp_only=(0,), norm_topk_prob=False)   # layers 0, 1 dense, 2 sparse
+
+
+def _moe_lora_pair(path, form="auto", spec=SPEC, **kw):
+    """(transformers' Qwen3-MoE, ours with adapters on its weights, every B random): experts adapted too."""
+    from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+    from mindrlhf.checkpoint.model_io import load_full_weights
+    from mindrlhf.models.qwen2 import CausalLM
+    hf = make_qwen3_moe_model(path, **kw)
+    ours = CausalLM(ModelConfig(**qwen3_moe_model_kwargs(**kw), moe_expert_compute=form), None, spec)
+    load_full_weights(ours, iter_hf_as_ms(path), path)
+    _random_b(ours, np.random.RandomState(5))
+    return hf, ours
+
+
+def _dense_mlp(name: str) -> bool:
+    return ".feed_forward.w" in name
+
+
+def _zero_dense_mlp_b(model):
+    for p in model.get_parameters():
+        if _dense_mlp(p.name) and p.name.endswith(ADAPTER_B):
+            write_param(p, np.zeros(p.shape, np.float32))
+
+
+def _peft_moe(hf, ours, spec=SPEC):
+    """PEFT's LoRA on `hf` (target_modules for the linear layers, target_parameters for the stacked experts) holding
+    our adapters' values; returns (the PEFT model, its parameters by name)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from mindrlhf.checkpoint.hf_interop import PEFT_EXPERT_PARAMETERS, PEFT_GATE_UP_PATTERN, peft_adapter_tensors
+    from mindrlhf.configs.lora import MODULES
+    peft_model = get_peft_model(hf, LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=0.0,
+                                               target_modules=[MODULES[m] for m in spec.targets
+                                                               if m not in ("w1", "w3", "w2")],
+                                               target_parameters=list(PEFT_EXPERT_PARAMETERS),
+                                               rank_pattern={PEFT_GATE_UP_PATTERN: 2 * spec.rank},
+                                               alpha_pattern={PEFT_GATE_UP_PATTERN: 2 * spec.alpha}))
+    params = dict(peft_model.named_parameters())
+    mapped = peft_adapter_tensors({p.name: param_to_numpy(p) for p in adapter_params(ours)
+                                   if not _dense_mlp(p.name)}, spec)
+    assert len(mapped) == len([n for n in params if ".lora_" in n])       # every PEFT factor gets ours
+    with torch.no_grad():
+        for name, value in mapped:
+            params[name.replace(".weight", ".default.weight")].copy_(torch.tensor(value))
+    return peft_model, params
+
+
+@pytest.mark.parametrize("kw, form, rows", [({}, "auto", 3), ({}, "auto", 8), (MOE_MIXED, "sorted", 3)],
+                         ids=["batched", "side_by_side", "mixed_sorted"])
+def test_moe_expert_adapters_match_peft_target_parameters(tmp_path, rng, kw, form, rows):
+    """LoRA on a Qwen3-MoE model adapts every expert's gate, up and down projections as PEFT adapts transformers'
+    stacked experts (target_parameters; gate's and up's adapters packed as one of rank 2r on gate_up_proj, as PEFT
+    packs per-projection adapters): response log-probs (T 0.7), weighted and summed, and the gradient of every
+    A and B (attention, experts) against PEFT's, in each expert form (3 x 9 tokens: batched per expert; 8 x 9:
+    side by side; sorted by expert, in a model with dense layers, whose MLPs PEFT leaves unadapted on a MoE
+    model: ours stay at B = 0 and out of the comparison)."""
+    import mindspore as ms
+    import torch
+    from mindspore import Tensor
+    from mindrlhf.checkpoint.hf_interop import peft_adapter_tensors
+    spec = SPEC if not kw else LoraSpec(4, 8.0, ("wq", "wk", "wv", "wo", "w1", "w3", "w2"), seed=3)
+    hf, ours = _moe_lora_pair(str(tmp_path), form, spec, **kw)
+    if kw:
+        _zero_dense_mlp_b(ours)
+    params = [p for p in adapter_params(ours) if not (kw and _dense_mlp(p.name))]
+    assert sum("routed_experts" in p.name for p in params) == 6 * (1 if kw else 2)
+    peft_model, peft_params = _peft_moe(hf, ours, spec)
+    ids = rng.randint(0, 160, (rows, 10))
+    resp, temp = 6, 0.7
+    weights = rng.randn(rows, resp).astype(np.float32)
+
+    def loss_fn(input_ids, pos, bias_, labels):
+        logp, _ = ours.token_logprobs(input_ids, pos, bias_, labels, resp, temp)
+        return (logp * Tensor(weights)).sum()
+
+    inputs = model_inputs(ids[:, :-1]) + (Tensor(ids[:, 1:].astype(np.int32)),)
+    loss, grads = ms.value_and_grad(loss_fn, None, params)(*inputs)
+    logits = peft_model(torch.tensor(ids[:, :-1])).logits[:, -resp:]
+    ref_logp = torch.log_softmax(logits / temp, -1).gather(-1, torch.tensor(ids[:, -resp:])[..., None])[..., 0]
+    ref_loss = (ref_logp * torch.tensor(weights)).sum()
+    ref_loss.backward()
+    assert abs(float(loss.asnumpy()) - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
+    # our gradients in PEFT's layout (the export's reshapes and transposes); of gate_up_proj's rank-2r B only the
+    # gate and up blocks are ours (PEFT's off-diagonal blocks hold zeros but get gradients: not parameters of ours)
+    ours_as_peft = peft_adapter_tensors({p.name: g.asnumpy() for p, g in zip(params, grads)}, spec)
+    held = dict(peft_adapter_tensors({p.name: np.ones(p.shape, np.float32) for p in params}, spec))
+    for name, grad in ours_as_peft:
+        ref = peft_params[name.replace(".weight", ".default.weight")].grad.numpy() * held[name]
+        assert np.abs(ref).max() > 1e-5, name                           # a real gradient, not zeros
+        assert np.abs(grad - ref).max() <= 1e-5 * np.abs(ref).max(), name
+
+
+@pytest.mark.parametrize("spec", [SPEC, LoraSpec(4, 8.0, ("wq", "w1"), seed=3), LoraSpec(2, 4.0, ("w3", "w2"))],
+                         ids=["all_linear", "gate_only", "up_and_down"])
+def test_peft_loads_our_moe_adapter_export_and_merged_weights_give_our_logits(tmp_path, rng, spec):
+    """A Qwen3-MoE LoRA export (experts as target_parameters; a projection left out packs as zeros), loaded by
+    peft.PeftModel.from_pretrained on the HF base, gives our logits; merged_weights (experts merged per expert)
+    in a model without adapters too."""
+    import torch
+    from peft import PeftModel
+    from mindrlhf.checkpoint.hf_interop import export_peft_adapter
+    from mindrlhf.checkpoint.model_io import load_full_weights
+    from mindrlhf.models.qwen2 import CausalLM
+    hf, ours = _moe_lora_pair(str(tmp_path / "base"), spec=spec)
+    ids = rng.randint(0, 160, (2, 9))
+    want = ours.full_logits(*model_inputs(ids)).asnumpy()
+    assert np.abs(want - hf_logits(hf, ids)).max() > 1e-3                 # the adapters change the model
+    out = str(tmp_path / "adapter")
+    export_peft_adapter({p.name: param_to_numpy(p) for p in adapter_params(ours)}, out, spec, str(tmp_path / "base"))
+    config = json.load(open(os.path.join(out, "adapter_config.json")))
+    assert config["target_parameters"] == ["mlp.experts.gate_up_proj"] * ("w1" in spec.targets or "w3" in spec.targets) \
+        + ["mlp.experts.down_proj"] * ("w2" in spec.targets)
+    loaded = PeftModel.from_pretrained(hf, out)
+    with torch.no_grad():
+        got = loaded(torch.tensor(ids)).logits.numpy()
+    assert np.abs(got - want).max() <= 1e-4
+    merged = CausalLM(ours.config)
+    load_full_weights(merged, ((n, w.asnumpy()) for n, w in merged_weights(ours).params.items()), "merged")
+    assert np.abs(merged.full_logits(*model_inputs(ids)).asnumpy() - want).max() <= 1e-5
+
+
+def test_a_peft_export_that_would_lose_a_dense_mlp_adapter_of_a_moe_model_is_refused(tmp_path):
+    """A MoE model with dense layers and MLP targets: refused before the run (resolve) and by the export itself."""
+    from mindrlhf.checkpoint.hf_interop import export_peft_adapter, peft_export_refusal
+    from mindrlhf.configs.errors import CheckpointError
+    from mindrlhf.models.qwen2 import CausalLM
+    mixed, sparse = (ModelConfig(**qwen3_moe_model_kwargs(**kw)) for kw in (MOE_MIXED, {}))
+    assert "dense layers [0, 2]" in peft_export_refusal(mixed, SPEC)
+    assert peft_export_refusal(mixed, LoraSpec(4, 8.0, ("wq", "wo"))) == ""
+    assert peft_export_refusal(sparse, SPEC) == ""
+    model = CausalLM(mixed, lora=SPEC)
+    with pytest.raises(CheckpointError, match="feed_forward.w1.*cannot load from a PEFT folder"):
+        export_peft_adapter({p.name: param_to_numpy(p) for p in adapter_params(model)}, str(tmp_path / "a"), SPEC)
+    assert not os.path.exists(tmp_path / "a")
+    folder = str(tmp_path / "mixed")
+    make_qwen3_moe_model(folder, vocab=416, mlp_only=(0,))
+    with pytest.raises(ConfigError, match="lora.lora_export: both: PEFT .* dense layers \\[0\\]. Set lora.lora_export: "
+                                          "merged"):
+        _trainer(make_grpo_assets(str(tmp_path / "assets")), tmp_path / "out", sft_path_train=folder)
+
+
 @pytest.mark.parametrize("value,expected", [
     ("all-linear", ("wq", "wk", "wv", "wo", "w1", "w3", "w2")),
     (["q_proj", "v_proj"], ("wq", "wv")),
@@ -205,6 +348,34 @@ def test_a_separate_rollout_model_receives_the_merged_weights(assets, tmp_path):
     assert moved == 2                                                    # both layers' wq carry their update
     assert os.path.isfile(tmp_path / "hf_policy" / "model.safetensors")
     assert os.path.isfile(tmp_path / "hf_adapter" / "adapter_model.safetensors")
+
+
+def test_lora_grpo_on_a_qwen3_moe_folder_trains_the_experts_adapters_and_exports_both_ways(assets, tmp_path):
+    """Two GRPO steps with LoRA on a Qwen3-MoE folder (every layer sparse): only adapters move, the experts' among
+    them; the rollout (the policy with its adapters) matches the train pass; the merged export and PEFT's folder
+    loaded on the original base give the same logits in transformers."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    folder = str(tmp_path / "Qwen3-MoE-tiny")
+    make_qwen3_moe_model(folder, vocab=416)
+    trainer = _trainer(assets, tmp_path / "out", sft_path_train=folder, total_steps=2, export_hf=True)
+    before = model_state(trainer.policy)
+    rows = trainer.fit()
+    after = model_state(trainer.policy)
+    moved = {k for k in after if not np.array_equal(after[k], before[k])}
+    assert moved and all("mindpet_delta_lora" in k for k in moved)
+    assert {k for k in moved if "routed_experts" in k and k.endswith(ADAPTER_B)} == {
+        f"model.layers.{n}.feed_forward.routed_experts.ffn.{w}.{ADAPTER_B}" for n in range(2) for w in ("w1", "w2", "w3")}
+    assert all(r["rollout_train_logprob_gap"] <= 1e-4 for r in rows)
+    ids = torch.tensor(np.random.RandomState(0).randint(0, 416, (2, 9)))
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "hf_policy"), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        want, untrained = merged(ids).logits.numpy(), base(ids).logits.numpy()
+        got = PeftModel.from_pretrained(base, str(tmp_path / "out" / "hf_adapter"))(ids).logits.numpy()
+    assert np.abs(want - untrained).max() > 1e-2                        # measured 0.20: the adapters carry the update
+    assert np.abs(got - want).max() <= 1e-4
 
 
 def test_mindformers_pet_config_is_refused_naming_the_lora_section(tmp_path):

@@ -476,8 +476,9 @@ def test_convert_weight_qwen3_moe_round_trips(moe, tmp_path):
     assert set(a) == set(b) and all(a[k].tobytes() == b[k].tobytes() for k in a)
 
 
-def test_lora_on_a_moe_model_adapts_the_dense_layers_and_attention_only():
-    """LoRA targets w1/w2/w3 meet the dense layer's MLP; the stacked experts carry no adapter (specs agree)."""
+def test_lora_on_a_moe_model_adapts_the_experts_the_dense_layers_and_attention():
+    """LoRA targets w1/w2/w3 meet the dense layers' MLP and every sparse layer's stacked experts (A (E, r, in),
+    B (E, out, r) per projection; tests/test_lora.py checks them against PEFT); specs agree with the built model."""
     from mindrlhf.configs.lora import LoraSpec
     from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.models.specs import param_specs
@@ -486,10 +487,13 @@ def test_lora_on_a_moe_model_adapts_the_dense_layers_and_attention_only():
     model = CausalLM(cfg, lora=lora)
     built = {p.name: tuple(p.shape) for p in model.get_parameters()}
     assert built == {k: tuple(v[0]) for k, v in param_specs(cfg, lora).items()}
-    trainable = {p.name for p in model.trainable_params()}
+    trainable = {p.name: tuple(p.shape) for p in model.trainable_params()}
     assert any(n.startswith("model.layers.0.feed_forward.w1.") for n in trainable)
     assert any(n.startswith("model.layers.2.attention.wq.") for n in trainable)
-    assert not any("routed_experts" in n for n in trainable)
+    experts = {n: s for n, s in trainable.items() if "routed_experts" in n}
+    ffn = "model.layers.1.feed_forward.routed_experts.ffn."
+    assert experts == {ffn + "w1.mindpet_delta_lora_a": (4, 4, 64), ffn + "w1.mindpet_delta_lora_b": (4, 32, 4),
+                       ffn + "w2.mindpet_delta_lora_a": (4, 4, 32), ffn + "w2.mindpet_delta_lora_b": (4, 64, 4)}
 
 
 def test_qwen3_moe_strategy_file_slices_and_merges_the_experts(moe, tmp_path):

@@ -56,6 +56,30 @@ def test_split_experts_equal_one_process(results, tag, ep, tp):
     assert not np.allclose(results[0][w2], results[1][w2])             # the two ranks hold different shares
 
 
+@pytest.mark.parametrize("tag, ep, tp", [("ep_lora", 2, 1), ("tp_lora", 1, 2)], ids=["ep2", "tp2"])
+def test_expert_lora_adapters_split_with_their_experts_equal_one_process(results, tag, ep, tp):
+    """LoRA on every linear layer and expert projection: at ep2 each rank holds its experts' A and B, at tp2 the
+    factor along the split width (B of gate / up, A of down) is halved and the other whole; logits, loss and every
+    adapter's gradient (op by op and compiled) equal one process's (1e-5)."""
+    from mindrlhf.configs.lora import LoraSpec, parse_targets
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
+    layouts = layouts_for(cfg, 2 if ep > 1 else 1, tp, ep=ep, lora=LoraSpec(4, 8.0, parse_targets("all-linear")))
+    experts = "model.layers.1.feed_forward.routed_experts.ffn."
+    for rank, res in enumerate(results):
+        assert np.abs(res[tag + "_logits"] - res["lora_ref_logits"]).max() <= 1e-5
+        assert abs(float(res[tag + "_loss"]) - float(res["lora_ref_loss"])) <= 1e-5
+        grads = [k for k in res if k.startswith((tag + "_grad/", tag + "_jitgrad/"))]
+        assert len(grads) == 2 * len([n for n in layouts if "mindpet_delta_lora" in n]) == 2 * 28
+        for key in grads:
+            name = key.split("/", 1)[1]
+            want = layouts[name].shard(res["lora_ref_grad/" + name], rank)
+            assert res[key].shape == want.shape, name
+            assert np.abs(want).max() > 0, name
+            assert np.abs(res[key] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (key, rank)
+        b_up = res[f"{tag}_grad/{experts}w3.mindpet_delta_lora_b"]
+        assert b_up.shape == ((2, 32, 4) if ep > 1 else (4, 16, 4))
+
+
 @pytest.mark.slow       # ~60 s on 4 workers; ep2 and tp2 alone are in the default run
 def test_ep2_by_tp2_with_sequence_parallel_equals_one_process(tmp_path):
     """4 workers, ep2 x tp2 with sequence parallelism: each rank a quarter of the experts' weights (half of the

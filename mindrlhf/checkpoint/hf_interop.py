@@ -273,17 +273,102 @@ def peft_adapter_name(name: str) -> str:
     return f"{PEFT_PREFIX}{hf}{'lora_A' if factor == ADAPTER_A else 'lora_B'}.weight"
 
 
+_EXPERTS_RE = re.compile(r"^model\.layers\.(\d+)\.feed_forward\.routed_experts\.ffn\.(w1|w2|w3)\.(mindpet_delta_lora_[ab])$")
+# PEFT's target_parameters on transformers' stacked experts, in this order: with both adapted, PEFT wraps gate_up_proj
+# first, so its factors sit one level down (experts.base_layer.lora_A) and down_proj's at experts.lora_A
+PEFT_EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+PEFT_GATE_UP_PATTERN = ".*\\.gate_up_proj"      # its rank_pattern / alpha_pattern key: rank 2r, alpha 2 alpha
+
+
+def peft_adapter_tensors(tensors, lora) -> List[Tuple[str, np.ndarray]]:
+    """Full adapter tensors (our names; a dict or a TensorStream) -> PEFT's (name, tensor) pairs. A linear
+    layer's A and B keep their shapes. A sparse layer's experts become PEFT's target_parameters adapters, its
+    factors stacked expert-major: A (E, r, in) -> (E r, in), rows e r + j; B (E, out, r) -> (out, r E), columns
+    j E + e. gate_up_proj (transformers' fused [gate; up]) takes gate's and up's adapters as one of rank 2r
+    (PEFT's own packing of per-projection adapters): A_e = [A_gate; A_up], B_e = [[B_gate, 0], [0, B_up]], with
+    alpha 2 alpha so the scale stays alpha / r; a projection without an adapter contributes zeros."""
+    gate_up, down = _expert_targets(lora)
+    out, pending, dense_mlp = [], {}, []
+    for name, a in tensor_stream(tensors):
+        m = _EXPERTS_RE.match(name)
+        if not m:
+            out.append((peft_adapter_name(name), a))
+            if ".feed_forward." in name:
+                dense_mlp.append(name)
+            continue
+        layer, module, factor = m.groups()
+        where = f"{PEFT_PREFIX}model.layers.{layer}.mlp.experts.{'base_layer.' if module != 'w2' and down else ''}"
+        if module != "w2":
+            pending.setdefault(layer, {})[(module, factor)] = a
+            if len(pending[layer]) < 2 * len(gate_up):
+                continue
+            a, b = _gate_up_factors(pending.pop(layer), gate_up)
+            out += [(where + "lora_A.weight", a), (where + "lora_B.weight", b)]
+        elif factor.endswith("a"):
+            out.append((where + "lora_A.weight", a.reshape(-1, a.shape[-1])))
+        else:
+            out.append((where + "lora_B.weight", np.ascontiguousarray(a.transpose(1, 2, 0)).reshape(a.shape[1], -1)))
+    if pending:
+        raise CheckpointError(f"PEFT export: layers {sorted(pending)}: an expert's gate/up adapter is incomplete")
+    if dense_mlp and len(out) > len(dense_mlp) and any(".mlp.experts." in n for n, _ in out):
+        raise CheckpointError(f"PEFT export: {dense_mlp[0]}: {PEFT_DENSE_MLP_ON_MOE}")
+    return out
+
+
+PEFT_DENSE_MLP_ON_MOE = ("PEFT (0.17 and later, on transformers 5) turns gate_proj / up_proj / down_proj targets of a "
+                         "Qwen3-MoE model into its experts' target_parameters, so the MLP adapters of its dense layers "
+                         "(mlp_only_layers, decoder_sparse_step) cannot load from a PEFT folder")
+
+
+def peft_export_refusal(cfg: ModelConfig, lora) -> str:
+    """Why `lora` on `cfg` cannot go out as a PEFT folder ("" when it can): a MoE model with dense layers whose MLP
+    carries adapters (checked at start-up, so a run does not learn it at its export)."""
+    sparse = [cfg.is_moe_layer(n) for n in range(cfg.num_layers)]
+    mlp = [m for m in ("w1", "w3", "w2") if m in lora.targets]
+    if any(sparse) and not all(sparse) and mlp:
+        return f"{PEFT_DENSE_MLP_ON_MOE}; targets {', '.join(mlp)} with dense layers " \
+               f"{[n for n, s in enumerate(sparse) if not s]}"
+    return ""
+
+
+def _expert_targets(lora) -> Tuple[Tuple[str, ...], bool]:
+    """(the gate/up projections adapted, of w1 and w3; whether down (w2) is)."""
+    return tuple(m for m in ("w1", "w3") if m in lora.targets), "w2" in lora.targets
+
+
+def _gate_up_factors(parts: Dict, adapted: Tuple[str, ...]) -> Tuple[np.ndarray, np.ndarray]:
+    """PEFT's rank-2r gate_up_proj factors from our {(w1 | w3, factor): tensor} of one layer."""
+    from mindrlhf.models.lora import ADAPTER_A, ADAPTER_B
+    like_a, like_b = (parts[(adapted[0], f)] for f in (ADAPTER_A, ADAPTER_B))
+    e, r, fan_in = like_a.shape
+    width = like_b.shape[1]
+    a = np.zeros((e, 2 * r, fan_in), like_a.dtype)
+    b = np.zeros((e, 2 * width, 2 * r), like_b.dtype)
+    for k, module in enumerate(("w1", "w3")):
+        if module in adapted:
+            a[:, k * r:(k + 1) * r] = parts[(module, ADAPTER_A)]
+            b[:, k * width:(k + 1) * width, k * r:(k + 1) * r] = parts[(module, ADAPTER_B)]
+    return a.reshape(e * 2 * r, fan_in), np.ascontiguousarray(b.transpose(1, 2, 0)).reshape(2 * width, -1)
+
+
 def export_peft_adapter(tensors: Dict[str, np.ndarray], out_dir: str, lora, base_model: str = "",
                         overwrite: bool = False, flag: str = "PEFT adapter folder"):
     """Write full adapter tensors (our names; a dict or a TensorStream) as PEFT's LoRA folder: adapter_config.json and
     adapter_model.safetensors with PEFT's key names, for peft.PeftModel.from_pretrained(base, out_dir).
-    `lora`: the run's configs.lora.LoraSpec."""
+    `lora`: the run's configs.lora.LoraSpec. A MoE model's experts go out as target_parameters (PEFT >= 0.17)."""
     from mindrlhf.configs.lora import MODULES
+    pairs = peft_adapter_tensors(tensors, lora)
+    moe = any(".mlp.experts." in n for n, _ in pairs)
+    gate_up, down = _expert_targets(lora) if moe else ((), False)
+    # a MoE model's MLP targets are its experts' target_parameters: listed as modules, PEFT would convert them itself
+    modules = [MODULES[m] for m in lora.targets if not (moe and m in ("w1", "w3", "w2"))]
     with owned_output_dir(out_dir, EXPORT_TOOL, flag, overwrite) as tmp:
-        write_safetensors(os.path.join(tmp, "adapter_model.safetensors"),
-                          [(peft_adapter_name(n), a) for n, a in tensor_stream(tensors)], {"format": "pt"})
+        write_safetensors(os.path.join(tmp, "adapter_model.safetensors"), pairs, {"format": "pt"})
         write_json(os.path.join(tmp, "adapter_config.json"), {
             "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
-            "lora_dropout": 0.0, "target_modules": [MODULES[m] for m in lora.targets], "bias": "none",
+            "lora_dropout": 0.0, "target_modules": modules, "bias": "none",
+            "target_parameters": [p for p, on in zip(PEFT_EXPERT_PARAMETERS, (bool(gate_up), down)) if on] or None,
+            "rank_pattern": {PEFT_GATE_UP_PATTERN: 2 * lora.rank} if gate_up else {},
+            "alpha_pattern": {PEFT_GATE_UP_PATTERN: 2 * lora.alpha} if gate_up else {},
             "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "modules_to_save": None,
             "init_lora_weights": True, "inference_mode": True, "base_model_name_or_path": base_model}, indent=2)

@@ -15,6 +15,8 @@ from mindrlhf.models.graph_ops import expand_as, mean_last, sum_last
 BMM_NT = ops.BatchMatMul(transpose_b=True)
 # probs @ v as the primitive: its backward is two flagged BatchMatMuls, the functional matmul's two Transposes.
 BMM = ops.BatchMatMul()
+# a^T @ b^T per batch: a stacked expert's LoRA update (B A)^T in its x @ W layout (models/moe.py).
+BMM_TT = ops.BatchMatMul(transpose_a=True, transpose_b=True)
 
 
 class RMSNormFunction(nn.Cell):

@@ -25,7 +25,8 @@ import numpy as np
 import mindspore as ms
 
 from mindrlhf.configs.lora import ROW_PARALLEL, LoraSpec
-from mindrlhf.parallel.layouts import REPLICATED, TP_COLS, TP_ROWS, RoleWeights
+from mindrlhf.parallel.layouts import (EXPERTS_IN, EXPERTS_ONLY, EXPERTS_OUT, REPLICATED, TP_COLS, TP_ROWS,
+                                       RoleWeights)
 from mindrlhf.utils.params import param_as_f32, param_to_numpy, write_param
 
 ADAPTER_A, ADAPTER_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
@@ -41,14 +42,27 @@ def adapter_specs(base_specs: Dict, spec: LoraSpec) -> Dict:
     for name, (shape, split) in base_specs.items():
         out[name] = (shape, split)
         module = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
-        if not (name.startswith("model.layers.") and spec.on(module)) or len(shape) != 2:
-            continue             # (stacked MoE experts, 3-D, carry no adapter)
+        if not (name.startswith("model.layers.") and spec.on(module)):
+            continue
         prefix = name[:-len("weight")]
+        if len(shape) == 3:
+            out.update({prefix + f: s for f, s in _expert_adapter_specs(module, shape, spec).items()})
+            continue
         out_dim, in_dim = shape
         row = module in ROW_PARALLEL
         out[prefix + ADAPTER_A] = ((spec.rank, in_dim), TP_COLS if row else REPLICATED)
         out[prefix + ADAPTER_B] = ((out_dim, spec.rank), REPLICATED if row else TP_ROWS)
     return out
+
+
+def _expert_adapter_specs(module: str, shape, spec: LoraSpec) -> Dict:
+    """A stacked expert weight's factors (models/moe.ExpertsFFN), W (E, in, out) -> A (E, r, in), B (E, out, r),
+    every factor split over ep with its experts; the TP split follows the weight's: gate / up split out (B's dim
+    1), down splits in (A's dim 2); the other factor is whole on every TP rank."""
+    e, fan_in, fan_out = shape
+    row = module in ROW_PARALLEL
+    return {ADAPTER_A: ((e, spec.rank, fan_in), EXPERTS_IN if row else EXPERTS_ONLY),
+            ADAPTER_B: ((e, fan_out, spec.rank), EXPERTS_ONLY if row else EXPERTS_OUT)}
 
 
 def init_adapters(model, spec: LoraSpec):
@@ -58,7 +72,7 @@ def init_adapters(model, spec: LoraSpec):
         if p.name.endswith(ADAPTER_A):
             layout = layouts[p.name]
             rng = np.random.default_rng([spec.seed, zlib.crc32(p.name.encode())])
-            bound = 1.0 / np.sqrt(layout.full_shape[1])
+            bound = 1.0 / np.sqrt(layout.full_shape[-1])      # (r, in), or (E, r, in) per expert
             full = rng.uniform(-bound, bound, layout.full_shape).astype(np.float32)
             write_param(p, layout.shard(full, model.mesh.rank))
 
@@ -110,7 +124,8 @@ class BaseModelLogProb:
 class MergedWeight:
     """W + scale B A of one adapted layer on this rank, computed when read (float32): the weight a rollout
     model without adapters receives. Column-parallel: B's rows and W's are the same output slice; row-parallel:
-    A's columns and W's the same input slice; either way the product is W's shard, no communication."""
+    A's columns and W's the same input slice; either way the product is W's shard, no communication. Stacked
+    experts (E, in, out): per expert (B A)^T, each factor this rank's experts and width."""
 
     dtype = ms.float32
 
@@ -120,7 +135,8 @@ class MergedWeight:
 
     def asnumpy(self) -> np.ndarray:
         w = param_as_f32(self._w).astype(np.float32, copy=True)
-        w += self._scaling * (param_as_f32(self._b) @ param_as_f32(self._a))
+        update = param_as_f32(self._b) @ param_as_f32(self._a)           # (out, in), or (E, out, in)
+        w += self._scaling * (update if w.ndim == 2 else update.transpose(0, 2, 1))   # experts: x @ W layout
         return w
 
 

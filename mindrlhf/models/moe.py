@@ -51,8 +51,10 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
 
+from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.configs.model_config import ModelConfig
-from mindrlhf.models.cpu_cells import BMM
+from mindrlhf.models.cpu_cells import BMM, BMM_TT
+from mindrlhf.models.lora import ADAPTER_A, ADAPTER_B
 from mindrlhf.models.graph_ops import expand_as, take
 from mindrlhf.models.tp_regions import CopyToTP, Identity, ReduceFromTP, ScaleGradient, copy_to_tp, leave_tp
 from mindrlhf.parallel.mesh import Mesh
@@ -134,9 +136,18 @@ def sorted_slots(chosen, block: int, top_k: int):
 
 class ExpertsFFN(nn.Cell):
     """This rank's E / ep stacked SwiGLU experts, each its I / tp share of the intermediate width: w1 = gate_proj,
-    w3 = up_proj (E/ep, H, I/tp), w2 = down_proj (E/ep, I/tp, H)."""
+    w3 = up_proj (E/ep, H, I/tp), w2 = down_proj (E/ep, I/tp, H).
 
-    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1, tp: int = 1):
+    LoRA (`lora`): each targeted projection (w1, w3, w2, as on a dense layer) of every expert is W + scale (B A)^T
+    in this x @ W layout, A (E, r, in), B (E, out, r): the per-expert adapters of transformers' per-expert linear
+    layers (PEFT packs gate's and up's into one rank-2r adapter on its fused gate_up_proj: checkpoint/hf_interop.py).
+    The adapted weights are formed once per call (E x in x out x r multiply-adds each, small beside the experts'
+    matmuls) and feed either form unchanged. Under TP the factor that holds the whole width (A of gate / up, B of
+    down) enters through copy_to_tp, as a dense layer's replicated factor does; every factor is split over ep with
+    its experts."""
+
+    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1, tp: int = 1,
+                 lora: Optional[LoraSpec] = None, mesh: Optional[Mesh] = None):
         super().__init__()
         e, h, i = cfg.num_experts // ep, cfg.hidden_size, cfg.moe_intermediate_size // tp
         init = (lambda: Normal(std)) if std is not None else (lambda: Zero())
@@ -150,6 +161,29 @@ class ExpertsFFN(nn.Cell):
         self.top_k = cfg.num_experts_per_tok
         self.form = cfg.moe_expert_compute
         self.matmul = ops.MatMul()
+        self.lora_scaling = lora.scaling if lora else 0.0
+        self.adapted = tuple(bool(lora and lora.on(name)) for name in ("w1", "w3", "w2"))
+        for name, on in zip(("w1", "w3", "w2"), self.adapted):
+            if on:                  # initialised by models/lora.init_adapters: A drawn, B zero
+                cell = getattr(self, name)
+                _, fan_in, fan_out = cell.weight.shape
+                cell.mindpet_delta_lora_a = Parameter(initializer(Zero(), (e, lora.rank, fan_in), param_dtype),
+                                                      name=ADAPTER_A)
+                cell.mindpet_delta_lora_b = Parameter(initializer(Zero(), (e, fan_out, lora.rank), param_dtype),
+                                                      name=ADAPTER_B)
+                cell.enter = copy_to_tp(mesh) if mesh is not None else Identity()
+
+    def weights(self, compute_dtype):
+        """(w1, w3, w2) in compute_dtype, each adapted (W + scale (B A)^T per expert) where LoRA puts an adapter."""
+        out = []
+        for cell, on, row in zip((self.w1, self.w3, self.w2), self.adapted, (False, False, True)):
+            w = ops.cast(cell.weight, compute_dtype)
+            if on:
+                a = ops.cast(cell.mindpet_delta_lora_a, compute_dtype)
+                b = ops.cast(cell.mindpet_delta_lora_b, compute_dtype)
+                w = w + self.lora_scaling * (BMM_TT(a, cell.enter(b)) if row else BMM_TT(cell.enter(a), b))
+            out.append(w)
+        return tuple(out)
 
     def construct(self, x, weights, compute_dtype):
         """x (N, H), weights (N, E/ep) of this rank's experts, zero off each token's chosen ones -> sum_e
@@ -164,18 +198,19 @@ class ExpertsFFN(nn.Cell):
         adds 0 to the output, and its weight's gradient reaches the router only times that probability, 0."""
         n, h = x.shape
         e = self.experts
+        w1, w3, w2 = self.weights(compute_dtype)
         slots, block_expert = sorted_slots(ops.cast(weights != 0, ms.float32), block, self.top_k)
         rows = slots.shape[0]
         token = ops.stop_gradient(ops.select(slots < e * n, slots % n, ops.fill(ms.int32, (rows,), n)))
         xs = ops.gather(ops.concat((x, ops.zeros((1, h), x.dtype)), 0), token, 0)       # padding: a zero row
         xs = ops.reshape(xs, (rows // block, block, h))
-        gate = BMM(xs, ops.gather(ops.cast(self.w1.weight, compute_dtype), block_expert, 0))
-        up = BMM(xs, ops.gather(ops.cast(self.w3.weight, compute_dtype), block_expert, 0))
+        gate = BMM(xs, ops.gather(w1, block_expert, 0))
+        up = BMM(xs, ops.gather(w3, block_expert, 0))
         act = gate * ops.sigmoid(gate) * up                                               # (blocks, block, I)
         flat = ops.reshape(ops.transpose(ops.cast(weights, compute_dtype), (1, 0)), (-1,))   # e * N + n
         pair_weight = ops.gather(ops.concat((flat, ops.zeros((1,), compute_dtype)), 0), slots, 0)
         act = act * expand_as(ops.reshape(pair_weight, (rows // block, block, 1)), act)
-        y = BMM(act, ops.gather(ops.cast(self.w2.weight, compute_dtype), block_expert, 0))
+        y = BMM(act, ops.gather(w2, block_expert, 0))
         return take(ops.unsorted_segment_sum(ops.reshape(y, (rows, h)), token, n + 1), 0, 0, n)
 
     def _dense(self, x, weights, compute_dtype):
@@ -190,29 +225,29 @@ class ExpertsFFN(nn.Cell):
         by side; rollout against transformers 1.45x batched, 1.13x with every call side by side, 1.38x mixed."""
         n, h = x.shape
         e, i = self.experts, self.w1.weight.shape[2]
+        w1, w3, w2 = self.weights(compute_dtype)
         if n < 2 * i:
             xe = ops.broadcast_to(ops.expand_dims(x, 0), (e, n, h))                               # (E, N, H)
-            gate = BMM(xe, ops.cast(self.w1.weight, compute_dtype))                               # (E, N, I)
-            up = BMM(xe, ops.cast(self.w3.weight, compute_dtype))
-            y = BMM(gate * ops.sigmoid(gate) * up, ops.cast(self.w2.weight, compute_dtype))       # (E, N, H)
+            gate = BMM(xe, w1)                                                                     # (E, N, I)
+            up = BMM(xe, w3)
+            y = BMM(gate * ops.sigmoid(gate) * up, w2)                                             # (E, N, H)
             w = ops.expand_dims(ops.transpose(ops.cast(weights, compute_dtype), (1, 0)), 2)       # (E, N, 1)
             return (y * w).sum(0)
-        w1 = ops.reshape(ops.transpose(ops.cast(self.w1.weight, compute_dtype), (1, 0, 2)), (h, e * i))
-        w3 = ops.reshape(ops.transpose(ops.cast(self.w3.weight, compute_dtype), (1, 0, 2)), (h, e * i))
-        gate, up = self.matmul(x, w1), self.matmul(x, w3)                                      # (N, E*I)
+        gate = self.matmul(x, ops.reshape(ops.transpose(w1, (1, 0, 2)), (h, e * i)))             # (N, E*I)
+        up = self.matmul(x, ops.reshape(ops.transpose(w3, (1, 0, 2)), (h, e * i)))
         act = ops.reshape(gate * ops.sigmoid(gate) * up, (n, e, i)) * \
             ops.expand_dims(ops.cast(weights, compute_dtype), 2)                                # (N, E, I)
-        return self.matmul(ops.reshape(act, (n, e * i)), ops.reshape(ops.cast(self.w2.weight, compute_dtype),
-                                                                       (e * i, h)))
+        return self.matmul(ops.reshape(act, (n, e * i)), ops.reshape(w2, (e * i, h)))
 
 
 class RoutedExperts(nn.Cell):
     """The router and the experts under one name (MindFormers' `feed_forward.routed_experts`)."""
 
-    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1, tp: int = 1):
+    def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1, tp: int = 1,
+                 lora: Optional[LoraSpec] = None, mesh: Optional[Mesh] = None):
         super().__init__()
         self.router = Router(cfg.hidden_size, cfg.num_experts, param_dtype, std)
-        self.ffn = ExpertsFFN(cfg, param_dtype, std, ep, tp)
+        self.ffn = ExpertsFFN(cfg, param_dtype, std, ep, tp, lora, mesh)
 
 
 def top_k_mask(probs, k: int):
@@ -262,9 +297,10 @@ class MoEFeedForward(nn.Cell):
     itself (all-reduce, or reduce-scatter along the sequence under sequence parallelism), as the dense MLP's
     row-parallel projection does."""
 
-    def __init__(self, cfg: ModelConfig, mesh: Mesh, param_dtype, compute_dtype, std: Optional[float]):
+    def __init__(self, cfg: ModelConfig, mesh: Mesh, param_dtype, compute_dtype, std: Optional[float],
+                 lora: Optional[LoraSpec] = None):
         super().__init__()
-        self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.ep, mesh.tp)
+        self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.ep, mesh.tp, lora, mesh)
         self.dispatcher = AllGatherDispatcher(mesh, cfg.num_experts)
         # Under TP every rank routes the same tokens alike and runs its share of each expert's width: the routing
         # weights' gradients are partial per rank (summed by enter_weights), the router's input gradient then

@@ -215,7 +215,8 @@ class DecoderLayer(nn.Cell):
         self.attention = Attention(cfg, mesh, lora, random_init)
         # Qwen3-MoE: routed experts where cfg.is_moe_layer (models/moe.py), the dense SwiGLU elsewhere
         self.is_moe = cfg.is_moe_layer(layer_id)
-        self.feed_forward = MoEFeedForward(cfg, mesh, pdt, MS_DTYPES[cfg.compute_dtype], _std(cfg, random_init)) \
+        self.feed_forward = MoEFeedForward(cfg, mesh, pdt, MS_DTYPES[cfg.compute_dtype], _std(cfg, random_init),
+                                           lora) \
             if self.is_moe else FeedForward(cfg, mesh, lora, random_init)
         self.enter_attn = enter_tp(mesh)        # under sequence parallelism: gather the sequence
         self.enter_ffn = enter_tp(mesh)

@@ -25,6 +25,7 @@ TP_COLS = MappingProxyType({1: "tp"})      # input columns over the TP ranks: ro
 # (E, H, I) and down (E, I, H)
 EXPERTS_IN = MappingProxyType({0: "ep", 2: "tp"})
 EXPERTS_OUT = MappingProxyType({0: "ep", 1: "tp"})
+EXPERTS_ONLY = MappingProxyType({0: "ep"})    # a per-expert tensor whole on every TP rank (an expert's LoRA factor)
 
 
 def mesh_axis(dev_matrix: Tuple[int, ...], tensor_map_entry: int) -> int:

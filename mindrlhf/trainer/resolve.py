@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
+from mindrlhf.checkpoint.hf_interop import peft_export_refusal
 from mindrlhf.configs.compat.keys import describe_ignored
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
@@ -219,6 +220,10 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     lora = cfg.lora
     spec = LoraSpec(lora.lora_rank, float(lora.lora_alpha), parse_targets(lora.target_modules),
                     cfg.run.seed) if lora.lora_rank else None
+    refusal = peft_export_refusal(model_cfg, spec) if spec and lora.lora_export != "merged" else ""
+    if refusal:
+        raise ConfigError(f"lora.lora_export: {lora.lora_export}: {refusal}. Set lora.lora_export: merged, or leave "
+                          f"gate_proj / up_proj / down_proj out of lora.target_modules")
     log("\n".join(describe_fields(cfg)))
     cfg.freeze()
     resolved = ResolvedRun(cfg, rank, world, model_cfg, infer_yaml.model, train_mesh, infer_mesh, micro_batches,

@@ -1,7 +1,9 @@
 """msrun worker: a tiny Qwen3-MoE (one dense layer, one sparse; 4 experts, top-2) with its experts split over
 an `ep` axis of 2 ranks, or each expert's width over a `tp` axis of 2,
 against one process on the same weights: logits, the loss and every parameter's gradient (op by op and in one
-compiled graph, as the train step takes them). With 4 workers: ep2 x tp2 with sequence parallelism.
+compiled graph, as the train step takes them); with LoRA on every linear layer and expert (the experts' adapters
+split with their experts and widths), the adapters' gradients. With 4 workers: ep2 x tp2 with sequence
+parallelism.
 
 argv: hf_dir out_dir (and the worker count from msrun). Writes out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
 """
@@ -14,7 +16,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from hf_reference import qwen3_moe_model_kwargs  # noqa: E402
 from model_helpers import load_ours, model_inputs, one_process_reference, token_loss_and_grads  # noqa: E402
 from qwen3_tp_worker import compiled_grads  # noqa: E402
+from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms  # noqa: E402
+from mindrlhf.checkpoint.model_io import load_full_weights  # noqa: E402
 from mindrlhf.configs import ModelConfig  # noqa: E402
+from mindrlhf.configs.lora import LoraSpec, parse_targets  # noqa: E402
+from mindrlhf.models.lora import ADAPTER_B, adapter_params  # noqa: E402
+from mindrlhf.models.qwen2 import CausalLM  # noqa: E402
+from mindrlhf.utils.params import write_param  # noqa: E402
 from mindrlhf.parallel.mesh import Mesh, init_distributed  # noqa: E402
 from mindrlhf.trainer.update.grad_norm import SplitNormSum, split_axes  # noqa: E402
 from mindrlhf.trainer.update.one_graph import ModelRouting, ResponseLogProb  # noqa: E402
@@ -30,6 +38,38 @@ def _logprobs(model, ids, routing):
     inputs = model_inputs(ids[:, :-1])
     extra = () if routing is None else (Tensor(routing.astype(np.int32)),)
     return ResponseLogProb(model, ids.shape[1] - 1)(*inputs, Tensor(ids[:, 1:].astype(np.int32)), *extra).asnumpy()
+
+
+LORA = LoraSpec(4, 8.0, parse_targets("all-linear"), seed=3)
+
+
+def lora_model(hf_dir, cfg, mesh=None):
+    """The weights of hf_dir with LoRA adapters: A as init_adapters draws it (the same on any layout), every B
+    random at its full shape from its name, this rank's share written."""
+    model = CausalLM(cfg, mesh, LORA)
+    load_full_weights(model, iter_hf_as_ms(hf_dir), hf_dir)
+    layouts = model.layouts()
+    for p in adapter_params(model):
+        if p.name.endswith(ADAPTER_B):
+            full = np.random.RandomState(sum(map(ord, p.name))).randn(*layouts[p.name].full_shape) * 0.05
+            write_param(p, layouts[p.name].shard(full.astype(np.float32), model.mesh.rank))
+    return model
+
+
+def lora_results(hf_dir, cfg, ids, meshes):
+    """One process's and each mesh's logits, loss and adapter gradients (op by op and compiled) with LORA."""
+    single = lora_model(hf_dir, cfg)
+    names = [p.name for p in adapter_params(single)]
+    result = {"lora_ref_logits": single.full_logits(*model_inputs(ids)).asnumpy()}
+    result["lora_ref_loss"], grads = token_loss_and_grads(single, ids, names)
+    result.update({"lora_ref_grad/" + n: g for n, g in grads.items()})
+    for tag, mesh in meshes.items():
+        model = lora_model(hf_dir, cfg, mesh)
+        result[tag + "_logits"] = model.full_logits(*model_inputs(ids)).asnumpy()
+        result[tag + "_loss"], grads = token_loss_and_grads(model, ids, names)
+        result.update({f"{tag}_grad/{n}": g for n, g in grads.items()})
+        result.update({f"{tag}_jitgrad/{n}": g for n, g in compiled_grads(model, ids).items() if n in grads})
+    return result
 
 
 def main():
@@ -61,6 +101,8 @@ def main():
         params = list(model.get_parameters())        # the train step's global grad norm over this layout's shares
         norm_sum = SplitNormSum(split_axes(model, params), mesh)
         result[tag + "_grad_norm"] = np.sqrt(norm_sum([Tensor(grads[p.name]) for p in params]).asnumpy())
+    if world == 2:
+        result.update(lora_results(hf_dir, cfg, ids, {"ep_lora": ep2, "tp_lora": Mesh(dp=1, tp=2, rank=rank)}))
     np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **result)
 
 
