@@ -79,7 +79,7 @@ def main():
     cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
     ids = np.random.RandomState(7).randint(0, 160, (4, 12))
     names, result = one_process_reference(hf_dir, cfg, ids)
-    ep2 = Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),))
+    ep2 = Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),)) if world == 2 else None
     # ep_sorted: ep2 with the experts sorted by expert (models/moe.py), against the one process's dense form
     sorted_cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)), moe_expert_compute="sorted")
     layouts = {"ep": (ep2, cfg), "tp": (Mesh(dp=1, tp=2, rank=rank), cfg), "ep_sorted": (ep2, sorted_cfg)} \
