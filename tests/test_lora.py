@@ -58,28 +58,13 @@ def test_step_zero_is_the_base_and_adapters_off_is_exactly_the_base(tmp_path, rn
     assert np.array_equal(ours.full_logits(*model_inputs(ids)).asnumpy(), with_adapters)
 
 
-@pytest.mark.parametrize("bias,tie,kv", [(True, False, 2), (False, True, 4)])
-def test_adapter_gradients_match_peft(tmp_path, rng, bias, tie, kv):
-    """Response log-probs (T 0.7), weighted and summed: the loss and every A and B gradient against PEFT's
-    LoRA on transformers, with our A and a random B copied in (B = 0 would make every A gradient 0)."""
+def _weighted_logprob_grads(ours, params, peft_model, ids, rng, resp=6, temp=0.7):
+    """Response log-probs at temperature `temp`, weighted at random and summed, on our model and on PEFT's: the
+    losses agree (1e-5) and PEFT's parameters hold their gradients; returns ours for `params`."""
     import mindspore as ms
     import torch
     from mindspore import Tensor
-    from peft import LoraConfig, get_peft_model
-    from mindrlhf.checkpoint.hf_interop import peft_adapter_name
-    hf, ours, _ = _lora_pair(tmp_path, bias, tie, kv)
-    _random_b(ours, rng)
-    peft_model = get_peft_model(hf, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=[
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
-    peft_params = dict(peft_model.named_parameters())
-    with torch.no_grad():
-        for p in adapter_params(ours):
-            peft_params[peft_adapter_name(p.name).replace(".weight", ".default.weight")].copy_(
-                torch.tensor(param_to_numpy(p)))
-    ids = rng.randint(0, 160, (3, 10))
-    resp, temp = 6, 0.7
-    weights = rng.randn(3, resp).astype(np.float32)
-    params = adapter_params(ours)
+    weights = rng.randn(ids.shape[0], resp).astype(np.float32)
 
     def loss_fn(input_ids, pos, bias_, labels):
         logp, _ = ours.token_logprobs(input_ids, pos, bias_, labels, resp, temp)
@@ -92,6 +77,27 @@ def test_adapter_gradients_match_peft(tmp_path, rng, bias, tie, kv):
     ref_loss = (ref_logp * torch.tensor(weights)).sum()
     ref_loss.backward()
     assert abs(float(loss.asnumpy()) - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
+    return grads
+
+
+@pytest.mark.parametrize("bias,tie,kv", [(True, False, 2), (False, True, 4)])
+def test_adapter_gradients_match_peft(tmp_path, rng, bias, tie, kv):
+    """Response log-probs (T 0.7), weighted and summed: the loss and every A and B gradient against PEFT's
+    LoRA on transformers, with our A and a random B copied in (B = 0 would make every A gradient 0)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from mindrlhf.checkpoint.hf_interop import peft_adapter_name
+    hf, ours, _ = _lora_pair(tmp_path, bias, tie, kv)
+    _random_b(ours, rng)
+    peft_model = get_peft_model(hf, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    peft_params = dict(peft_model.named_parameters())
+    with torch.no_grad():
+        for p in adapter_params(ours):
+            peft_params[peft_adapter_name(p.name).replace(".weight", ".default.weight")].copy_(
+                torch.tensor(param_to_numpy(p)))
+    params = adapter_params(ours)
+    grads = _weighted_logprob_grads(ours, params, peft_model, rng.randint(0, 160, (3, 10)), rng)
     for p, grad in zip(params, grads):
         ref = peft_params[peft_adapter_name(p.name).replace(".weight", ".default.weight")].grad.numpy()
         assert np.abs(ref).max() > 1e-4, p.name                         # a real gradient, not zeros
@@ -181,32 +187,15 @@ def test_moe_expert_adapters_match_peft_target_parameters(tmp_path, rng, kw, for
     A and B (attention, experts) against PEFT's, in each expert form (3 x 9 tokens: batched per expert; 8 x 9:
     side by side; sorted by expert, in a model with dense layers, whose MLPs PEFT leaves unadapted on a MoE
     model: ours stay at B = 0 and out of the comparison)."""
-    import mindspore as ms
-    import torch
-    from mindspore import Tensor
     from mindrlhf.checkpoint.hf_interop import peft_adapter_tensors
-    spec = SPEC if not kw else LoraSpec(4, 8.0, ("wq", "wk", "wv", "wo", "w1", "w3", "w2"), seed=3)
+    spec = SPEC
     hf, ours = _moe_lora_pair(str(tmp_path), form, spec, **kw)
     if kw:
         _zero_dense_mlp_b(ours)
     params = [p for p in adapter_params(ours) if not (kw and _dense_mlp(p.name))]
     assert sum("routed_experts" in p.name for p in params) == 6 * (1 if kw else 2)
     peft_model, peft_params = _peft_moe(hf, ours, spec)
-    ids = rng.randint(0, 160, (rows, 10))
-    resp, temp = 6, 0.7
-    weights = rng.randn(rows, resp).astype(np.float32)
-
-    def loss_fn(input_ids, pos, bias_, labels):
-        logp, _ = ours.token_logprobs(input_ids, pos, bias_, labels, resp, temp)
-        return (logp * Tensor(weights)).sum()
-
-    inputs = model_inputs(ids[:, :-1]) + (Tensor(ids[:, 1:].astype(np.int32)),)
-    loss, grads = ms.value_and_grad(loss_fn, None, params)(*inputs)
-    logits = peft_model(torch.tensor(ids[:, :-1])).logits[:, -resp:]
-    ref_logp = torch.log_softmax(logits / temp, -1).gather(-1, torch.tensor(ids[:, -resp:])[..., None])[..., 0]
-    ref_loss = (ref_logp * torch.tensor(weights)).sum()
-    ref_loss.backward()
-    assert abs(float(loss.asnumpy()) - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
+    grads = _weighted_logprob_grads(ours, params, peft_model, rng.randint(0, 160, (rows, 10)), rng)
     # our gradients in PEFT's layout (the export's reshapes and transposes); of gate_up_proj's rank-2r B only the
     # gate and up blocks are ours (PEFT's off-diagonal blocks hold zeros but get gradients: not parameters of ours)
     ours_as_peft = peft_adapter_tensors({p.name: g.asnumpy() for p, g in zip(params, grads)}, spec)

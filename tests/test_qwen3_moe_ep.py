@@ -56,11 +56,22 @@ def test_split_experts_equal_one_process(results, tag, ep, tp):
     assert not np.allclose(results[0][w2], results[1][w2])             # the two ranks hold different shares
 
 
-@pytest.mark.parametrize("tag, ep, tp", [("ep_lora", 2, 1), ("tp_lora", 1, 2)], ids=["ep2", "tp2"])
-def test_expert_lora_adapters_split_with_their_experts_equal_one_process(results, tag, ep, tp):
+@pytest.mark.slow       # ~40 s (its own 2-worker run); the experts' adapters against PEFT: tests/test_lora.py
+def test_expert_lora_adapters_split_with_their_experts_equal_one_process(tmp_path):
     """LoRA on every linear layer and expert projection: at ep2 each rank holds its experts' A and B, at tp2 the
     factor along the split width (B of gate / up, A of down) is halved and the other whole; logits, loss and every
     adapter's gradient (op by op and compiled) equal one process's (1e-5)."""
+    make_qwen3_moe_model(str(tmp_path / "hf"), mlp_only=(0,))
+    out = tmp_path / "out"
+    out.mkdir()
+    run_msrun(os.path.join(WORKERS, "moe_ep_worker.py"), [tmp_path / "hf", out, "lora"], workers=2,
+              log_dir=str(tmp_path / "log"))
+    results = [dict(np.load(out / f"rank_{r}.npz")) for r in range(2)]
+    for tag, ep, tp in (("ep_lora", 2, 1), ("tp_lora", 1, 2)):
+        _lora_layout_equals_one_process(results, tag, ep, tp)
+
+
+def _lora_layout_equals_one_process(results, tag, ep, tp):
     from mindrlhf.configs.lora import LoraSpec, parse_targets
     cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
     layouts = layouts_for(cfg, 2 if ep > 1 else 1, tp, ep=ep, lora=LoraSpec(4, 8.0, parse_targets("all-linear")))

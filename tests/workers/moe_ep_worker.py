@@ -5,7 +5,7 @@ compiled graph, as the train step takes them); with LoRA on every linear layer a
 split with their experts and widths), the adapters' gradients. With 4 workers: ep2 x tp2 with sequence
 parallelism.
 
-argv: hf_dir out_dir (and the worker count from msrun). Writes out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
+argv: hf_dir out_dir [lora] (and the worker count from msrun; `lora`: only the LoRA layouts, 2 workers). Writes out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
 """
 import os
 import sys
@@ -78,6 +78,11 @@ def main():
     assert world in (2, 4), world
     cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
     ids = np.random.RandomState(7).randint(0, 160, (4, 12))
+    if sys.argv[3:] == ["lora"]:
+        result = lora_results(hf_dir, cfg, ids, {"ep_lora": Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),)),
+                                                 "tp_lora": Mesh(dp=1, tp=2, rank=rank)})
+        np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **result)
+        return
     names, result = one_process_reference(hf_dir, cfg, ids)
     ep2 = Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),)) if world == 2 else None
     # ep_sorted: ep2 with the experts sorted by expert (models/moe.py), against the one process's dense form
@@ -101,8 +106,6 @@ def main():
         params = list(model.get_parameters())        # the train step's global grad norm over this layout's shares
         norm_sum = SplitNormSum(split_axes(model, params), mesh)
         result[tag + "_grad_norm"] = np.sqrt(norm_sum([Tensor(grads[p.name]) for p in params]).asnumpy())
-    if world == 2:
-        result.update(lora_results(hf_dir, cfg, ids, {"ep_lora": ep2, "tp_lora": Mesh(dp=1, tp=2, rank=rank)}))
     np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **result)
 
 
