@@ -101,18 +101,21 @@ def test_head_pieces_are_the_micro_batches_own_streams(group):
 # ~25-29 s each, so both run with -m slow; the default run keeps the routing inputs of the one-graph update
 # (test_aux_loss.py, test_router_replay.py) and the layerwise update's dense equalities above
 @pytest.mark.slow
-@pytest.mark.parametrize("replay", ["r3", "none"])
-def test_layerwise_update_of_a_moe_model_takes_its_routing_inputs(tmp_path, replay):
+@pytest.mark.parametrize("replay, lora", [("r3", {}), ("none", {}),
+                                          ("r3", dict(lora_rank=4, lora_alpha=8, lr=1e-2))],
+                         ids=["r3", "none", "r3_lora"])
+def test_layerwise_update_of_a_moe_model_takes_its_routing_inputs(tmp_path, replay, lora):
     """A Qwen3-MoE folder (every layer sparse) with router replay (r3) or not (none: the layers route themselves)
     and the load-balancing loss (coefficient 0.5: a large share of every gradient; the test fails with the
     routing inputs left out of the layer graphs): one step of two updates (the old-policy pass replays the
-    routing too), shared prompts; the layerwise update gives the one-graph update's numbers and weights."""
+    routing too), shared prompts; the layerwise update gives the one-graph update's numbers and weights. With
+    LoRA the layer template carries the experts' adapters too, and they move."""
     from hf_reference import make_qwen3_moe_model
     assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
     folder = str(tmp_path / "moe")
     make_qwen3_moe_model(folder, vocab=416, aux_coef=0.5)
     moe = dict(assets, sft_path_train=folder)
-    case = dict(share_prompt=True, mini_batch_size=4, router_replay=replay)
+    case = dict(share_prompt=True, mini_batch_size=4, router_replay=replay, **lora)
     _, h1, w1 = _run(moe, str(tmp_path / "graph"), steps=1, **case)
     trainer, h2, w2 = _run(moe, str(tmp_path / "layers"), steps=1, layerwise_update=True, **case)
     assert isinstance(trainer.train_step, LayerwiseTrainStep)
@@ -121,3 +124,6 @@ def test_layerwise_update_of_a_moe_model_takes_its_routing_inputs(tmp_path, repl
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     moved = sum(np.linalg.norm(w1[n] - w2[n]) ** 2 for n in w1) ** 0.5
     assert moved <= 1e-5 * sum(np.linalg.norm(w) ** 2 for w in w1.values()) ** 0.5
+    if lora:
+        experts_b = [n for n in w2 if "routed_experts" in n and n.endswith("lora_b")]
+        assert len(experts_b) == 6 and all(np.abs(w2[n]).max() > 0 for n in experts_b)
