@@ -185,6 +185,22 @@ def test_grpo_train_ep2_infer_dp2_follows_one_process(tmp_path):
         assert np.abs(ep2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
 
 
+@pytest.mark.slow       # ~50 s; the experts' adapters against PEFT and at ep2 / tp2 are tested in tests/test_lora.py
+def test_grpo_lora_train_ep2_infer_dp2_follows_one_process(tmp_path):
+    """LoRA on every linear layer and expert: train ep2 (each rank its experts' adapters) / infer dp2 (a separate
+    rollout model, no adapters, receiving W + scale (B A)^T re-laid out from ep2) against one process whose policy
+    rolls out with its adapters: the same samples and metrics (1e-5), the rollout / train gap of a merged model,
+    and the merged export within 1e-5, experts included."""
+    lora = {"lora_rank": 4, "lora_alpha": 8, "lora_export": "merged", "lr": 1e-2}
+    runs = _grpo_runs(tmp_path, {"ep2": {"train_expert_parallel": 2, "batch_size": 2, **lora}}, single=lora)
+    _same_trajectory(runs["single"], runs["ep2"])
+    ref, ep2 = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "ep2" / "hf_policy"))
+    gate = "model.layers.1.mlp.experts.0.gate_proj.weight"               # the hub layout, per expert
+    assert np.abs(ref[gate] - _exported(str(tmp_path / "Qwen3-MoE-tiny"))[gate]).max() > 1e-4   # the adapters moved it
+    for name, w in ref.items():
+        assert np.abs(ep2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
+
+
 @pytest.mark.slow       # ~45 s
 def test_grpo_train_dp2_infer_ep2_follows_one_process(tmp_path):
     """The other way round: train dp2 (every rank all experts, its own rows) / infer data_parallel 2 as
