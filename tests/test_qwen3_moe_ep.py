@@ -227,6 +227,9 @@ def test_grpo_train_tp2_with_router_replay_follows_one_process(tmp_path):
         assert np.abs(tp2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
 
 
+# ~55 s: -m slow (the default run keeps the routing inputs of the one-graph update: test_router_replay.py,
+# test_aux_loss.py; the pipeline's with the 4-worker pp2 x ep2 run below, also slow)
+@pytest.mark.slow
 def test_grpo_train_pp2_with_the_aux_loss_and_r3_follows_one_process(tmp_path):
     """Pipeline stages take the routing inputs: train pp2 (stage 0 the dense layer 0, stage 1 the sparse one; 2
     micro-batches, 1F1B) / infer dp2, the aux loss at 0.5 and router replay r3: the routing pass runs through the
