@@ -227,8 +227,8 @@ def test_peft_loads_our_moe_adapter_export_and_merged_weights_give_our_logits(tm
     out = str(tmp_path / "adapter")
     export_peft_adapter({p.name: param_to_numpy(p) for p in adapter_params(ours)}, out, spec, str(tmp_path / "base"))
     config = json.load(open(os.path.join(out, "adapter_config.json")))
-    assert config["target_parameters"] == ["mlp.experts.gate_up_proj"] * ("w1" in spec.targets or "w3" in spec.targets) \
-        + ["mlp.experts.down_proj"] * ("w2" in spec.targets)
+    gate_up, down = "w1" in spec.targets or "w3" in spec.targets, "w2" in spec.targets
+    assert config["target_parameters"] == ["mlp.experts.gate_up_proj"] * gate_up + ["mlp.experts.down_proj"] * down
     loaded = PeftModel.from_pretrained(hf, out)
     with torch.no_grad():
         got = loaded(torch.tensor(ids)).logits.numpy()
@@ -357,8 +357,9 @@ def test_lora_grpo_on_a_qwen3_moe_folder_trains_the_experts_adapters_and_exports
     after = model_state(trainer.policy)
     moved = {k for k in after if not np.array_equal(after[k], before[k])}
     assert moved and all("mindpet_delta_lora" in k for k in moved)
+    ffn = "model.layers.{}.feed_forward.routed_experts.ffn.{}." + ADAPTER_B
     assert {k for k in moved if "routed_experts" in k and k.endswith(ADAPTER_B)} == {
-        f"model.layers.{n}.feed_forward.routed_experts.ffn.{w}.{ADAPTER_B}" for n in range(2) for w in ("w1", "w2", "w3")}
+        ffn.format(n, w) for n in range(2) for w in ("w1", "w2", "w3")}
     assert all(r["rollout_train_logprob_gap"] <= 1e-4 for r in rows)
     ids = torch.tensor(np.random.RandomState(0).randint(0, 416, (2, 9)))
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "hf_policy"), dtype=torch.float32)

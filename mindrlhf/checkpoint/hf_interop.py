@@ -273,7 +273,8 @@ def peft_adapter_name(name: str) -> str:
     return f"{PEFT_PREFIX}{hf}{'lora_A' if factor == ADAPTER_A else 'lora_B'}.weight"
 
 
-_EXPERTS_RE = re.compile(r"^model\.layers\.(\d+)\.feed_forward\.routed_experts\.ffn\.(w1|w2|w3)\.(mindpet_delta_lora_[ab])$")
+_EXPERTS_RE = re.compile(r"^model\.layers\.(\d+)\.feed_forward\.routed_experts\.ffn\.(w1|w2|w3)\."
+                         r"(mindpet_delta_lora_[ab])$")
 # PEFT's target_parameters on transformers' stacked experts, in this order: with both adapted, PEFT wraps gate_up_proj
 # first, so its factors sit one level down (experts.base_layer.lora_A) and down_proj's at experts.lora_A
 PEFT_EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
@@ -310,7 +311,7 @@ def peft_adapter_tensors(tensors, lora) -> List[Tuple[str, np.ndarray]]:
             out.append((where + "lora_B.weight", np.ascontiguousarray(a.transpose(1, 2, 0)).reshape(a.shape[1], -1)))
     if pending:
         raise CheckpointError(f"PEFT export: layers {sorted(pending)}: an expert's gate/up adapter is incomplete")
-    if dense_mlp and len(out) > len(dense_mlp) and any(".mlp.experts." in n for n, _ in out):
+    if dense_mlp and any(".mlp.experts." in n for n, _ in out):
         raise CheckpointError(f"PEFT export: {dense_mlp[0]}: {PEFT_DENSE_MLP_ON_MOE}")
     return out
 

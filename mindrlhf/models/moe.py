@@ -143,9 +143,9 @@ class ExpertsFFN(nn.Cell):
     layers (PEFT packs gate's and up's into one rank-2r adapter on its fused gate_up_proj: checkpoint/hf_interop.py).
     With many tokens the adapted weights are formed once per call (E x in x out x r multiply-adds each, small beside
     the experts' matmuls) and feed the form unchanged; with few (decode) the adapter goes the low-rank way
-    (_batched): LoRA rollouts of this benchmark's MoE 37 -> 25 ms per decode step (21.6 without adapters). Under TP the factor that holds the whole width (A of gate / up, B of
-    down) enters through copy_to_tp, as a dense layer's replicated factor does; every factor is split over ep with
-    its experts."""
+    (_batched; a LoRA rollout of bench_moe's model: 37 -> 25 ms per decode step, 21.6 without adapters). Under TP
+    the factor that holds the whole width (A of gate / up, B of down) enters through copy_to_tp, as a dense
+    layer's replicated factor does; every factor is split over ep with its experts."""
 
     def __init__(self, cfg: ModelConfig, param_dtype, std: Optional[float], ep: int = 1, tp: int = 1,
                  lora: Optional[LoraSpec] = None, mesh: Optional[Mesh] = None):

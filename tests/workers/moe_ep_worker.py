@@ -5,7 +5,8 @@ compiled graph, as the train step takes them); with LoRA on every linear layer a
 split with their experts and widths), the adapters' gradients. With 4 workers: ep2 x tp2 with sequence
 parallelism.
 
-argv: hf_dir out_dir [lora] (and the worker count from msrun; `lora`: only the LoRA layouts, 2 workers). Writes out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
+argv: hf_dir out_dir [lora] (and the worker count from msrun; `lora`: only the LoRA layouts, 2 workers). Writes
+out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
 """
 import os
 import sys
