@@ -50,3 +50,29 @@ def one_process_reference(hf_dir, cfg: ModelConfig, ids: np.ndarray):
     result["ref_loss"], grads = token_loss_and_grads(single, ids, names)
     result.update({"ref_grad/" + n: g for n, g in grads.items()})
     return names, result
+
+
+def shared_prompt_against_hf(ours: CausalLM, hf, seq: np.ndarray, mask: np.ndarray, weights: np.ndarray,
+                             resp: int, temp: float, group: int, width: int):
+    """GRPO's shared-prompt pass on rows [prompt (width) | response (resp)] in groups of `group`, the prompt run
+    once per group, against transformers on the whole rows: (our response log-probs, theirs, our gradients of
+    sum(log-probs * weights) per parameter, transformers' named parameters after the same backward)."""
+    import mindspore as ms
+    import torch
+    from mindrlhf.models.padding import position_ids
+    params = list(ours.trainable_params())
+
+    def loss_fn(input_ids, pos, bias, labels):
+        logp, _ = ours.token_logprobs(input_ids, pos, bias, labels, resp, temp, group, width)
+        return (logp * Tensor(weights)).sum(), logp
+
+    inputs = (Tensor(seq[:, :-1].astype(np.int32)), Tensor(position_ids(mask[:, :-1])),
+              causal_bias(Tensor(mask[:, :-1].astype(np.int32))), Tensor(seq[:, 1:].astype(np.int32)))
+    (_, logp), grads = ms.value_and_grad(loss_fn, None, params, has_aux=True)(*inputs)
+    hf.zero_grad()
+    logits = hf(torch.tensor(seq[:, :-1]), attention_mask=torch.tensor(mask[:, :-1])).logits[:, -resp:]
+    response = torch.tensor(seq[:, -resp:])
+    ref_logp = torch.log_softmax(logits.float() / temp, -1).gather(-1, response[..., None])[..., 0]
+    (ref_logp * torch.tensor(weights)).sum().backward()
+    return (logp.asnumpy(), ref_logp.detach().numpy(), {p.name: g.asnumpy() for p, g in zip(params, grads)},
+            dict(hf.named_parameters()))

@@ -4,7 +4,7 @@ import pytest
 
 from hf_reference import hf_logits, make_hf_model, tiny_model_kwargs
 from memory_helpers import heap_growth
-from model_helpers import load_ours, model_inputs, token_loss_and_grads
+from model_helpers import load_ours, model_inputs, shared_prompt_against_hf, token_loss_and_grads
 from mindrlhf.checkpoint.hf_interop import ms_to_hf_name
 from mindrlhf.configs import ModelConfig
 
@@ -84,10 +84,7 @@ def test_shared_prompt_logprobs_and_gradients_match_hf(tmp_path, rng, bias, tie,
     """GRPO rows [left-padded prompt | right-padded response] in groups of G with one prompt each: with the
     prompt run once per group (engine.share_prompt), the response log-probs (temperature 0.7) and the gradients
     of a masked, weighted sum of them match Hugging Face on the whole rows."""
-    import mindspore as ms
-    import torch
-    from mindspore import Tensor
-    from mindrlhf.models.padding import causal_bias, left_pad, position_ids
+    from mindrlhf.models.padding import left_pad
     hf = make_hf_model(str(tmp_path), qkv_bias=bias, tie=tie, n_kv_heads=kv)
     ours = load_ours(str(tmp_path), ModelConfig(**tiny_model_kwargs(bias, tie, kv)))
     g, width, resp, temp = 3, 7, 5, 0.7
@@ -100,27 +97,13 @@ def test_shared_prompt_logprobs_and_gradients_match_hf(tmp_path, rng, bias, tie,
     seq = np.concatenate([prompt_ids, response], 1)
     mask = np.concatenate([prompt_mask, response_mask], 1)
     weights = (rng.randn(*response.shape) * response_mask).astype(np.float32)
-    params = [p for p in ours.trainable_params()]
-
-    def loss_fn(input_ids, pos, bias_, labels):
-        logp, _ = ours.token_logprobs(input_ids, pos, bias_, labels, resp, temp, g, width)
-        return (logp * Tensor(weights)).sum(), logp
-
-    inputs = (Tensor(seq[:, :-1].astype(np.int32)), Tensor(position_ids(mask[:, :-1])),
-              causal_bias(Tensor(mask[:, :-1].astype(np.int32))), Tensor(seq[:, 1:].astype(np.int32)))
-    (_, logp), grads = ms.value_and_grad(loss_fn, None, params, has_aux=True)(*inputs)
-
-    hf.zero_grad()
-    logits = hf(torch.tensor(seq[:, :-1]), attention_mask=torch.tensor(mask[:, :-1])).logits[:, -resp:]
-    ref_logp = torch.log_softmax(logits.float() / temp, -1).gather(-1, torch.tensor(response)[..., None])[..., 0]
-    (ref_logp * torch.tensor(weights)).sum().backward()
+    logp, ref_logp, grads, hf_params = shared_prompt_against_hf(ours, hf, seq, mask, weights, resp, temp, g, width)
     real = response_mask.astype(bool)
-    assert np.abs(logp.asnumpy()[real] - ref_logp.detach().numpy()[real]).max() <= 1e-4
-    hf_params = dict(hf.named_parameters())
-    for p, grad in zip(params, grads):
-        ref = hf_params[ms_to_hf_name(p.name)].grad.numpy()
-        rel = np.abs(grad.asnumpy() - ref).max() / np.abs(ref).max()
-        assert rel <= 1e-4, (p.name, rel)
+    assert np.abs(logp[real] - ref_logp[real]).max() <= 1e-4
+    for name, grad in grads.items():
+        ref = hf_params[ms_to_hf_name(name)].grad.numpy()
+        rel = np.abs(grad - ref).max() / np.abs(ref).max()
+        assert rel <= 1e-4, (name, rel)
 
 
 def test_head_logprob_backward_matches_torch_with_per_token_weights(rng):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hf_reference import hf_logits, make_qwen3_moe_model, qwen3_moe_model_kwargs
-from model_helpers import load_ours, model_inputs, token_loss_and_grads
+from model_helpers import load_ours, model_inputs, shared_prompt_against_hf, token_loss_and_grads
 from mindrlhf.checkpoint.hf_interop import export_hf, hf_weight_files, ms_to_hf_name
 from mindrlhf.checkpoint.model_io import model_state
 from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile
@@ -89,10 +89,7 @@ def test_qwen3_moe_every_gradient_matches_hf(tmp_path, rng, kw, rows, form):
 def test_qwen3_moe_shared_prompt_logprobs_and_gradients_match_hf(moe, rng):
     """GRPO's shared-prompt pass (the MoE on the (M, H) token matrix): response log-probs at temperature 0.7
     and every gradient of a weighted sum of them, against whole left-padded rows in torch."""
-    import mindspore as ms
-    import torch
-    from mindspore import Tensor
-    from mindrlhf.models.padding import causal_bias, left_pad, position_ids
+    from mindrlhf.models.padding import left_pad
     _, hf, ours = moe
     g, width, resp, temp = 3, 7, 5, 0.7
     prompt_ids, prompt_mask = left_pad([rng.randint(3, 160, n).tolist() for n in (4, 7)], width, 0)
@@ -101,24 +98,11 @@ def test_qwen3_moe_shared_prompt_logprobs_and_gradients_match_hf(moe, rng):
     seq = np.concatenate([prompt_ids, response], 1)
     mask = np.concatenate([prompt_mask, np.ones_like(response)], 1)
     weights = rng.randn(*response.shape).astype(np.float32)
-    params = list(ours.trainable_params())
-
-    def loss_fn(input_ids, pos, bias_, labels):
-        logp, _ = ours.token_logprobs(input_ids, pos, bias_, labels, resp, temp, g, width)
-        return (logp * Tensor(weights)).sum(), logp
-
-    inputs = (Tensor(seq[:, :-1].astype(np.int32)), Tensor(position_ids(mask[:, :-1])),
-              causal_bias(Tensor(mask[:, :-1].astype(np.int32))), Tensor(seq[:, 1:].astype(np.int32)))
-    (_, logp), grads = ms.value_and_grad(loss_fn, None, params, has_aux=True)(*inputs)
-    hf.zero_grad()
-    logits = hf(torch.tensor(seq[:, :-1]), attention_mask=torch.tensor(mask[:, :-1])).logits[:, -resp:]
-    ref_logp = torch.log_softmax(logits.float() / temp, -1).gather(-1, torch.tensor(response)[..., None])[..., 0]
-    (ref_logp * torch.tensor(weights)).sum().backward()
-    assert np.abs(logp.asnumpy() - ref_logp.detach().numpy()).max() <= TOL
-    hf_params = dict(hf.named_parameters())
-    for p, grad in zip(params, grads):
-        ref = _hf_grad(hf_params, p.name, ours.config)
-        assert np.abs(grad.asnumpy() - ref).max() <= TOL * max(1.0, np.abs(ref).max()), p.name
+    logp, ref_logp, grads, hf_params = shared_prompt_against_hf(ours, hf, seq, mask, weights, resp, temp, g, width)
+    assert np.abs(logp - ref_logp).max() <= TOL
+    for name, grad in grads.items():
+        ref = _hf_grad(hf_params, name, ours.config)
+        assert np.abs(grad - ref).max() <= TOL * max(1.0, np.abs(ref).max()), name
 
 
 def test_qwen3_moe_left_padded_rows_equal_hf_and_their_unpadded_forward(moe, rng):
