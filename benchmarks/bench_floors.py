@@ -8,7 +8,8 @@
    hot shapes, (m, k, n) = tokens x hidden -> MLP, hidden -> hidden, MLP -> hidden and the LM head, for numpy,
    torch and MindSpore (MatMul(transpose_b) as our layers call it, in a graph, the output read back each call,
    best of 5); memory bandwidth STREAM-style (copy a = b: 2 x 4 bytes per element, triad a = b + s c: 3 x 4)
-   over 512 MB arrays with torch on every core and numpy on one.
+   over 512 MB arrays with torch on every core and numpy on one; one decode step's matmuls alone (every weight of
+   the model, read once, at 1 / 8 / 16 / 32 rows) with torch and MindSpore.
 2. mindrlhf on the real-model example (examples/grpo/smollm2_arithmetic: SmolLM2-135M-Instruct, 4 prompts x 8
    samples, <= 40 new tokens, one decoder layer per update graph) for --steps steps; medians over steps 2..N.
    The rollout's prefill and decode graph calls are timed apart (their output is read back inside the timer).
@@ -17,7 +18,9 @@
    per token step; the update: the weights read forward and backward, the gradients written, AdamW's read of
    weights, gradients and both moments and write of weights and moments, 10 x the weights; the weight sync:
    read + write) over the triad bandwidth; the floor is the larger; "x_floor" is ours / floor, against the
-   best rate of the three libraries and against MindSpore's own ("x_floor_ms").
+   best rate of the three libraries and against MindSpore's own ("x_floor_ms"). Decode also against the best
+   library's time for its matmuls at its own row counts ("x_library_floor"): at a few rows the libraries'
+   kernels stream the weights well below the triad bandwidth, so that is the floor a graph of them can reach.
 
 JSON lines: {"bench": "floors_machine", ...}, {"bench": "floors_phases", "cpu": ..., "phases": {...},
 "decode_tokens_per_s", "decode_floor_tokens_per_s", ...}. Not a test: figures depend on the CPU; name it.
@@ -36,6 +39,7 @@ from common import ours_kernel_threads, run_child  # noqa: E402
 
 SMOLLM2_SHAPES = {"hidden->mlp": (3200, 576, 1536), "hidden->hidden": (3200, 576, 576),
                   "mlp->hidden": (3200, 1536, 576), "lm_head": (1024, 576, 49152)}
+DECODE_ROWS = (1, 8, 16, 32)         # decode_matmul_s's row counts (the example decodes <= 32 rows)
 KERNEL_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                 "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni")
 
@@ -96,6 +100,64 @@ def matmul_rates() -> dict:
     return rates
 
 
+def decode_weights(model_dir: str, seed: int = 0) -> list:
+    """Random float32 weights of every matmul a decode step runs, (out, in) each, in the order it runs them:
+    per layer q, k, v, o, gate, up, down, then the head; as many bytes as the model's, so they stream from
+    memory as the real step's do (a smaller set can sit in a large L3)."""
+    import numpy as np
+    c = model_config(model_dir)
+    h, i, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    hd = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    layer = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape, dtype=np.float32) * 0.02
+            for shape in layer * c["num_hidden_layers"] + [(v, h)]]
+
+
+def decode_matmul_s(model_dir: str, rows_list) -> dict:
+    """Seconds for one decode step's matmuls alone (decode_weights, each read once) at each row count: torch
+    (x @ w.T per weight, a Python loop) and MindSpore (one graph of them all, x @ w^T and our few-row form
+    (w @ x^T)^T, the faster; the inputs of each weight its own, so nothing but the matmuls is timed). The
+    libraries' own rate at the decode's shapes, where a kernel tuned for many rows streams the weights well
+    below the triad bandwidth: the floor a graph of these kernels can reach."""
+    import mindspore as ms
+    import numpy as np
+    import torch
+    from mindspore import Parameter, Tensor, nn, ops
+    torch.set_num_threads(os.cpu_count())
+    weights = decode_weights(model_dir)
+
+    class Matmuls(nn.Cell):
+        def __init__(self, few_rows: bool):
+            super().__init__()
+            self.few_rows = few_rows
+            self.w = ms.ParameterTuple([Parameter(Tensor(w), name=f"w{j}") for j, w in enumerate(weights)])
+            self.mm = ops.MatMul(transpose_b=True)
+
+        @ms.jit
+        def construct(self, xs):
+            out = []
+            for j in range(len(self.w)):
+                x = xs[0] if self.w[j].shape[1] == xs[0].shape[1] else xs[1]
+                out.append(ops.transpose(self.mm(self.w[j], x), (1, 0)) if self.few_rows else self.mm(x, self.w[j]))
+            return tuple(out)          # every product an output: none is left out of the graph as unused
+
+    tw = [torch.from_numpy(w) for w in weights]
+    ins = sorted({w.shape[1] for w in weights})
+    cells = {form: Matmuls(form == "few_rows") for form in ("x_wT", "few_rows")}
+    result = {}
+    for rows in rows_list:
+        xs = [np.random.default_rng(rows).standard_normal((rows, k), dtype=np.float32) for k in ins]
+        tx = {k: torch.from_numpy(x) for k, x in zip(ins, xs)}
+        mx = tuple(Tensor(x) for x in xs)
+        times = {"torch": _best(lambda: [tx[w.shape[1]] @ w.T for w in tw], 3)}
+        times.update({f"mindspore_{form}": _best(lambda: cell(mx)[-1].asnumpy(), 3) for form, cell in cells.items()})
+        result[str(rows)] = {lib: round(t, 4) for lib, t in times.items()}
+    result["gbytes"] = round(sum(w.nbytes for w in weights) / 1e9, 3)
+    return result
+
+
 def bandwidth() -> dict:
     """STREAM-style GB/s over 512 MB arrays: copy and triad with torch on every core, copy with numpy."""
     import numpy as np
@@ -110,9 +172,10 @@ def bandwidth() -> dict:
             "numpy_copy_1thread": round(2 * gb / _best(lambda: np.copyto(na, nb)), 2)}
 
 
-def child_machine() -> dict:
+def child_machine(model_dir: str) -> dict:
     threads = ours_kernel_threads()
-    return {"mindspore_kernel_threads": threads, "matmul_gflops": matmul_rates(), "bandwidth_gbs": bandwidth()}
+    return {"mindspore_kernel_threads": threads, "matmul_gflops": matmul_rates(), "bandwidth_gbs": bandwidth(),
+            "decode_matmuls_s": decode_matmul_s(model_dir, DECODE_ROWS)}
 
 
 class _Fetched:
@@ -162,9 +225,13 @@ def child_run(work: str, steps: int) -> dict:
     return result
 
 
-def model_sizes(model_dir: str) -> dict:
+def model_config(model_dir: str) -> dict:
     with open(os.path.join(model_dir, "config.json")) as fh:
-        c = json.load(fh)
+        return json.load(fh)
+
+
+def model_sizes(model_dir: str) -> dict:
+    c = model_config(model_dir)
     h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     hd = c.get("head_dim") or h // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
@@ -172,6 +239,18 @@ def model_sizes(model_dir: str) -> dict:
     head = v * h
     params = body + head if c.get("tie_word_embeddings", True) else body + 2 * head
     return {"body": body, "head": head, "params": params, "layers": layers, "kv_width": kv}
+
+
+def decode_library_floor(measured: dict, calls, seconds: float) -> dict:
+    """The decode phase against the best library's time for its steps' matmuls alone (decode_matmul_s), each
+    call at the fewest measured rows that cover it."""
+    measured_rows = sorted(int(r) for r in measured if r.isdigit())
+
+    def step_s(rows):
+        at = next((r for r in measured_rows if r >= rows), measured_rows[-1])
+        return min(measured[str(at)].values())
+    floor = sum(step_s(rows) for rows, _, _ in calls)
+    return {"library_matmul_floor_s": round(floor, 3), "x_library_floor": round(seconds / floor, 2)}
 
 
 def phase_floors(machine: dict, run: dict, sizes: dict, flops: dict) -> dict:
@@ -196,6 +275,8 @@ def phase_floors(machine: dict, run: dict, sizes: dict, flops: dict) -> dict:
                      "bound": "matmul" if f / best >= b / bw else "memory",
                      "x_floor": round(s / floor, 2) if floor else None,
                      "x_floor_ms": round(s / floor_ms, 2) if floor_ms else None}
+    out["decode"].update(decode_library_floor(machine["decode_matmuls_s"], run["decode_calls"],
+                                              run["decode_s_last"]))
     return {"phases": out, "matmul_gflops_used": round(best / 1e9, 1), "mindspore_gflops_used": round(ms_rate / 1e9, 1),
             "triad_gbs_used": round(bw / 1e9, 2)}
 
@@ -210,13 +291,13 @@ def main():
     args = p.parse_args()
     if args.child:
         which, work = args.child
-        result = child_machine() if which == "machine" else child_run(work, args.steps)
+        result = child_machine(args.model_dir) if which == "machine" else child_run(work, args.steps)
         print(json.dumps(result), flush=True)
         return
     work = args.work or tempfile.mkdtemp(prefix="bench_floors_")
     os.makedirs(work, exist_ok=True)
     cpu = cpu_info()
-    machine = run_child(os.path.abspath(__file__), "machine", work)
+    machine = run_child(os.path.abspath(__file__), "machine", work, "--model_dir", args.model_dir)
     print(json.dumps({"bench": "floors_machine", "cpu": cpu, **machine}), flush=True)
     if args.machine_only:
         return
