@@ -393,6 +393,10 @@ def test_the_layout_sizes_can_come_from_the_grpo_config_and_win_over_the_yaml(as
     lines = []
     run = resolve(config_from_argv(base + ["--train_model_parallel", "2"]), 0, 2, lines.append)
     assert (run.train_mesh.dp, run.train_mesh.tp) == (1, 2) and (run.infer_mesh.dp, run.infer_mesh.tp) == (2, 1)
+    assert "update: one graph for the model (engine.layerwise_update false" in run.describe()
+    layerwise = resolve(config_from_argv(base + ["--train_model_parallel", "2", "--layerwise_update", "True"]), 0, 2,
+                        lambda *a: None)
+    assert "update: a graph per decoder layer (engine.layerwise_update" in layerwise.describe()
     note = [line for line in lines if line.startswith("train layout from parallel.train_*")]
     assert note and "--train_model_parallel" in note[0] and "model_parallel 1 -> 2" in note[0] \
         and "data_parallel 2 -> 1" in note[0] and train in note[0]

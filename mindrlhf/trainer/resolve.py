@@ -144,13 +144,23 @@ class ResolvedRun:
         m, i = self.train_mesh, self.infer_mesh
         train = m.sizes() + (f" pp={m.pp} (1F1B)" if m.pp > 1 else "")
         train += (" sequence parallel" if m.seq_parallel else "") + \
-            (", a graph per decoder layer" if self.update_graphs == "layerwise" else "") + \
             (f", {self.micro_batches} micro-batches per update" if self.micro_batches > 1 else "")
         infer = i.sizes()
         return (f"GRPO: {self.world} rank(s); train layout {train}; infer layout {infer}; "
-                f"{self.cfg.rl.batch_size * i.dp} prompts x {self.cfg.rl.num_generations} samples per step"
+                f"{self.cfg.rl.batch_size * i.dp} prompts x {self.cfg.rl.num_generations} samples per step; "
+                f"update: {UPDATE_GRAPHS_SAID[self.update_graphs]}"
                 + (f"; {self.lora.describe()} (base frozen)" if self.lora else "")
                 + (f"; {self.packing.describe()}" if self.packing else ""))
+
+
+# How the start-up line names each update engine (ResolvedRun.update_graphs), with what the choice trades: the one
+# graph steps faster, the layerwise one starts sooner and holds less (docs/BENCHMARKS.md, bench_real_model.py).
+UPDATE_GRAPHS_SAID = {
+    "one": "one graph for the model (engine.layerwise_update false: the faster steps; its compile time and memory "
+           "grow with depth)",
+    "layerwise": "a graph per decoder layer (engine.layerwise_update: first-step compile and memory flat in depth; "
+                 "each step slower than one graph's)",
+    "host": "driven from the host (micro-batches or pipeline stages, a graph each)"}
 
 
 def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) -> ResolvedRun:
