@@ -106,19 +106,15 @@ def decode_weights(model_dir: str, seed: int = 0) -> list:
     memory as the real step's do (a smaller set can sit in a large L3)."""
     import numpy as np
     c = model_config(model_dir)
-    h, i, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    hd = c.get("head_dim") or h // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    layer = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(shape, dtype=np.float32) * 0.02
-            for shape in layer * c["num_hidden_layers"] + [(v, h)]]
+            for shape in layer_matmuls(c) * c["num_hidden_layers"] + [(c["vocab_size"], c["hidden_size"])]]
 
 
 def decode_matmul_s(model_dir: str, rows_list) -> dict:
     """Seconds for one decode step's matmuls alone (decode_weights, each read once) at each row count: torch
     (x @ w.T per weight, a Python loop) and MindSpore (one graph of them all, x @ w^T and our few-row form
-    (w @ x^T)^T, the faster; the inputs of each weight its own, so nothing but the matmuls is timed). The
+    (w @ x^T)^T; each product from a fixed input, so nothing but the matmuls is timed). The
     libraries' own rate at the decode's shapes, where a kernel tuned for many rows streams the weights well
     below the triad bandwidth: the floor a graph of these kernels can reach."""
     import mindspore as ms
@@ -230,12 +226,20 @@ def model_config(model_dir: str) -> dict:
         return json.load(fh)
 
 
-def model_sizes(model_dir: str) -> dict:
-    c = model_config(model_dir)
-    h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+def layer_matmuls(c: dict) -> list:
+    """A decoder layer's weights that enter matmuls, (out, in) in the order a step runs them: q, k, v, o, gate,
+    up, down (config.json `c`)."""
+    h, i = c["hidden_size"], c["intermediate_size"]
     hd = c.get("head_dim") or h // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    body = layers * (2 * h * q + 2 * h * kv + 3 * h * i + 2 * h) + h
+    return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+
+def model_sizes(model_dir: str) -> dict:
+    c = model_config(model_dir)
+    h, layers, v = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    kv = layer_matmuls(c)[1][0]
+    body = layers * (sum(o * i for o, i in layer_matmuls(c)) + 2 * h) + h      # + two norms per layer, one final
     head = v * h
     params = body + head if c.get("tie_word_embeddings", True) else body + 2 * head
     return {"body": body, "head": head, "params": params, "layers": layers, "kv_width": kv}

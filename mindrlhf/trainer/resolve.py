@@ -37,6 +37,16 @@ from mindrlhf.trainer.reward_model import RewardModelSpec, resolve_reward_model
 from mindrlhf.trainer.step_geometry import StepGeometry
 
 
+# How the start-up line names each update engine (ResolvedRun.update_graphs), with what the choice trades: the one
+# graph steps faster, the layerwise one starts sooner and holds less (docs/BENCHMARKS.md, bench_real_model.py).
+UPDATE_GRAPHS_SAID = {
+    "one": "one graph for the model (engine.layerwise_update false: the faster steps; its compile time and memory "
+           "grow with depth)",
+    "layerwise": "a graph per decoder layer (engine.layerwise_update: first-step compile and memory flat in depth; "
+                 "each step slower than one graph's)",
+    "host": "driven from the host (micro-batches, pipeline stages or packed rows, a graph each)"}
+
+
 @dataclass(frozen=True)
 class ResolvedRun:
     cfg: GRPOConfig                     # frozen: assigning a field raises
@@ -151,16 +161,6 @@ class ResolvedRun:
                 f"update: {UPDATE_GRAPHS_SAID[self.update_graphs]}"
                 + (f"; {self.lora.describe()} (base frozen)" if self.lora else "")
                 + (f"; {self.packing.describe()}" if self.packing else ""))
-
-
-# How the start-up line names each update engine (ResolvedRun.update_graphs), with what the choice trades: the one
-# graph steps faster, the layerwise one starts sooner and holds less (docs/BENCHMARKS.md, bench_real_model.py).
-UPDATE_GRAPHS_SAID = {
-    "one": "one graph for the model (engine.layerwise_update false: the faster steps; its compile time and memory "
-           "grow with depth)",
-    "layerwise": "a graph per decoder layer (engine.layerwise_update: first-step compile and memory flat in depth; "
-                 "each step slower than one graph's)",
-    "host": "driven from the host (micro-batches or pipeline stages, a graph each)"}
 
 
 def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) -> ResolvedRun:
