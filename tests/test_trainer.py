@@ -294,6 +294,7 @@ def test_rollout_and_train_logprobs_agree_at_temperature(assets, tmp_path):
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-7)
 
 
+@pytest.mark.slow       # ~35 s; the default run keeps test_reference_sync_every_n_steps and exact resumes
 def test_resume_with_a_moving_reference_is_exact(assets, tmp_path):
     """beta > 0 with ref_sync_steps: the synced reference is checkpointed, so a resumed run equals an
     uninterrupted one; metrics.jsonl holds each step once and the rollout log keeps the earlier rows."""
