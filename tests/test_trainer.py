@@ -26,8 +26,8 @@ def _computed(row):
     return {k: json.dumps(v) for k, v in row.items() if not (k.startswith(("time", "peak_mb")) or k.endswith("_per_s"))}
 
 
-def _trainer(assets, save_dir, **extra):
-    return GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(save_dir), **extra)), log=lambda *a: None)
+def _trainer(assets, save_dir, log=lambda *a: None, **extra):
+    return GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(save_dir), **extra)), log=log)
 
 
 def test_first_step_kl_zero_ratio_one_no_clip(assets, tmp_path):
@@ -45,10 +45,18 @@ def test_first_step_kl_zero_ratio_one_no_clip(assets, tmp_path):
 
 
 def test_updates_change_the_policy_and_rollout_sees_them(assets, tmp_path):
-    trainer = _trainer(assets, tmp_path, total_steps=2, mini_batch_size=4, verifier_function="digit_fraction_test",
-                       weight_decay=0.0)
+    logs = []
+    trainer = _trainer(assets, tmp_path, log=logs.append, total_steps=2, mini_batch_size=4,
+                       verifier_function="digit_fraction_test", weight_decay=0.0)
     before = model_state(trainer.policy)
     history = trainer.fit()
+    # the first step (it compiles as it goes) says so and reports each phase as it ends; the second is quiet
+    first = [i for i, line in enumerate(logs) if line.startswith("step 1: the first of this process")]
+    assert len(first) == 1
+    phases = [line for line in logs if line.startswith("  step ")]
+    assert [p.split(":")[0] for p in phases][:3] == ["  step 1 rollout", "  step 1 gather", "  step 1 reward"]
+    assert "  step 1 train" in [p.split(":")[0] for p in phases] and not any(p.startswith("  step 2") for p in phases)
+    assert logs.index(phases[0]) > first[0]
     after = model_state(trainer.policy)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
     # several updates per rollout: later minibatches are off-policy, so ratios move and the first-step

@@ -65,6 +65,8 @@ class GRPOTrainer:
         # policy's own routing pass (router replay), each None when unused
         self.rows, self.reward_model, self.policy_routing = training.rows, training.reward_model, training.policy_routing
         self.step = 0
+        self.echo = self.log                # fit() points it at the progress bar's writer
+        self.first_step_of_process = True   # its graphs compile as it goes: its phases are reported
         log_dir = self.cfg.run.log_dir or self.cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0, tensorboard=self.cfg.run.tensorboard)
         self.rollout_log = RolloutLog(self.cfg.run.rollout_log_file if self.rank == 0 else "")
@@ -165,7 +167,7 @@ class GRPOTrainer:
         return batch, stats
 
     def train_one_step(self) -> Dict[str, float]:
-        rl, phase, swap_before = self.cfg.rl, PhaseClock(), self.swap.seconds
+        rl, phase, swap_before = self.cfg.rl, PhaseClock(self._first_step_report()), self.swap.seconds
         self.swap.enter("rollout")
         batch, collect_stats = self.collect(phase)
         samples, rewards, group_mask = batch.samples, batch.rewards, batch.group_mask
@@ -222,6 +224,16 @@ class GRPOTrainer:
                        swap_host_mb=self.swap.host_bytes / 2**20, time_step=time.time() - phase.started)
         metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(phase.times["rollout"], 1e-9)
         return metrics
+
+    def _first_step_report(self):
+        """On this process's first step, a line that says why it is slow and a report of each phase as it ends
+        (a deep model's first step compiles for tens of seconds on CPU with nothing else to show); else None."""
+        if not self.first_step_of_process:
+            return None
+        self.first_step_of_process = False
+        self.echo(f"step {self.step + 1}: the first of this process; graphs not compiled yet compile as they are "
+                  f"first used, so it runs longer than the steps after it. Its phases as they end:")
+        return lambda name, seconds: self.echo(f"  step {self.step + 1} {name}: {seconds:.1f} s")
 
     def _reference_moves(self) -> bool:
         """True when the reference model is re-synced from the policy, so checkpoints must hold it."""
@@ -306,11 +318,12 @@ class GRPOTrainer:
         if run.progress and self.rank == 0:
             from tqdm import tqdm
             progress = tqdm(total=run.total_steps, initial=self.step, desc="grpo", unit="step", leave=False)
+            self.echo = progress.write
         while self.step < run.total_steps:
             metrics = self.train_one_step()
             if self.eval_dataset is not None and (self.step % run.eval_steps == 0 or self.step == run.total_steps):
                 metrics["eval_accuracy"] = self.evaluate()
-            self.metrics.log(self.step, metrics, echo=(progress.write if progress else self.log))
+            self.metrics.log(self.step, metrics, echo=self.echo)
             history.append(metrics)
             if progress:
                 progress.update(1)
@@ -318,6 +331,7 @@ class GRPOTrainer:
                 self.save()
         if progress:
             progress.close()
+            self.echo = self.log
         self.swap.reload_all()
         self.weight_sync.close()
         self.rollout_log.flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -117,18 +117,23 @@ def tool_metrics(runner, infer_mesh) -> Dict[str, float]:
 
 class PhaseClock:
     """Runs a step's phases: tells the watchdog which one is running, and keeps each phase's seconds
-    (summed over its calls) and peak memory for the step's metrics."""
+    (summed over its calls) and peak memory for the step's metrics; `report(name, seconds)`, when given, hears
+    of each phase as it ends (a long first step says what it is doing)."""
 
-    def __init__(self):
+    def __init__(self, report: Optional[Callable[[str, float], None]] = None):
         self.started, self.times, self.peaks = time.time(), {}, {}
+        self.report = report
 
     def __call__(self, name: str, fn, *args):
         watchdog.enter(name)
         memory.reset_peak()
         t0 = time.time()
         result = fn(*args)
-        self.times[name] = self.times.get(name, 0.0) + time.time() - t0
+        seconds = time.time() - t0
+        self.times[name] = self.times.get(name, 0.0) + seconds
         self.peaks[name] = max(self.peaks.get(name, 0.0), memory.peak_mb())
+        if self.report is not None:
+            self.report(name, seconds)
         return result
 
     def metrics(self) -> Dict[str, float]:
