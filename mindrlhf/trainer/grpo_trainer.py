@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import mindspore as ms
@@ -28,7 +28,7 @@ from mindrlhf.trainer import checkpointing, evaluation, exchange, run_dir, start
 from mindrlhf.trainer.build import build_models, build_training, compile_train_step
 from mindrlhf.trainer.experience_file import write_step_experience
 from mindrlhf.trainer.grpo_math import compute_advantages, informative_groups, overlong_penalty
-from mindrlhf.trainer.metrics import MetricsLogger, PhaseClock, logprob_gap_sum_count, sample_metrics, update_metrics
+from mindrlhf.trainer.metrics import MetricsLogger, PhaseClocks, logprob_gap_sum_count, sample_metrics, update_metrics
 from mindrlhf.trainer.optim import scheduled_lr
 from mindrlhf.trainer.resolve import resolve
 from mindrlhf.trainer.rollout_log import RolloutLog
@@ -64,9 +64,7 @@ class GRPOTrainer:
         # padded or packed rows (samples.PaddedRows, packing.PackedRowLayout), the reward-model scorer and the
         # policy's own routing pass (router replay), each None when unused
         self.rows, self.reward_model, self.policy_routing = training.rows, training.reward_model, training.policy_routing
-        self.step = 0
-        self.echo = self.log                # fit() points it at the progress bar's writer
-        self.first_step_of_process = True   # its graphs compile as it goes: its phases are reported
+        self.step, self.phase_clocks = 0, PhaseClocks()
         log_dir = self.cfg.run.log_dir or self.cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0, tensorboard=self.cfg.run.tensorboard)
         self.rollout_log = RolloutLog(self.cfg.run.rollout_log_file if self.rank == 0 else "")
@@ -166,8 +164,8 @@ class GRPOTrainer:
                       "reward_mean_generated": float(every.rewards.mean())})
         return batch, stats
 
-    def train_one_step(self) -> Dict[str, float]:
-        rl, phase, swap_before = self.cfg.rl, PhaseClock(self._first_step_report()), self.swap.seconds
+    def train_one_step(self, echo: Optional[Callable] = None) -> Dict[str, float]:
+        rl, phase, swap_before = self.cfg.rl, self.phase_clocks.new(self.step + 1, echo or self.log), self.swap.seconds
         self.swap.enter("rollout")
         batch, collect_stats = self.collect(phase)
         samples, rewards, group_mask = batch.samples, batch.rewards, batch.group_mask
@@ -224,16 +222,6 @@ class GRPOTrainer:
                        swap_host_mb=self.swap.host_bytes / 2**20, time_step=time.time() - phase.started)
         metrics["rollout_tokens_per_s"] = metrics["tokens_generated"] / max(phase.times["rollout"], 1e-9)
         return metrics
-
-    def _first_step_report(self):
-        """On this process's first step, a line that says why it is slow and a report of each phase as it ends
-        (a deep model's first step compiles for tens of seconds on CPU with nothing else to show); else None."""
-        if not self.first_step_of_process:
-            return None
-        self.first_step_of_process = False
-        self.echo(f"step {self.step + 1}: the first of this process; graphs not compiled yet compile as they are "
-                  f"first used, so it runs longer than the steps after it. Its phases as they end:")
-        return lambda name, seconds: self.echo(f"  step {self.step + 1} {name}: {seconds:.1f} s")
 
     def _reference_moves(self) -> bool:
         """True when the reference model is re-synced from the policy, so checkpoints must hold it."""
@@ -314,16 +302,16 @@ class GRPOTrainer:
         if self.eval_dataset is not None and self.step == 0:
             acc = self.evaluate()
             self.metrics.log(0, {"eval_accuracy": acc}, echo=self.log)
-        progress = None
+        progress, echo = None, self.log
         if run.progress and self.rank == 0:
             from tqdm import tqdm
             progress = tqdm(total=run.total_steps, initial=self.step, desc="grpo", unit="step", leave=False)
-            self.echo = progress.write
+            echo = progress.write
         while self.step < run.total_steps:
-            metrics = self.train_one_step()
+            metrics = self.train_one_step(echo)
             if self.eval_dataset is not None and (self.step % run.eval_steps == 0 or self.step == run.total_steps):
                 metrics["eval_accuracy"] = self.evaluate()
-            self.metrics.log(self.step, metrics, echo=self.echo)
+            self.metrics.log(self.step, metrics, echo=echo)
             history.append(metrics)
             if progress:
                 progress.update(1)
@@ -331,7 +319,6 @@ class GRPOTrainer:
                 self.save()
         if progress:
             progress.close()
-            self.echo = self.log
         self.swap.reload_all()
         self.weight_sync.close()
         self.rollout_log.flush()

@@ -142,6 +142,22 @@ class PhaseClock:
         return out
 
 
+class PhaseClocks:
+    """A PhaseClock per step. The process's first step compiles its graphs as they are first used (tens of
+    seconds for a deep model on CPU, with nothing else to show): it says so and reports each phase as it ends."""
+
+    def __init__(self):
+        self.first = True
+
+    def new(self, step: int, echo: Callable[[str], None]) -> PhaseClock:
+        if not self.first:
+            return PhaseClock()
+        self.first = False
+        echo(f"step {step}: the first of this process; graphs not compiled yet compile as they are first used, "
+             f"so it runs longer than the steps after it. Its phases as they end:")
+        return PhaseClock(lambda name, seconds: echo(f"  step {step} {name}: {seconds:.1f} s"))
+
+
 def logprob_gap_sum_count(samples, old_logp: np.ndarray) -> list:
     """(sum, count) of |rollout - old-policy log-prob| over this rank's trained tokens: update_metrics' input."""
     gap = np.abs(samples.rollout_logp - old_logp)[samples.loss_mask.astype(bool)]
