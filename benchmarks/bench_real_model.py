@@ -19,7 +19,8 @@ steps; evaluation time counts in the wall time, not in the step time.
 
 Each system runs in a fresh process, one after the other (2 cores: never at once). Per system one JSON line
 {"bench": "real_model", "system", "heldout_before", "heldout_after", "steps", "wall_min", "step_s",
-"first_step_s", "peak_rss_mb", "curve": [[step, accuracy], ...], "phases": {...}}, then
+"first_step_s", "peak_rss_mb", "curve": [[step, accuracy], ...], "phases": {...}, and for mindrlhf
+"first_step_phases": {"construction", each phase of step 1 (its compiles included)}}, then
 {"bench": "real_model_vs_trl", "ratio": trl step_s / ours, "peak_rss_ratio": ours / trl, "first_step_s": ours,
 "heldout_gain": ours after - before, "heldout_gap_vs_trl": ours after - trl after, "matmul_gflops": ...,
 "floor": {phase: estimated FLOPs / the machine's matmul rate, seconds}}. step_s is the median over steps
@@ -131,10 +132,11 @@ def child_ours(work: str, inputs: dict, steps: int, eval_every: int, extra: dict
     phases = {"generation": "time_rollout", "reward": "time_reward", "old-policy log-probs": "time_old_logprob",
               "reference log-probs": "time_ref_logprob", "policy fwd+bwd+AdamW": "time_train",
               "weight sync": "time_weight_sync"}
+    first = {"construction": construct, **{name: history[0].get(key, 0.0) for name, key in phases.items()}}
     return {"wall_s": wall, "first_step_s": construct + history[0]["time_step"],
             "step_s": median([r["time_step"] for r in later]), "curve": curve,
             "phases": {name: median([r.get(key, 0.0) for r in later]) for name, key in phases.items()},
-            "peak_rss_mb": peak_rss_mb()}
+            "first_step_phases": first, "peak_rss_mb": peak_rss_mb()}
 
 
 # ---- TRL (the --trl_python) ---------------------------------------------------------------------------------
@@ -227,7 +229,9 @@ def summary(system: str, r: dict, steps: int, seed: int = 1) -> dict:
             "heldout_after": curve[-1][1] if curve else None, "steps": steps, "wall_min": round(r["wall_s"] / 60, 2),
             "step_s": round(r["step_s"], 3), "first_step_s": round(r["first_step_s"], 2),
             "peak_rss_mb": round(r["peak_rss_mb"]), "curve": curve,
-            "phases": {k: round(v, 3) for k, v in r["phases"].items()}}
+            "phases": {k: round(v, 3) for k, v in r["phases"].items()},
+            **({"first_step_phases": {k: round(v, 2) for k, v in r["first_step_phases"].items()}}
+               if "first_step_phases" in r else {})}
 
 
 def plot(path: str, curves: dict, title: str = "SmolLM2-135M-Instruct, one-step arithmetic word problems",
