@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import mindspore as ms
@@ -64,7 +64,7 @@ class GRPOTrainer:
         # padded or packed rows (samples.PaddedRows, packing.PackedRowLayout), the reward-model scorer and the
         # policy's own routing pass (router replay), each None when unused
         self.rows, self.reward_model, self.policy_routing = training.rows, training.reward_model, training.policy_routing
-        self.step, self.phase_clocks = 0, PhaseClocks()
+        self.step, self.phase_clocks = 0, PhaseClocks(self.log)
         log_dir = self.cfg.run.log_dir or self.cfg.run.save_ckpt_dir
         self.metrics = MetricsLogger(log_dir, enabled=self.rank == 0, tensorboard=self.cfg.run.tensorboard)
         self.rollout_log = RolloutLog(self.cfg.run.rollout_log_file if self.rank == 0 else "")
@@ -164,8 +164,8 @@ class GRPOTrainer:
                       "reward_mean_generated": float(every.rewards.mean())})
         return batch, stats
 
-    def train_one_step(self, echo: Optional[Callable] = None) -> Dict[str, float]:
-        rl, phase, swap_before = self.cfg.rl, self.phase_clocks.new(self.step + 1, echo or self.log), self.swap.seconds
+    def train_one_step(self) -> Dict[str, float]:
+        rl, phase, swap_before = self.cfg.rl, self.phase_clocks.new(self.step + 1), self.swap.seconds
         self.swap.enter("rollout")
         batch, collect_stats = self.collect(phase)
         samples, rewards, group_mask = batch.samples, batch.rewards, batch.group_mask
@@ -306,9 +306,9 @@ class GRPOTrainer:
         if run.progress and self.rank == 0:
             from tqdm import tqdm
             progress = tqdm(total=run.total_steps, initial=self.step, desc="grpo", unit="step", leave=False)
-            echo = progress.write
+            echo = self.phase_clocks.echo = progress.write
         while self.step < run.total_steps:
-            metrics = self.train_one_step(echo)
+            metrics = self.train_one_step()
             if self.eval_dataset is not None and (self.step % run.eval_steps == 0 or self.step == run.total_steps):
                 metrics["eval_accuracy"] = self.evaluate()
             self.metrics.log(self.step, metrics, echo=echo)

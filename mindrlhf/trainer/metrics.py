@@ -144,18 +144,19 @@ class PhaseClock:
 
 class PhaseClocks:
     """A PhaseClock per step. The process's first step compiles its graphs as they are first used (tens of
-    seconds for a deep model on CPU, with nothing else to show): it says so and reports each phase as it ends."""
+    seconds for a deep model on CPU, with nothing else to show): it says so through `echo` (the trainer's log,
+    or the progress bar's writer while one shows) and reports each phase as it ends."""
 
-    def __init__(self):
-        self.first = True
+    def __init__(self, echo: Callable[[str], None]):
+        self.echo, self.first = echo, True
 
-    def new(self, step: int, echo: Callable[[str], None]) -> PhaseClock:
+    def new(self, step: int) -> PhaseClock:
         if not self.first:
             return PhaseClock()
         self.first = False
-        echo(f"step {step}: the first of this process; graphs not compiled yet compile as they are first used, "
-             f"so it runs longer than the steps after it. Its phases as they end:")
-        return PhaseClock(lambda name, seconds: echo(f"  step {step} {name}: {seconds:.1f} s"))
+        self.echo(f"step {step}: the first of this process; graphs not compiled yet compile as they are first "
+                  f"used, so it runs longer than the steps after it. Its phases as they end:")
+        return PhaseClock(lambda name, seconds: self.echo(f"  step {step} {name}: {seconds:.1f} s"))
 
 
 def logprob_gap_sum_count(samples, old_logp: np.ndarray) -> list:

@@ -100,9 +100,9 @@ def _inject_fault():
     original_step, original_enter, original_save = GRPOTrainer.train_one_step, watchdog.enter, \
         checkpointing.save_params
 
-    def train_one_step(self):
+    def train_one_step(self, *args, **kwargs):
         state["step"] = self.step + 1
-        return original_step(self)
+        return original_step(self, *args, **kwargs)
 
     def enter(name):
         original_enter(name)
