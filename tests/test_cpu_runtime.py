@@ -43,3 +43,20 @@ def test_graphs_run_in_the_calling_thread_unless_the_user_says_otherwise(tmp_pat
     assert value == "1" and "frontend_queue" not in ours
     value, theirs = _probe(tmp_path, "call", MS_DEV_HOST_BLOCKING_RUN="0")
     assert value == "0" and "frontend_queue" in theirs
+
+
+def test_graph_kernel_fusion_is_refused_on_cpu_before_the_job_starts(monkeypatch):
+    # MindSpore 2.10's CPU graph-kernel fusion (MS_DEV_GRAPH_KERNEL_FLAGS) gave NaN log-probs in the real-model
+    # example's rollout and other bits in plain forwards (docs/BENCHMARKS.md): every job refuses it at the door,
+    # naming the variable, before any collective
+    import pytest
+    from mindrlhf.errors import ConfigError
+    from mindrlhf.trainer import startup
+    monkeypatch.setenv("MS_DEV_GRAPH_KERNEL_FLAGS", "--opt_level=1")
+    with pytest.raises(ConfigError, match=r"MS_DEV_GRAPH_KERNEL_FLAGS=--opt_level=1.*unset it"):
+        startup.join(False, 0.0)
+    for harmless in ("--opt_level=0", " "):
+        monkeypatch.setenv("MS_DEV_GRAPH_KERNEL_FLAGS", harmless)
+        assert startup.join(False, 0.0)[:2] == (0, 1)
+    monkeypatch.delenv("MS_DEV_GRAPH_KERNEL_FLAGS")
+    assert startup.join(False, 0.0)[:2] == (0, 1)

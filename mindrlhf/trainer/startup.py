@@ -34,7 +34,10 @@ class Process:
 def join(use_parallel: bool, watchdog_timeout: float, log: Callable = print):
     """(rank, world, nodes, log printing on rank 0 only, the calling-thread setting or None): msrun's process
     group (or one process) with the watchdog running. Every job of ours (training, eval) starts here."""
-    blocking = cpu_threads.run_in_calling_thread() if not on_ascend() else None   # before anything runs
+    blocking = None
+    if not on_ascend():                   # before anything runs
+        cpu_threads.refuse_graph_kernel_fusion()
+        blocking = cpu_threads.run_in_calling_thread()
     rank, world = init_distributed() if use_parallel else (0, 1)
     log = log if rank == 0 else (lambda *a, **k: None)
     nodes = discover_nodes() if use_parallel else Nodes([0], 0)

@@ -16,6 +16,10 @@ were never faster than one for a single process, and two ranks at the default 25
 slower than at one thread each. oneDNN's matmuls use both cores whatever this says (its pool reports 2
 threads at threads_num 1). With calling-thread runs a lone process does better with two. Hence: the cores this process may use divided by the ranks on its node (`run.cpu_threads`
 sets another value); two ranks on two cores get one thread each.
+
+Which kernels: MindSpore's graph-kernel fusion (MS_DEV_GRAPH_KERNEL_FLAGS, AKG-compiled fused kernels) is
+refused on CPU: with 2.10 it gave NaN log-probs in the real-model example's rollout, other bits in a plain
+forward (so a trajectory would depend on it), and no faster step (docs/BENCHMARKS.md, bench_floors.py).
 """
 from __future__ import annotations
 
@@ -24,14 +28,27 @@ from typing import Optional, Tuple
 
 import mindspore as ms
 
+from mindrlhf.errors import ConfigError
+
 _SET: Optional[int] = None     # what this process set (MindSpore takes it once)
 BLOCKING_RUN = "MS_DEV_HOST_BLOCKING_RUN"
+GRAPH_KERNEL_FLAGS = "MS_DEV_GRAPH_KERNEL_FLAGS"
 
 
 def run_in_calling_thread() -> str:
     """Have MindSpore run graphs and kernels in the calling thread (see above) unless the environment says
     otherwise; returns the value in force. Call before any MindSpore op or graph runs."""
     return os.environ.setdefault(BLOCKING_RUN, "1")
+
+
+def refuse_graph_kernel_fusion():
+    """A ConfigError if the environment turns on graph-kernel fusion (see above): any value of
+    MS_DEV_GRAPH_KERNEL_FLAGS but --opt_level=0. Call before anything runs, on CPU."""
+    flags = os.environ.get(GRAPH_KERNEL_FLAGS, "").strip()
+    if flags and flags != "--opt_level=0":
+        raise ConfigError(f"{GRAPH_KERNEL_FLAGS}={flags}: MindSpore's graph-kernel fusion is not supported on CPU "
+                          f"(with MindSpore 2.10 it made the rollout's log-probs NaN and changed a forward's values; "
+                          f"docs/TROUBLESHOOTING.md); unset it")
 
 
 def usable_cores() -> int:
