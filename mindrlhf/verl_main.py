@@ -160,8 +160,22 @@ def _wait_for_config(path: str, text: str):
         time.sleep(0.5)
 
 
+USAGE = """usage: python -m mindrlhf.verl_main key=value ... [--our_flag value ...]
+
+verl's command line (the dotted overrides of `python3 -m verl.trainer.main_ppo`), run by mindrlhf's GRPO
+trainer. Each override is mapped to our config, reported as inert with the reason, or refused naming the key:
+docs/UPSTREAM.md lists every key. data.train_files / data.val_files (verl's RL parquet) are converted to
+MindRecord under trainer.default_local_dir, and the translated config is written there as verl_config.yaml.
+Our own flags follow the overrides (`python examples/grpo/qwen_grpo_tutorial/grpo_one_stage.py --help` lists
+them) and win over them; --config is refused (the overrides are the config).
+"""
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(USAGE, end="", flush=True)
+        return 0
     try:
         overrides, ours = split_argv(argv)
         if not overrides:

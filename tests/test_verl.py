@@ -391,3 +391,14 @@ def test_verls_ascend_grpo_example_translates_key_by_key():
     # its data is DAPO-Math (data_source math_dapo): verl scores it with math_dapo.compute_score, we refuse it
     with pytest.raises(ConfigError, match="data_source 'math_dapo'"):
         verl.verifiers_for({"math_dapo": 17917}, "dapo-math-17k.parquet")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["data.train_files=/nowhere/train.parquet", "--help"]])
+def test_help_prints_the_usage_and_does_nothing_else(argv, capsys):
+    # `--help` used to be read as our flags with no overrides: "error: no verl overrides given", exit 2; after
+    # overrides it would have converted the data first
+    from mindrlhf import verl_main
+    assert verl_main.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "python -m mindrlhf.verl_main key=value" in out and "docs/UPSTREAM.md" in out
+    assert "grpo_one_stage.py --help" in out
