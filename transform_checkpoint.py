@@ -45,14 +45,15 @@ def main(argv=None) -> int:
     if args.transform_by_rank is not None:
         print("note: --transform_by_rank changes nothing here (every rank's file is cut the same way)")
     bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-        bar = tqdm(desc="slice", unit="param")
 
-    def progress(done, total, name):
-        if bar is not None:
-            bar.total = total
-            bar.update(1)
+    def progress(done, total, name):     # the bar starts with the first parameter, after the inputs are checked
+        nonlocal bar
+        if args.no_progress:
+            return
+        if bar is None:
+            from tqdm import tqdm
+            bar = tqdm(desc="slice", unit="param", total=total)
+        bar.update(1)
 
     try:
         report = transform(args.src_checkpoint, args.dst_checkpoint, args.dst_strategy, args.src_strategy,

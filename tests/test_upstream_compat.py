@@ -408,3 +408,19 @@ def test_the_layout_sizes_can_come_from_the_grpo_config_and_win_over_the_yaml(as
         resolve(config_from_argv(base + ["--train_model_parallel", "3"]), 0, 2, lambda *a: None)
     with pytest.raises(ConfigError, match="parallel.infer_model_parallel: expected >= 0"):
         load(None, {"infer_model_parallel": -1})
+
+
+def test_a_model_path_that_is_not_there_or_not_a_model_says_what_was_expected(tmp_path):
+    # --sft_path_train /nonexist used to say "model config file not found", a folder without config.json the
+    # same, and `hf_config DIR` "not readable JSON ([Errno 2] ...)"
+    from mindrlhf.configs.compat.hf import model_config_from_hf
+    missing, empty = str(tmp_path / "nowhere"), tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"nowhere: not found \(expected a model YAML file or an HF model folder"):
+        load_model_yaml(missing)
+    with pytest.raises(ConfigError, match=r"empty: a folder without config.json \(expected a model YAML file or an HF model folder"):
+        load_model_yaml(str(empty))
+    with pytest.raises(ConfigError, match=r"nowhere: not found \(expected an HF model folder"):
+        model_config_from_hf(missing)
+    with pytest.raises(ConfigError, match=r"empty: a folder without config.json"):
+        model_config_from_hf(str(empty))

@@ -87,6 +87,19 @@ def is_hf_folder(path: str) -> bool:
     return bool(path) and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
 
 
+HF_FOLDER = "an HF model folder: config.json, safetensors weights, tokenizer files"
+
+
+def check_model_folder(path: str, yaml_too: bool = False):
+    """A ConfigError saying what was expected when `path` is missing or a folder without config.json
+    (`yaml_too`: a model YAML file is accepted there as well)."""
+    expected = f"a model YAML file or {HF_FOLDER}" if yaml_too else HF_FOLDER
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: not found (expected {expected})")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"{path}: a folder without config.json (expected {expected})")
+
+
 def read_json_object(path: str, what: str = "JSON") -> Dict[str, Any]:
     """A JSON file holding an object (an HF folder's config files, vocab.json); errors name the file."""
     try:
@@ -144,6 +157,7 @@ def model_config_from_hf(path: str, ignored: Optional[list] = None, classifier: 
     """Our ModelConfig from an HF folder (or its config.json); inert keys are appended to `ignored` as
     (key, reason), unsupported values and unknown keys raise ConfigError naming the file and key.
     `classifier`: the folder is a sequence classifier (the reward-model role) instead of a causal LM."""
+    check_model_folder(path)
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     cfg_path = os.path.join(path, "config.json") if os.path.isdir(path) else path
     raw = read_json_object(cfg_path)

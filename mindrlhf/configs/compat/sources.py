@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from mindrlhf.configs.compat import mindrlhf_grpo, mindspeed
-from mindrlhf.configs.compat.hf import is_hf_folder, model_yaml_from_hf
+from mindrlhf.configs.compat.hf import check_model_folder, is_hf_folder, model_yaml_from_hf
 from mindrlhf.configs.compat.mindformers import model_yaml_from_raw
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.model_config import ModelYaml, ParallelConfig, read_yaml_mapping
@@ -21,6 +21,7 @@ def load_model_yaml(path: str, hf_parallel: Optional[ParallelConfig] = None, rol
     `role` (train or infer), both of which that one file gives."""
     if is_hf_folder(path):
         return model_yaml_from_hf(path, hf_parallel)
+    check_model_folder(path, yaml_too=True)
     raw = read_yaml_mapping(path)
     if mindspeed.is_mindspeed(raw):
         return mindspeed.model_yaml(raw, path, role)
