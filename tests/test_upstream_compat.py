@@ -418,7 +418,8 @@ def test_a_model_path_that_is_not_there_or_not_a_model_says_what_was_expected(tm
     empty.mkdir()
     with pytest.raises(ConfigError, match=r"nowhere: not found \(expected a model YAML file or an HF model folder"):
         load_model_yaml(missing)
-    with pytest.raises(ConfigError, match=r"empty: a folder without config.json \(expected a model YAML file or an HF model folder"):
+    with pytest.raises(ConfigError, match=r"empty: a folder without config.json \(expected a model YAML file or an "
+                                          r"HF model folder"):
         load_model_yaml(str(empty))
     with pytest.raises(ConfigError, match=r"nowhere: not found \(expected an HF model folder"):
         model_config_from_hf(missing)
