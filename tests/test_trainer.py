@@ -704,6 +704,25 @@ def test_a_fresh_run_refuses_another_runs_directory_and_overwrite_starts_over(as
         _trainer(assets, tmp_path, total_steps=2, resume=True)
 
 
+def test_a_run_that_ended_before_saving_anything_does_not_block_the_next(tmp_path):
+    """A fresh run writes RUN at start, before its model paths are checked: one that stopped there (a typo in
+    --sft_path_train) left RUN alone, and the corrected run was refused as 'another run's state (RUN)'. A RUN
+    with nothing beside it (no step, export, metrics, TensorBoard or rollout log) is replaced, said in the log;
+    RUN beside any of those still refuses."""
+    from types import SimpleNamespace
+    from mindrlhf.trainer import run_dir
+    run = SimpleNamespace(save_ckpt_dir=str(tmp_path), log_dir="", rollout_log_file="", overwrite_ckpt_dir=False)
+    said = []
+    old = run_dir.claim(run, 0, True, said.append)
+    assert not said
+    new = run_dir.claim(run, 0, True, said.append)
+    assert new != old and json.load(open(tmp_path / "RUN"))["run_id"] == new
+    assert len(said) == 1 and "RUN of a run that saved nothing" in said[0] and str(tmp_path) in said[0]
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"holds another run's state \(RUN, metrics.jsonl\)"):
+        run_dir.claim(run, 0, True, said.append)
+
+
 def _log_step(log, step, rows=3):
     """One step's rows into a RolloutLog, with stand-ins for the samples and the tokenizer."""
     from types import SimpleNamespace

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import uuid
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from mindrlhf.configs.errors import CheckpointError, ConfigError
 from mindrlhf.trainer import exchange
@@ -73,13 +73,19 @@ def check_same_run(state: dict, step_dir: str, run_id: Optional[str]):
                               f"directory mixes two runs; resume from a directory holding one run")
 
 
-def claim(run, rank: int, marks: bool) -> Optional[str]:
+def claim(run, rank: int, marks: bool, log: Callable[[str], None]) -> Optional[str]:
     """Collective, at start of a fresh run: refuse (every rank alike) when any rank sees another run's state,
-    or with run.overwrite_ckpt_dir delete it; the marking ranks then write RUN. Returns the run id there."""
+    or with run.overwrite_ckpt_dir delete it; the marking ranks then write RUN. Returns the run id there.
+    A RUN with nothing beside it is a run that stopped before saving anything (RUN is written before the
+    model paths are checked): nothing of it could mix with this run, so it is replaced, and said."""
     log_dir = run.log_dir or run.save_ckpt_dir
     files = [os.path.join(log_dir, "metrics.jsonl"), os.path.join(log_dir, "tensorboard"),
              run.rollout_log_file] if rank == 0 else []        # rank 0 writes these
     found = run_state(run.save_ckpt_dir, files) if (marks or rank == 0) else []
+    if found == [os.path.join(run.save_ckpt_dir, RUN_FILE)]:
+        log(f"save_ckpt_dir {run.save_ckpt_dir}: the RUN of a run that saved nothing (no checkpoint, export, metrics "
+            f"or rollout log) is replaced by this run's")
+        found = []
     flagged = exchange.ranks_flagging(bool(found))
     if flagged and not run.overwrite_ckpt_dir:
         what = (f"holds another run's state ({', '.join(os.path.basename(f) for f in found[:3])}"

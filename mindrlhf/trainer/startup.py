@@ -52,7 +52,7 @@ def start(cfg: GRPOConfig, log: Callable = print) -> Process:
         check_nodes_agree(cfg, nodes)    # before anything else: every node runs the same job
     _report_storage(cfg, nodes, log)
     marks = rank == 0 if cfg.run.checkpoint_storage == "shared" else nodes.leader
-    run_id = None if cfg.run.resume else run_dir.claim(cfg.run, rank, marks)
+    run_id = None if cfg.run.resume else run_dir.claim(cfg.run, rank, marks, log)
     set_cpu_threads(cfg.run.cpu_threads, nodes, log)
     if blocking is not None:
         log(f"MindSpore host work in the calling thread: {cpu_threads.BLOCKING_RUN}={blocking} "
