@@ -43,6 +43,24 @@ def test_tokenizer_json_directory(tok_files, tmp_path):
     assert again.encode("What is 3 + 4?") == ours.encode("What is 3 + 4?")
 
 
+def test_a_folder_without_tokenizer_json_says_which_flags_take_what_it_has(tok_files, tmp_path):
+    """A folder with a slow tokenizer's files only (Qwen2's vocab.json + merges.txt, Llama's tokenizer.model)."""
+    import shutil
+    for f in tok_files:
+        shutil.copy(f, tmp_path)
+    with pytest.raises(ConfigError, match=f"{tmp_path}: no tokenizer.json found .*--vocab_path {tmp_path}/vocab.json "
+                                          f"--merges_file_path {tmp_path}/merges.txt"):
+        load_tokenizer(str(tmp_path))
+    for f in ("vocab.json", "merges.txt"):
+        os.remove(tmp_path / f)
+    (tmp_path / "tokenizer.model").write_bytes(b"")
+    with pytest.raises(ConfigError, match=f"sentencepiece tokenizer.model: pass --vocab_path {tmp_path}/tokenizer"):
+        load_tokenizer(tokenizer_dir=str(tmp_path))
+    os.remove(tmp_path / "tokenizer.model")
+    with pytest.raises(ConfigError, match="no tokenizer.json found .expected an HF fast tokenizer's tokenizer.json"):
+        load_tokenizer(str(tmp_path))
+
+
 def test_mismatched_vocab_and_merges(tmp_path, tok_files):
     _, merges = tok_files
     other_vocab, _ = make_tokenizer_files(str(tmp_path), vocab_size=280, extra_texts=["zzzz qqqq"] * 5)

@@ -112,13 +112,25 @@ def load_tokenizer_json(path: str) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
-        raise ConfigError(f"{path}: no tokenizer.json found")
+        raise ConfigError(f"{path}: no tokenizer.json found{_other_tokenizer_files(path)}")
     try:
         backend = HFTokenizer.from_file(file)
     except Exception as err:  # tokenizers raises a bare Exception on bad JSON
         raise ConfigError(f"{file}: not a valid tokenizer.json ({err})") from None
     special = tokenizer_config(os.path.dirname(file))
     return Tokenizer(backend, file, token_text(special.get("eos_token")), token_text(special.get("pad_token")))
+
+
+def _other_tokenizer_files(path: str) -> str:
+    """What to pass instead when a folder holds a slow tokenizer's files but no tokenizer.json."""
+    if not os.path.isdir(path):
+        return ""
+    if all(os.path.isfile(os.path.join(path, f)) for f in ("vocab.json", "merges.txt")):
+        return (f" (the folder has Qwen2's vocab.json + merges.txt: pass --vocab_path {path}/vocab.json "
+                f"--merges_file_path {path}/merges.txt)")
+    if os.path.isfile(os.path.join(path, "tokenizer.model")):
+        return f" (the folder has a sentencepiece tokenizer.model: pass --vocab_path {path}/tokenizer.model)"
+    return " (expected an HF fast tokenizer's tokenizer.json, Qwen2's vocab.json + merges.txt or a tokenizer.model)"
 
 
 def tokenizer_config(folder: str) -> dict:
