@@ -336,6 +336,20 @@ def test_the_tutorials_command_without_a_config_runs_upstreams_defaults(assets, 
     assert f"max_tokens = 8  <- {assets['sft_path_infer']} (model_config)" in text
 
 
+def test_an_eval_dataset_that_eval_steps_0_leaves_unused_is_said(assets, tmp_path):
+    from mindrlhf.trainer.resolve import resolve
+    argv = ["--eval_dataset", assets["mind_dataset_dir"], "--max_tokens", "8", "--save_ckpt_dir", str(tmp_path)]
+    for k in ("vocab_path", "merges_file_path", "mind_dataset_dir", "sft_path_train"):
+        argv += [f"--{k}", assets[k]]
+    for extra, said in (([], True), (["--eval_steps", "5"], False)):
+        lines = []
+        run = resolve(config_from_argv(argv + extra), 0, 1, lambda *a, **k: lines.append(" ".join(map(str, a))))
+        unused = [line for line in lines if "no evaluation" in line]
+        assert bool(unused) == said and (run.eval_dataset is None) == said
+        if said:
+            assert f"run.eval_dataset {assets['mind_dataset_dir']}: no evaluation, run.eval_steps is 0" in unused[0]
+
+
 def test_start_up_lists_what_is_not_default_and_the_run_dir_every_field(assets, tmp_path):
     """Start-up prints the fields set or derived (value and origin); config_resolved.yaml holds every field
     with its origin and loads back as the same config."""

@@ -467,6 +467,9 @@ def _steps_from_epochs(cfg: GRPOConfig, rows: int, infer_dp: int, log):
 
 def _eval_dataset(cfg: GRPOConfig, infer_mesh: Mesh, pad_id: int, tokenizer, log) -> Optional[PromptDataset]:
     run = cfg.run
+    if run.eval_dataset and not run.eval_steps:
+        log(f"run.eval_dataset {run.eval_dataset}: no evaluation, run.eval_steps is 0 (--eval_steps N evaluates "
+            f"every N steps and at the start and end)")
     if not (run.eval_steps and run.eval_dataset):
         return None
     data = with_solutions(PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, pad_id, shuffle=False), tokenizer, log)
