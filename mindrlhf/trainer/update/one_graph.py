@@ -26,8 +26,10 @@ class ResponseLogProb(nn.Cell):
 
     @ms.jit
     def construct(self, input_ids, position_ids, bias, labels, routing=None):
-        logp, _ = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
-                                    self.temperature, self.shared_prompt, routing)
+        # [0], not `logp, _ =`: with a Qwen3-MoE model the unpacking made MindSpore 2.10 warn that "side effect
+        # nodes were eliminated by mistake" at compile time (the values are the same either way)
+        logp = response_logprobs(self.model, input_ids, position_ids, bias, labels, self.response_len,
+                                 self.temperature, self.shared_prompt, routing)[0]
         return ops.stop_gradient(logp)
 
 
