@@ -1,29 +1,52 @@
-"""Every command's --help prints its flags and exits 0 (a help text with a bare '%' once made argparse raise)."""
+"""Every command's --help prints its flags and exits 0 (a help text with a bare '%' once made argparse raise), run as
+the user types it: the script file or `python -m` module itself, not a function behind it."""
 import contextlib
 import io
+import os
+import runpy
+import sys
+import warnings
 from dataclasses import dataclass
 
 import pytest
 
 from mindrlhf.configs.fields import flag_parser, help_field
 
-COMMANDS = {
-    "python -m mindrlhf.sft": lambda: __import__("mindrlhf.sft", fromlist=["main"]).main(["--help"]),
-    "python -m mindrlhf.eval": lambda: __import__("mindrlhf.eval", fromlist=["main"]).main(["--help"]),
-    "grpo_one_stage.py": lambda: __import__("mindrlhf.cli", fromlist=["grpo_main"]).grpo_main(["--help"]),
-    "rlhf_data.py": lambda: __import__("mindrlhf.data.convert", fromlist=["main"]).main(["--help"]),
-    "transform_checkpoint.py": lambda: __import__("mindrlhf.checkpoint.convert", fromlist=["main"]).main(["--help"]),
-    "python -m mindrlhf.tools.sandbox": lambda: __import__("mindrlhf.tools.sandbox", fromlist=["main"]).main(["--help"]),
-}
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+TUTORIAL = "examples/grpo/qwen_grpo_tutorial/"
+SCRIPTS = ["transform_checkpoint.py", "convert_weight.py", TUTORIAL + "grpo_one_stage.py", TUTORIAL + "main.py",
+           TUTORIAL + "rlhf_data.py", TUTORIAL + "eval.py", "examples/grpo/reward_model/rm_grpo.py",
+           "examples/grpo/smollm2_arithmetic/make_data.py", "examples/grpo/tool_calculator/make_data.py",
+           "scripts/get_smollm2.py"]
+MODULES = ["mindrlhf.sft", "mindrlhf.eval", "mindrlhf.demo", "mindrlhf.verl_main", "mindrlhf.checkpoint.convert",
+           "mindrlhf.configs.hf_config", "mindrlhf.tools.sandbox"]
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_help_exits_zero(command):
+def _help(command: str, run) -> str:
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
-        COMMANDS[command]()
+    argv = sys.argv
+    sys.argv = [command, "--help"]
+    try:
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_, warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)     # run_module of a module imported before
+            run()
+    finally:
+        sys.argv = argv
     assert exit_.value.code in (0, None), out.getvalue()
-    assert "usage:" in out.getvalue() and "--" in out.getvalue()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_scripts_help_exits_zero(script, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.join(REPO, script)))   # as `python script.py` would
+    text = _help(script, lambda: runpy.run_path(os.path.join(REPO, script), run_name="__main__"))
+    assert "usage:" in text and "--" in text
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_modules_help_exits_zero(module):
+    text = _help(module, lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+    assert "usage:" in text and "--" in text
 
 
 def test_percent_in_a_field_help_is_printed_as_written():
