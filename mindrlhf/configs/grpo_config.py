@@ -348,8 +348,9 @@ class ToolsConfig(_Section):
     """Multi-turn tool-use episodes (docs/TOOLS.md): the model calls tools between turns, the results are appended
     to its sequence (attended to, not trained) and decoding continues from the KV cache. max_tool_calls 0 = one
     turn per sample (no tools). Names as MindSpeed-RL's multi-turn keys."""
-    tool_module: str = _f("", "your tools: a .py file or an importable module whose plain functions (type hints and a "
-                          "docstring give each its JSON schema) become tools (mindrlhf.tools.load_tool_module)")
+    tool_module: str = _f("", "your tools: a .py file or an importable module whose @register_tool functions, or "
+                          "the functions in its TOOLS = [...] list, become tools (type hints and a docstring give "
+                          "each its JSON schema; mindrlhf.tools.load_tool_module)")
     tool_config_path: str = _f("", "a MindSpeed-RL / verl tool config file (tools: - class_name / config / "
                                "tool_schema), e.g. the built-in code_interpreter")
     tool_parser_format: str = _f("hermes", "how tool calls are written in a turn: hermes (<tool_call>{json}"
