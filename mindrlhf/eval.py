@@ -69,8 +69,8 @@ class EvalConfig:
     checkpoint: str = _f("", "the weights: save_ckpt_dir/step_N, a save_ckpt_dir (its newest complete step), an HF "
                          "folder (save_ckpt_dir/hf_policy) or a .ckpt/.safetensors file; default: --model when it is "
                          "an HF folder")
-    vocab_path: str = _f("", "tokenizer vocab.json (or a folder with tokenizer.json); default: the HF folder's "
-                         "tokenizer")
+    vocab_path: str = _f("", "tokenizer vocab.json, or a folder holding one (tokenizer.json, vocab.json + "
+                         "merges.txt, tokenizer.model); default: the HF folder's tokenizer")
     merges_file_path: str = _f("", "merges.txt belonging to --vocab_path")
     dataset: str = _f("", "a prompt MindRecord from rlhf_data.py, or a .jsonl, a .json array, a .parquet or a "
                       "directory of them (read as rlhf_data.py reads them)", required=True)
@@ -211,19 +211,15 @@ def weights_path(args) -> str:
 
 def tokenizer_of(args) -> Tuple[object, str]:
     """(tokenizer, the folder holding it or ""): --vocab_path, else the HF folder's own files."""
-    from mindrlhf.data.tokenizer import load_tokenizer
+    from mindrlhf.data.tokenizer import folder_tokenizer_files, load_folder_tokenizer, load_tokenizer
     if args.vocab_path:
         return load_tokenizer(args.vocab_path, args.merges_file_path or None), \
             args.vocab_path if os.path.isdir(args.vocab_path) else ""
     for folder in (args.model, args.checkpoint):
-        if folder and os.path.isdir(folder):
-            if os.path.isfile(os.path.join(folder, "tokenizer.json")):
-                return load_tokenizer(folder), folder
-            vocab, merges = os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")
-            if os.path.isfile(vocab) and os.path.isfile(merges):
-                return load_tokenizer(vocab, merges), folder
-    raise ConfigError(f"--vocab_path: required: {args.model} holds no tokenizer (tokenizer.json, or vocab.json + "
-                      f"merges.txt)")
+        if folder and os.path.isdir(folder) and folder_tokenizer_files(folder):
+            return load_folder_tokenizer(folder), folder
+    raise ConfigError(f"--vocab_path: required: {args.model} holds no tokenizer (tokenizer.json, vocab.json + "
+                      f"merges.txt or tokenizer.model)")
 
 
 def is_mindrecord(path: str) -> bool:

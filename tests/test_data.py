@@ -43,22 +43,24 @@ def test_tokenizer_json_directory(tok_files, tmp_path):
     assert again.encode("What is 3 + 4?") == ours.encode("What is 3 + 4?")
 
 
-def test_a_folder_without_tokenizer_json_says_which_flags_take_what_it_has(tok_files, tmp_path):
-    """A folder with a slow tokenizer's files only (Qwen2's vocab.json + merges.txt, Llama's tokenizer.model)."""
+def test_a_model_folder_without_tokenizer_json_uses_its_vocab_and_merges(tok_files, tmp_path):
+    """A folder with a slow tokenizer's files only (Qwen2's vocab.json + merges.txt), as --vocab_path or as
+    sft_path_train's folder: what eval already read (and transformers would); eos / pad from its
+    tokenizer_config.json. A folder with no tokenizer names what it expected."""
     import shutil
     for f in tok_files:
         shutil.copy(f, tmp_path)
-    with pytest.raises(ConfigError, match=f"{tmp_path}: no tokenizer.json found .*--vocab_path {tmp_path}/vocab.json "
-                                          f"--merges_file_path {tmp_path}/merges.txt"):
-        load_tokenizer(str(tmp_path))
-    for f in ("vocab.json", "merges.txt"):
-        os.remove(tmp_path / f)
-    (tmp_path / "tokenizer.model").write_bytes(b"")
-    with pytest.raises(ConfigError, match=f"sentencepiece tokenizer.model: pass --vocab_path {tmp_path}/tokenizer"):
-        load_tokenizer(tokenizer_dir=str(tmp_path))
-    os.remove(tmp_path / "tokenizer.model")
-    with pytest.raises(ConfigError, match="no tokenizer.json found .expected an HF fast tokenizer's tokenizer.json"):
-        load_tokenizer(str(tmp_path))
+    want = load_qwen2_tokenizer(*tok_files)
+    ours = load_tokenizer(str(tmp_path))
+    assert ours.encode("What is 3 + 4?") == want.encode("What is 3 + 4?")
+    assert (ours.eos_token_id, ours.pad_token_id) == (want.token_to_id("<|im_end|>"), want.token_to_id("<|endoftext|>"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|endoftext|>"}}))
+    assert load_tokenizer(tokenizer_dir=str(tmp_path)).eos_token_id == want.token_to_id("<|endoftext|>")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=f"{empty}: holds no tokenizer .expected one of: tokenizer.json; "
+                                          r"vocab.json \+ merges.txt; tokenizer.model"):
+        load_tokenizer(str(empty))
 
 
 def test_mismatched_vocab_and_merges(tmp_path, tok_files):

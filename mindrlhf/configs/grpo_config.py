@@ -40,7 +40,8 @@ class RunConfig(_Section):
                              "unless this config sets them")
     sft_path_ref: str = _f("", "model YAML of the reference model (MindRLHF's flag): must describe the policy's "
                            "model; the reference runs in the train layout")
-    vocab_path: str = _f("", "tokenizer vocab.json (or a directory with tokenizer.json)")
+    vocab_path: str = _f("", "tokenizer vocab.json, or a model folder holding tokenizer.json, vocab.json + "
+                            "merges.txt or tokenizer.model")
     merges_file_path: str = _f("", "tokenizer merges.txt")
     mind_dataset_dir: str = _f("", "prompt MindRecord written by rlhf_data.py")
     eval_dataset: str = _f("", "held-out prompt MindRecord for greedy-accuracy eval (optional)")

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None,
                    help="a MindSpeed-RL dataset YAML (its configs/datasets/*.yaml): its keys become these flags "
                         "(configs/compat/mindspeed_data.py; flags given here win)")
-    p.add_argument("--vocab_path", help="vocab.json (or a directory with tokenizer.json); required")
+    p.add_argument("--vocab_path", help="vocab.json, or a model folder (tokenizer.json, vocab.json + merges.txt "
+                   "or tokenizer.model); required")
     p.add_argument("--merges_file_path", default=None, help="merges.txt belonging to --vocab_path")
     p.add_argument("--file_path",
                    help="required; input: a .jsonl, a .json holding one array of objects, a .parquet (needs pyarrow), or a "

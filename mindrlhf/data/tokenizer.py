@@ -94,7 +94,8 @@ def _check_vocab_merges(vocab_path: str, merges_path: str):
                                       f"(vocab.json and merges.txt do not belong together)")
 
 
-def load_qwen2_tokenizer(vocab_path: str, merges_path: str) -> Tokenizer:
+def load_qwen2_tokenizer(vocab_path: str, merges_path: str, eos_token: Optional[str] = None,
+                         pad_token: Optional[str] = None) -> Tokenizer:
     """Qwen2/Qwen2.5 byte-level BPE from vocab.json + merges.txt."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers.models import BPE
@@ -104,7 +105,7 @@ def load_qwen2_tokenizer(vocab_path: str, merges_path: str) -> Tokenizer:
     _check_vocab_merges(vocab_path, merges_path)
     model = BPE.from_file(vocab_path, merges_path, unk_token=None, continuing_subword_prefix="",
                           end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
-    return Tokenizer(_qwen2_pipeline(HFTokenizer(model)), vocab_path)
+    return Tokenizer(_qwen2_pipeline(HFTokenizer(model)), vocab_path, eos_token, pad_token)
 
 
 def load_tokenizer_json(path: str) -> Tokenizer:
@@ -112,25 +113,13 @@ def load_tokenizer_json(path: str) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
-        raise ConfigError(f"{path}: no tokenizer.json found{_other_tokenizer_files(path)}")
+        raise ConfigError(f"{path}: no tokenizer.json found")
     try:
         backend = HFTokenizer.from_file(file)
     except Exception as err:  # tokenizers raises a bare Exception on bad JSON
         raise ConfigError(f"{file}: not a valid tokenizer.json ({err})") from None
     special = tokenizer_config(os.path.dirname(file))
     return Tokenizer(backend, file, token_text(special.get("eos_token")), token_text(special.get("pad_token")))
-
-
-def _other_tokenizer_files(path: str) -> str:
-    """What to pass instead when a folder holds a slow tokenizer's files but no tokenizer.json."""
-    if not os.path.isdir(path):
-        return ""
-    if all(os.path.isfile(os.path.join(path, f)) for f in ("vocab.json", "merges.txt")):
-        return (f" (the folder has Qwen2's vocab.json + merges.txt: pass --vocab_path {path}/vocab.json "
-                f"--merges_file_path {path}/merges.txt)")
-    if os.path.isfile(os.path.join(path, "tokenizer.model")):
-        return f" (the folder has a sentencepiece tokenizer.model: pass --vocab_path {path}/tokenizer.model)"
-    return " (expected an HF fast tokenizer's tokenizer.json, Qwen2's vocab.json + merges.txt or a tokenizer.model)"
 
 
 def tokenizer_config(folder: str) -> dict:
@@ -182,15 +171,43 @@ class SentencePieceTokenizer:
         return [self.decode(x) for x in batch]
 
 
+# what a model folder's tokenizer may be, in the order transformers' AutoTokenizer prefers them
+FOLDER_TOKENIZERS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
+
+
+def folder_tokenizer_files(folder: str) -> Optional[tuple]:
+    """The first of FOLDER_TOKENIZERS whose files are all in `folder`, or None."""
+    for files in FOLDER_TOKENIZERS:
+        if all(os.path.isfile(os.path.join(folder, f)) for f in files):
+            return files
+    return None
+
+
+def load_folder_tokenizer(folder: str):
+    """A model folder's tokenizer: its tokenizer.json (HF fast tokenizer), else Qwen2's vocab.json + merges.txt,
+    else a sentencepiece tokenizer.model; eos / pad from its tokenizer_config.json."""
+    files = folder_tokenizer_files(folder)
+    if files is None:
+        raise ConfigError(f"{folder}: holds no tokenizer (expected one of: "
+                          f"{'; '.join(' + '.join(f) for f in FOLDER_TOKENIZERS)})")
+    paths = [os.path.join(folder, f) for f in files]
+    if files == ("tokenizer.json",):
+        return load_tokenizer_json(paths[0])
+    if files == ("tokenizer.model",):
+        return SentencePieceTokenizer(paths[0])
+    special = tokenizer_config(folder)
+    return load_qwen2_tokenizer(*paths, token_text(special.get("eos_token")), token_text(special.get("pad_token")))
+
+
 def load_tokenizer(vocab_path: Optional[str] = None, merges_path: Optional[str] = None,
                    tokenizer_dir: Optional[str] = None):
-    """Qwen2 BPE (vocab.json + merges.txt), a tokenizer.json (directory), or Llama's tokenizer.model."""
+    """Qwen2 BPE (vocab.json + merges.txt), a tokenizer.json, Llama's tokenizer.model, or a folder holding one
+    of them (load_folder_tokenizer)."""
     if vocab_path and vocab_path.endswith(".model"):
         return SentencePieceTokenizer(vocab_path)
-    if tokenizer_dir:
-        return load_tokenizer_json(tokenizer_dir)
-    if vocab_path and os.path.isdir(vocab_path):
-        return load_tokenizer_json(vocab_path)
+    folder = tokenizer_dir or (vocab_path if vocab_path and os.path.isdir(vocab_path) else None)
+    if folder:
+        return load_folder_tokenizer(folder) if os.path.isdir(folder) else load_tokenizer_json(folder)
     return load_qwen2_tokenizer(vocab_path, merges_path)
 
 

@@ -15,7 +15,6 @@ outside the "reward_model" phase (swap.offload_reward_model_param; trainer/swap_
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -24,7 +23,7 @@ import numpy as np
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.compat.hf import classifier_config_from_hf, is_hf_folder
 from mindrlhf.configs.model_config import ModelConfig, ParallelConfig
-from mindrlhf.data.tokenizer import load_tokenizer
+from mindrlhf.data.tokenizer import folder_tokenizer_files, load_folder_tokenizer
 from mindrlhf.models.reward_model import SequenceClassifier
 from mindrlhf.reward.verifiers import Scores
 from mindrlhf.parallel.mesh import mesh_for
@@ -90,12 +89,8 @@ def resolve_reward_model(reward_cfg, tokenizer, train_mesh, mini_batch: int, log
 
 
 def _folder_tokenizer(path: str):
-    if os.path.isfile(os.path.join(path, "tokenizer.json")):
-        return load_tokenizer(tokenizer_dir=path)
-    if os.path.isfile(os.path.join(path, "vocab.json")) and os.path.isfile(os.path.join(path, "merges.txt")):
-        return load_tokenizer(os.path.join(path, "vocab.json"), os.path.join(path, "merges.txt"))
-    if os.path.isfile(os.path.join(path, "tokenizer.model")):
-        return load_tokenizer(os.path.join(path, "tokenizer.model"))
+    if folder_tokenizer_files(path):
+        return load_folder_tokenizer(path)
     raise ConfigError(f"{FLAG}: {path} holds no tokenizer (tokenizer.json, vocab.json + merges.txt or "
                       f"tokenizer.model): the reward model must read the policy's tokens with the policy's "
                       f"tokenizer, which cannot be checked without its own")
