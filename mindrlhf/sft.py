@@ -85,6 +85,7 @@ class _Run:
 
     def __init__(self, cfg: SFTConfig, log: Callable):
         from mindrlhf.configs.compat.hf import is_hf_folder
+        from mindrlhf.configs.compat.keys import describe_ignored
         from mindrlhf.configs.lora import LoraSpec, parse_targets
         from mindrlhf.configs.model_config import ParallelConfig
         from mindrlhf.configs.compat.sources import load_model_yaml
@@ -103,7 +104,14 @@ class _Run:
         if world % tp:
             raise ConfigError(f"--model_parallel {tp} does not divide the {world} rank(s)")
         self.mesh = Mesh(dp=world // tp, tp=tp, rank=self.rank)
-        self.model_cfg = load_model_yaml(cfg.model, ParallelConfig(data_parallel=world // tp, model_parallel=tp)).model
+        model_yaml = load_model_yaml(cfg.model, ParallelConfig(data_parallel=world // tp, model_parallel=tp))
+        self.model_cfg = model_yaml.model
+        if model_yaml.ignored:
+            self.log(describe_ignored(model_yaml.path, model_yaml.ignored))
+        if self.model_cfg.num_experts and self.model_cfg.router_aux_loss_coef:
+            self.log(f"aux loss: {cfg.model}: router_aux_loss_coef {self.model_cfg.router_aux_loss_coef:g} is not "
+                     f"applied in SFT (the loss is the assistant tokens' alone; the load-balancing loss joins GRPO's "
+                     f"update)")
         weights = cfg.checkpoint or (cfg.model if is_hf_folder(cfg.model) else "")
         if not weights:
             raise ConfigError(f"--checkpoint: required with a model YAML ({cfg.model})")

@@ -551,7 +551,7 @@ def test_expert_parallel_strategy_files_slice_the_experts_and_re_lay_them_out(mo
     _check_merges_back(str(tmp_path / "ep"), ep_strat, str(tmp_path / "merged"), full)
 
 
-# a Qwen3-MoE's no-grad log-prob graph and the host-driven AdamW update (the layerwise engine's), compiled with
+# a Qwen3-MoE's no-grad log-prob graph, its SFT loss and the host-driven AdamW update (the layerwise engine's), compiled with
 # MindSpore's warnings on; prints the lines MindSpore's graph analyzer warns with
 _COMPILE_PROBE = """
 import sys
@@ -563,10 +563,14 @@ from model_helpers import model_inputs
 from mindrlhf.configs import ModelConfig
 from mindrlhf.models.qwen2 import CausalLM
 from mindrlhf.trainer.optim import AdamW
+from mindrlhf.trainer.sft import SFTLossValue
 from mindrlhf.trainer.update.one_graph import ResponseLogProb
 model = CausalLM(ModelConfig(**qwen3_moe_model_kwargs()))
 ids = np.random.RandomState(0).randint(0, 150, (2, 10))
-print("logp", ResponseLogProb(model, 4)(*model_inputs(ids), Tensor(ids.astype(np.int32))).shape)
+labels = Tensor(ids.astype(np.int32))
+print("logp", ResponseLogProb(model, 4)(*model_inputs(ids), labels).shape)
+mask = Tensor(np.ones(ids.shape, np.float32))
+print("sft", SFTLossValue(model)(*model_inputs(ids), labels, mask, Tensor(np.float32(20))).shape)
 params = list(model.get_parameters())[:3]
 opt = AdamW(params)
 grads = [Parameter(Tensor(np.ones(p.shape, np.float32)), name="g." + p.name) for p in params]
@@ -577,7 +581,7 @@ print("step", int(opt.step.asnumpy()[0]))
 
 def test_a_moe_models_graphs_compile_without_analyzer_warnings(tmp_path):
     """MindSpore 2.10 warned "Some side effect nodes were eliminated by mistake" while compiling a Qwen3-MoE's
-    old-policy / reference log-probs (ResponseLogProb unpacked (logp, entropy)) and the host-driven AdamW's step
+    old-policy / reference log-probs and SFT loss (ResponseLogProb, SFTLoss unpacked (logp, entropy)) and the host-driven AdamW's step
     advance (_Advance unpacked (step, ...)), on every MoE run: harmless (values unchanged) but alarming."""
     import subprocess
     import sys
@@ -587,6 +591,6 @@ def test_a_moe_models_graphs_compile_without_analyzer_warnings(tmp_path):
     proc = subprocess.run([sys.executable, str(script), os.path.dirname(os.path.abspath(__file__))], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "logp (2, 4)" in proc.stdout and "step 1" in proc.stdout
+    assert "logp (2, 4)" in proc.stdout and "sft ()" in proc.stdout and "step 1" in proc.stdout
     warned = [line for line in proc.stdout.splitlines() if "ANALYZER" in line and "WARNING" in line]
     assert not warned, warned

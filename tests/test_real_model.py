@@ -174,8 +174,9 @@ def test_chat_template_needs_the_model_folder(tmp_path):
     from mindrlhf.data.convert import resolve_template
     with pytest.raises(ConfigError, match="give the folder as --vocab_path"):
         resolve_template("chat", str(tmp_path / "vocab.json"))
-    with pytest.raises(ConfigError, match="no chat template"):
+    with pytest.raises(ConfigError, match="no chat template") as err:
         resolve_template("chat", str(tmp_path))
+    assert "--vocab_path" not in str(err.value)     # it was the folder: no advice to pass the folder
 
 
 # ---- a GRPO run from the folder: log-probs, KL, export ------------------------------------------------------

@@ -143,3 +143,23 @@ def test_bad_rows_are_named(folder, tmp_path, row, pattern):
     tok = load_tokenizer(folder["model"])
     with pytest.raises(ConfigError, match=pattern):
         tokenize_conversations(path, ChatTemplate(folder["model"]), tok, 64, tok.pad_token_id)
+
+
+def test_a_moe_folder_says_its_aux_loss_is_not_applied_and_what_else_is_inert(folder, tmp_path):
+    """SFT's loss is the assistant tokens' alone: a Qwen3-MoE's router_aux_loss_coef and the folder's inert
+    config.json keys are said at start-up (they went unsaid: only GRPO's start-up reported them)."""
+    import shutil
+    from hf_reference import make_qwen3_moe_model
+    from mindrlhf import sft
+    moe = str(tmp_path / "moe")
+    make_qwen3_moe_model(moe, vocab=VOCAB)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(folder["model"], name), moe)
+    lines = []
+    rows = sft.train(sft.config_from_argv([
+        "--model", moe, "--dataset", folder["train"], "--output_dir", str(tmp_path / "out"), "--max_length", "64",
+        "--batch_size", "4", "--total_steps", "1", "--progress", "False"]), log=lambda *a: lines.append(" ".join(a)))
+    assert [r["step"] for r in rows] == [1]
+    said = "\n".join(lines)
+    assert f"aux loss: {moe}: router_aux_loss_coef 0.01 is not applied in SFT" in said
+    assert f"ignored in {moe}: " in said and "output_router_logits" in said

@@ -49,8 +49,10 @@ class ChatTemplate:
     def __init__(self, folder: str):
         source = _template_source(folder) if os.path.isdir(folder) else None
         if source is None:
-            raise ConfigError(f"{folder}: no chat template (chat_template.jinja, chat_template.json or "
-                              f"tokenizer_config.json's chat_template); pass the model folder as --vocab_path")
+            hint = ("" if os.path.isdir(folder) else
+                    " (not a folder: the template is read from the model folder; pass the folder as --vocab_path)")
+            raise ConfigError(f"{folder}: no chat template (expected chat_template.jinja, chat_template.json or "
+                              f"tokenizer_config.json's chat_template){hint}")
         def raise_exception(message):
             raise jinja2.exceptions.TemplateError(message)
 

@@ -27,7 +27,7 @@ class SFTLoss(nn.Cell):
         self.model = model
 
     def construct(self, input_ids, position_ids, bias, labels, mask, token_norm):
-        logp, _ = self.model.token_logprobs(input_ids, position_ids, bias, labels)
+        logp = self.model.token_logprobs(input_ids, position_ids, bias, labels)[0]     # [0]: see update/one_graph.ResponseLogProb
         return -ops.sum(logp * mask) / token_norm
 
 
