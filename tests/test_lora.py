@@ -39,6 +39,37 @@ def _random_b(model, rng, scale=0.05):
             write_param(p, (scale * rng.randn(*p.shape)).astype(np.float32))
 
 
+_ADAPTERS_OFF_PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from hf_reference import tiny_model_kwargs
+from mindrlhf.configs import ModelConfig
+from mindrlhf.configs.lora import LoraSpec, parse_targets
+from mindrlhf.models.lora import adapters_off
+from mindrlhf.models.qwen2 import CausalLM
+model = CausalLM(ModelConfig(**tiny_model_kwargs()), lora=LoraSpec(4, 8.0, parse_targets("all-linear"), seed=3))
+with adapters_off(model):
+    print("off")
+print("on")
+"""
+
+
+def test_turning_the_adapters_off_logs_no_error(tmp_path):
+    """adapters_off waits for running graphs; with ms.runtime.synchronize() that logged "[ERROR] ... CPU device
+    is not supported" on a LoRA run's first reference pass (MindSpore 2.10's first call on CPU)."""
+    import subprocess
+    import sys
+    script = tmp_path / "probe.py"
+    script.write_text(_ADAPTERS_OFF_PROBE)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, str(script), os.path.dirname(os.path.abspath(__file__))],
+                          env=dict(os.environ, PYTHONPATH=repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "off\non" in proc.stdout, proc.stdout[-3000:]
+    assert "ERROR" not in proc.stdout, proc.stdout[-3000:]
+
+
 def test_step_zero_is_the_base_and_adapters_off_is_exactly_the_base(tmp_path, rng):
     hf, ours, base = _lora_pair(tmp_path)
     assert {p.name for p in ours.trainable_params()} == {p.name for p in adapter_params(ours)}

@@ -27,7 +27,7 @@ import mindspore as ms
 from mindrlhf.configs.lora import ROW_PARALLEL, LoraSpec
 from mindrlhf.parallel.layouts import (EXPERTS_IN, EXPERTS_ONLY, EXPERTS_OUT, REPLICATED, TP_COLS, TP_ROWS,
                                        RoleWeights)
-from mindrlhf.utils.params import param_as_f32, param_to_numpy, write_param
+from mindrlhf.utils.params import param_as_f32, param_to_numpy, wait_for_graphs, write_param
 
 ADAPTER_A, ADAPTER_B = "mindpet_delta_lora_a", "mindpet_delta_lora_b"
 
@@ -99,13 +99,13 @@ def adapters_off(model):
     """The base model for the duration: every B zeroed in place (x A^T 0 adds exactly 0), restored after.
     No graph may run meanwhile on these parameters but the caller's."""
     saved = [(p, param_to_numpy(p)) for p in model.get_parameters() if p.name.endswith(ADAPTER_B)]
-    ms.runtime.synchronize()
+    wait_for_graphs()
     try:
         for p, value in saved:
             write_param(p, np.zeros_like(value))
         yield model
     finally:
-        ms.runtime.synchronize()
+        wait_for_graphs()
         for p, value in saved:
             write_param(p, value)
 

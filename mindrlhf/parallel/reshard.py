@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-import mindspore as ms
 
 from mindrlhf.configs import choices
 from mindrlhf.configs.errors import ConfigError
@@ -41,7 +40,7 @@ from mindrlhf.parallel import comm
 from mindrlhf.parallel.layouts import Layout, RoleWeights
 from mindrlhf.parallel.plan import Piece, full_layout, plan_tensor
 from mindrlhf.parallel.topology import shares_host_memory
-from mindrlhf.utils.params import param_as_f32, param_f32_view, write_param
+from mindrlhf.utils.params import param_as_f32, param_f32_view, wait_for_graphs, write_param
 
 TRANSPORTS = choices.RESHARD_TRANSPORTS
 SHM_DIR = "/dev/shm"
@@ -260,7 +259,7 @@ class WeightSync:
     def sync(self):
         t0 = time.time()
         if not self.shared:
-            ms.runtime.synchronize()             # destinations are written in place: no graph may be running
+            wait_for_graphs()             # destinations are written in place: no graph may be running
             if self.transport == "shm":
                 self._sync_shm()
             else:

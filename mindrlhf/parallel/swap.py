@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List
 import numpy as np
 import mindspore as ms
 
-from mindrlhf.utils.params import param_buffer
+from mindrlhf.utils.params import param_buffer, wait_for_graphs
 
 
 def on_ascend() -> bool:
@@ -87,7 +87,7 @@ class SwapGroup:
         if not self.enabled or not self.resident:
             return
         t0 = time.time()
-        ms.runtime.synchronize()             # no graph may still be writing these buffers
+        wait_for_graphs()             # no graph may still be writing these buffers
         for p in self.params:
             if on_ascend():
                 p._offload()  # pylint: disable=protected-access

@@ -23,10 +23,21 @@ def to_param_dtype(arr: np.ndarray, dtype) -> Tensor:
     return Tensor(np.ascontiguousarray(arr)).astype(dtype)
 
 
+def wait_for_graphs():
+    """Block until the graphs launched so far have finished, before host code writes their parameters.
+    `ms.runtime.synchronize()` is that call, but on CPU MindSpore 2.10 makes its first call log "CPU device is
+    not supported" as an ERROR and return without waiting; the call it makes from then on is made here."""
+    try:
+        from mindspore._c_expression import synchronize
+    except ImportError:          # another MindSpore: its public call
+        synchronize = ms.runtime.synchronize
+    synchronize()
+
+
 def param_buffer(param) -> np.ndarray:
     """A uint8 numpy view of a CPU Parameter's own buffer (any dtype).
 
-    Callers make sure no graph is running (`ms.runtime.synchronize()`). Off CPU the pointer is device
+    Callers make sure no graph is running (`wait_for_graphs()`). Off CPU the pointer is device
     memory, which numpy must never touch: this raises there.
     """
     if ms.get_context("device_target") != "CPU":

@@ -30,6 +30,7 @@ from mindrlhf.trainer.update.accumulate import AccumulatedUpdate, ApplyAccumulat
 from mindrlhf.trainer.update.grad_norm import split_axes
 from mindrlhf.trainer.update.loss import GRPOLossCell
 from mindrlhf.trainer.update.loss_inputs import LossInputs
+from mindrlhf.utils.params import wait_for_graphs
 
 
 class _StageFn(nn.Cell):
@@ -131,7 +132,7 @@ class PipelineTrainStep(AccumulatedUpdate):
             return fn(*args)
         t0 = time.perf_counter()
         out = fn(*args)
-        ms.runtime.synchronize()
+        wait_for_graphs()
         self.busy_seconds += time.perf_counter() - t0
         return out
 
