@@ -98,6 +98,7 @@ class _Run:
         from mindrlhf.trainer.optim import AdamW
         from mindrlhf.trainer.resolve import special_ids
         from mindrlhf.trainer.sft import SFTLossValue, SFTStep
+        from mindrlhf.trainer.update.one_graph import ModelRouting
         self.rank, world, nodes, self.log, _ = startup.join(cfg.use_parallel, cfg.watchdog_timeout, log)
         startup.set_cpu_threads(0, nodes, self.log)
         tp = cfg.model_parallel
@@ -108,10 +109,11 @@ class _Run:
         self.model_cfg = model_yaml.model
         if model_yaml.ignored:
             self.log(describe_ignored(model_yaml.path, model_yaml.ignored))
-        if self.model_cfg.num_experts and self.model_cfg.router_aux_loss_coef:
-            self.log(f"aux loss: {cfg.model}: router_aux_loss_coef {self.model_cfg.router_aux_loss_coef:g} is not "
-                     f"applied in SFT (the loss is the assistant tokens' alone; the load-balancing loss joins GRPO's "
-                     f"update)")
+        self.aux_coef = self.model_cfg.router_aux_loss_coef if self.model_cfg.num_experts else 0.0
+        if self.aux_coef:
+            self.log(f"aux loss: {cfg.model}: router_aux_loss_coef {self.aux_coef:g} x the load-balancing loss "
+                     f"(transformers' form, every real token of the step's global batch) joins the loss; reported as "
+                     f"moe/aux_loss (set it to 0 to train without)")
         weights = cfg.checkpoint or (cfg.model if is_hf_folder(cfg.model) else "")
         if not weights:
             raise ConfigError(f"--checkpoint: required with a model YAML ({cfg.model})")
@@ -133,6 +135,7 @@ class _Run:
         self.model = model_with_weights(self.model_cfg, self.mesh, weights, self.lora, self.log)
         self.optimizer = AdamW(list(self.model.trainable_params()), cfg.weight_decay)
         self.step_fn = SFTStep(self.model, self.optimizer, cfg.max_grad_norm)
+        self.routing = ModelRouting(self.model) if self.aux_coef else None
         self.loss_value = SFTLossValue(self.model)
         cut = self.train.truncated + (self.eval.truncated if self.eval else 0)
         self.log(f"SFT: {n} conversations ({int(self.train.loss_mask.sum())} assistant tokens"
@@ -182,7 +185,7 @@ def train(cfg: SFTConfig, log: Callable = print) -> Optional[List[dict]]:
     from mindrlhf.trainer import checkpointing, exchange
     from mindrlhf.trainer.metrics import MetricsLogger
     from mindrlhf.trainer.optim import lr_at
-    from mindrlhf.trainer.sft import sft_inputs
+    from mindrlhf.trainer.sft import aux_loss_gradient, sft_inputs
     check(cfg)
     run = _Run(cfg, log)
     metrics = MetricsLogger(cfg.output_dir, enabled=run.rank == 0, tensorboard=False)
@@ -195,11 +198,16 @@ def train(cfg: SFTConfig, log: Callable = print) -> Optional[List[dict]]:
         mine = _my_rows(rows, run.mesh)
         token_norm = max(float(run.train.loss_mask[rows, 1:].sum()), 1.0) / run.mesh.dp
         lr = lr_at(step, cfg.lr, cfg.warmup_steps, run.total, cfg.min_lr)
-        loss, grad_norm = run.step_fn(*sft_inputs(run.train.ids[mine], run.train.loss_mask[mine],
-                                                  run.train.lengths[mine]),
-                                      Tensor(np.float32(token_norm)), Tensor(np.float32(lr)))
+        inputs = sft_inputs(run.train.ids[mine], run.train.loss_mask[mine], run.train.lengths[mine])
+        router, aux = (), None           # a Qwen3-MoE's aux loss: its gradient on the router probabilities
+        if run.routing is not None:
+            grad, aux = aux_loss_gradient(run.routing, inputs, run.train.lengths[mine], run.aux_coef, run.mesh)
+            router = (grad,)
+        loss, grad_norm = run.step_fn(*inputs, Tensor(np.float32(token_norm)), Tensor(np.float32(lr)), *router)
         loss = float(exchange.sum_over_replicas([float(loss.asnumpy())], run.mesh)[0]) / run.mesh.dp
         row = {"loss": loss, "grad_norm": float(grad_norm.asnumpy()), "lr": lr, "time_elapsed": time.time() - t0}
+        if aux is not None:
+            row["moe/aux_loss"] = aux
         if not (math.isfinite(loss) and math.isfinite(row["grad_norm"])):
             raise RuntimeError(f"step {step + 1}: the loss or gradient norm is not finite (loss={loss}); the last "
                                f"checkpoint is untouched. Lower --lr or check the data")

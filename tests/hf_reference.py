@@ -120,3 +120,18 @@ def make_qwen3_moe_model(out_dir, layers=2, experts=4, top_k=2, norm_topk_prob=T
     model = Qwen3MoeForCausalLM(cfg)
     model.config._experts_implementation = "eager"     # the per-expert loop (from_pretrained picks grouped_mm)
     return _randomised_and_saved(model, out_dir, seed)
+
+
+def hf_grad(hf_params, name: str, cfg) -> np.ndarray:
+    """transformers' gradient for our parameter `name` in our layout; a Qwen3-MoE's experts are fused in
+    transformers' memory (gate_up_proj (E, 2I, H), down_proj (E, H, I)), ours stacked (E, H, I) / (E, I, H)."""
+    from mindrlhf.checkpoint.hf_interop import ms_to_hf_name
+    if ".routed_experts.ffn." not in name:
+        return hf_params[ms_to_hf_name(name)].grad.numpy()
+    layer = name.split(".")[2]
+    i = cfg.moe_intermediate_size
+    if name.endswith("w2.weight"):
+        return hf_params[f"model.layers.{layer}.mlp.experts.down_proj"].grad.numpy().transpose(0, 2, 1)
+    gate_up = hf_params[f"model.layers.{layer}.mlp.experts.gate_up_proj"].grad.numpy()
+    part = gate_up[:, :i] if name.endswith("w1.weight") else gate_up[:, i:]
+    return part.transpose(0, 2, 1)

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from hf_reference import hf_logits, make_qwen3_moe_model, qwen3_moe_model_kwargs
+from hf_reference import hf_grad, hf_logits, make_qwen3_moe_model, qwen3_moe_model_kwargs
 from model_helpers import load_ours, model_inputs, shared_prompt_against_hf, token_loss_and_grads
-from mindrlhf.checkpoint.hf_interop import export_hf, hf_weight_files, ms_to_hf_name
+from mindrlhf.checkpoint.hf_interop import export_hf, hf_weight_files
 from mindrlhf.checkpoint.model_io import model_state
 from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile
 from mindrlhf.configs import ConfigError, ModelConfig, load_model_yaml
@@ -45,20 +45,6 @@ def test_qwen3_moe_logits_match_hf(tmp_path, rng, kw, form):
         assert np.abs(got - ref).max() <= TOL, rows
 
 
-def _hf_grad(hf_params, name, cfg):
-    """transformers' gradient for our parameter `name`, in our layout (its experts are fused in memory:
-    gate_up_proj (E, 2I, H), down_proj (E, H, I))."""
-    if ".routed_experts.ffn." not in name:
-        return hf_params[ms_to_hf_name(name)].grad.numpy()
-    layer = name.split(".")[2]
-    i = cfg.moe_intermediate_size
-    if name.endswith("w2.weight"):
-        return hf_params[f"model.layers.{layer}.mlp.experts.down_proj"].grad.numpy().transpose(0, 2, 1)
-    gate_up = hf_params[f"model.layers.{layer}.mlp.experts.gate_up_proj"].grad.numpy()
-    part = gate_up[:, :i] if name.endswith("w1.weight") else gate_up[:, i:]
-    return part.transpose(0, 2, 1)
-
-
 @pytest.mark.parametrize("kw, rows, form", [({}, 2, "auto"), (MIXED, 2, "auto"), ({}, 8, "auto"), ({}, 8, "sorted"),
                                             (MIXED, 2, "sorted")],
                          ids=["sparse", "mixed", "sparse_many_tokens", "sparse_sorted", "mixed_sorted"])
@@ -81,7 +67,7 @@ def test_qwen3_moe_every_gradient_matches_hf(tmp_path, rng, kw, rows, form):
     hf_params = dict(hf.named_parameters())
     assert abs(loss - ref_loss.item()) <= TOL
     for name in names:
-        ref = _hf_grad(hf_params, name, cfg)
+        ref = hf_grad(hf_params, name, cfg)
         assert grads[name].shape == ref.shape, name
         assert np.abs(grads[name] - ref).max() <= TOL * max(1.0, np.abs(ref).max()), name
 
@@ -101,7 +87,7 @@ def test_qwen3_moe_shared_prompt_logprobs_and_gradients_match_hf(moe, rng):
     logp, ref_logp, grads, hf_params = shared_prompt_against_hf(ours, hf, seq, mask, weights, resp, temp, g, width)
     assert np.abs(logp - ref_logp).max() <= TOL
     for name, grad in grads.items():
-        ref = _hf_grad(hf_params, name, ours.config)
+        ref = hf_grad(hf_params, name, ours.config)
         assert np.abs(grad - ref).max() <= TOL * max(1.0, np.abs(ref).max()), name
 
 

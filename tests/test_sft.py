@@ -145,9 +145,53 @@ def test_bad_rows_are_named(folder, tmp_path, row, pattern):
         tokenize_conversations(path, ChatTemplate(folder["model"]), tok, 64, tok.pad_token_id)
 
 
-def test_a_moe_folder_says_its_aux_loss_is_not_applied_and_what_else_is_inert(folder, tmp_path):
-    """SFT's loss is the assistant tokens' alone: a Qwen3-MoE's router_aux_loss_coef and the folder's inert
-    config.json keys are said at start-up (they went unsaid: only GRPO's start-up reported them)."""
+def test_a_moe_models_loss_and_gradients_with_the_aux_loss_equal_transformers(folder, tmp_path):
+    """A Qwen3-MoE's SFT loss with router_aux_loss_coef (0.5 here, so that it shows): every gradient against
+    transformers' loss + coef x aux_loss (output_router_logits on; the aux over the attention-masked tokens, our
+    real input tokens) to 1e-4 of the largest; without the routing pass's gradient the routers' are off by more."""
+    import mindspore as ms
+    import torch
+    from mindspore import Tensor
+    from hf_reference import hf_grad, make_qwen3_moe_model, qwen3_moe_model_kwargs
+    from model_helpers import load_ours
+    from mindrlhf.configs import ModelConfig
+    from mindrlhf.parallel.mesh import Mesh
+    from mindrlhf.trainer.sft import SFTLoss, aux_loss_gradient, sft_inputs
+    from mindrlhf.trainer.update.one_graph import ModelRouting
+    _, table = _table(folder)
+    ids, mask, lengths = table.ids[:4], table.loss_mask[:4], table.lengths[:4]
+    assert lengths.max() < ids.shape[1]            # every row's real tokens are all model inputs
+    hf = make_qwen3_moe_model(str(tmp_path), vocab=VOCAB, aux_coef=0.5)
+    cfg = ModelConfig(**qwen3_moe_model_kwargs(vocab=VOCAB, aux_coef=0.5))
+    ours = load_ours(str(tmp_path), cfg)
+    inputs = sft_inputs(ids, mask, lengths)
+    tokens = Tensor(np.float32(inputs[-1].asnumpy().sum()))
+    grad, aux = aux_loss_gradient(ModelRouting(ours), inputs, lengths, 0.5, Mesh(dp=1, tp=1))
+    params = list(ours.trainable_params())
+    loss, grads = ms.value_and_grad(SFTLoss(ours), None, params)(*inputs, tokens, grad)
+    _, plain = ms.value_and_grad(SFTLoss(ours), None, params)(*inputs, tokens)
+    present = (np.arange(ids.shape[1])[None] < lengths[:, None]).astype(np.int64)
+    out = hf(torch.tensor(ids[:, :-1]), attention_mask=torch.tensor(present[:, :-1]), output_router_logits=True)
+    logp = torch.log_softmax(out.logits.double(), -1).gather(-1, torch.tensor(ids[:, 1:])[..., None])[..., 0]
+    m = torch.tensor(mask[:, 1:] * present[:, 1:], dtype=torch.float64)
+    ce = -(logp * m).sum() / m.sum()
+    (ce + 0.5 * out.aux_loss).backward()
+    assert abs(float(loss.asnumpy()) - float(ce)) <= 1e-5 * float(ce)       # the value: the token loss alone
+    assert abs(aux - float(out.aux_loss)) <= 1e-5 * float(out.aux_loss)
+    named = dict(hf.named_parameters())
+    router_off = 0.0
+    for p, g, g0 in zip(params, grads, plain):
+        want = hf_grad(named, p.name, cfg)
+        scale = np.abs(want).max()
+        assert np.abs(g.asnumpy() - want).max() <= 1e-4 * scale, p.name
+        if "router" in p.name:
+            router_off = max(router_off, np.abs(g0.asnumpy() - want).max() / scale)
+    assert router_off > 1e-2
+
+
+def test_the_command_on_a_moe_folder_trains_with_the_aux_loss_and_says_what_is_inert(folder, tmp_path):
+    """--model a Qwen3-MoE folder: start-up says the aux loss joins the loss and which config.json keys are inert
+    (only GRPO's start-up reported them); each step reports moe/aux_loss."""
     import shutil
     from hf_reference import make_qwen3_moe_model
     from mindrlhf import sft
@@ -158,8 +202,8 @@ def test_a_moe_folder_says_its_aux_loss_is_not_applied_and_what_else_is_inert(fo
     lines = []
     rows = sft.train(sft.config_from_argv([
         "--model", moe, "--dataset", folder["train"], "--output_dir", str(tmp_path / "out"), "--max_length", "64",
-        "--batch_size", "4", "--total_steps", "1", "--progress", "False"]), log=lambda *a: lines.append(" ".join(a)))
-    assert [r["step"] for r in rows] == [1]
+        "--batch_size", "4", "--total_steps", "2", "--progress", "False"]), log=lambda *a: lines.append(" ".join(a)))
+    assert [r["step"] for r in rows] == [1, 2] and all(1.0 <= r["moe/aux_loss"] <= 4.0 for r in rows)
     said = "\n".join(lines)
-    assert f"aux loss: {moe}: router_aux_loss_coef 0.01 is not applied in SFT" in said
+    assert f"aux loss: {moe}: router_aux_loss_coef 0.01 x the load-balancing loss" in said
     assert f"ignored in {moe}: " in said and "output_router_logits" in said
