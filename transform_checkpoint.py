@@ -5,7 +5,9 @@
   per rank -> per rank:  ... --src_checkpoint in/ --src_strategy strategy/train_strategy/ --dst_strategy strategy/infer_strategy/
   per rank -> full:      ... --src_checkpoint in/ --src_strategy strategy/train_strategy/   (no --dst_strategy)
 
-Output: dst_checkpoint/rank_N/<prefix>N.<format>. The destination appears only when complete.
+A training step, save_ckpt_dir/step_N, is a per-rank source (each rank's policy.safetensors); a one-rank source
+needs no --src_strategy. Output: dst_checkpoint/rank_N/<prefix>N.<format>. The destination appears only when
+complete.
 
 MindRLHF's flags work as there: --dst_checkpoint_dir (= --dst_checkpoint); --world_size W --rank_id r makes
 this invocation write only the destination ranks N with N % W == r (run W of them, e.g. one per node; each
@@ -27,7 +29,8 @@ _WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--src_checkpoint", required=True, help="full .ckpt/.safetensors/HF dir, or a dir of rank_N/")
+    p.add_argument("--src_checkpoint", required=True, help="full .ckpt/.safetensors/HF dir, or a dir of rank_N/ "
+                   "(a training step_N too)")
     p.add_argument("--dst_checkpoint", "--dst_checkpoint_dir", dest="dst_checkpoint", required=True,
                    help="output directory (replaced atomically)")
     p.add_argument("--dst_strategy", default=None, help="strategy file or directory; omit to merge into one file")

@@ -59,6 +59,40 @@ def test_slice_then_merge_is_bit_exact(tmp_path, dp, tp, fmt):
         assert merged[n].tobytes() == full[n].tobytes()
 
 
+def _training_step(root, shards):
+    """A training step's directory as the trainer writes it: rank_N/ holds policy.safetensors (the shard given)
+    beside the optimizer's and the reference's files, COMPLETE last."""
+    for r, shard in enumerate(shards):
+        d = root / f"rank_{r}"
+        d.mkdir(parents=True)
+        save_checkpoint(shard, str(d / "policy.safetensors"))
+        save_checkpoint({k + ".exp_avg": v * 0 for k, v in shard.items()}, str(d / "optimizer.safetensors"))
+        save_checkpoint({k: v + 1 for k, v in shard.items()}, str(d / "ref.safetensors"))
+    (root / "COMPLETE").write_text("")
+    return str(root)
+
+
+def test_a_training_steps_shards_are_its_policy(tmp_path):
+    """transform_checkpoint.py on save_ckpt_dir/step_N (the error of policy_tensors tells users to do so): each
+    rank's policy.safetensors is the source (it refused the three files of a rank); a one-rank step needs no
+    --src_strategy; a several-rank one without it says where the strategy comes from."""
+    full = _full()
+    strat = str(tmp_path / "tp2.ckpt")
+    write_strategy(strat, _layouts(1, 2))
+    shards = [{n: _expected_slice(full[n], tm, 1, 2, r) for n, _, tm in PARAMS} for r in range(2)]
+    step = _training_step(tmp_path / "run" / "step_000002", shards)
+    transform(step, str(tmp_path / "merged"), src_strategy=strat)
+    merged = read_checkpoint(str(tmp_path / "merged" / "rank_0" / "checkpoint_0.ckpt"))
+    assert all(merged[n].tobytes() == full[n].tobytes() for n in full)
+    with pytest.raises(CheckpointError, match=r"holds the files of 2 ranks: give --src_strategy.*--only_save_strategy"):
+        transform(step, str(tmp_path / "out"))
+    single = _training_step(tmp_path / "run1" / "step_000002", [full])
+    transform(single, str(tmp_path / "sliced"), dst_strategy=strat)
+    for r in range(2):
+        got = read_checkpoint(str(tmp_path / "sliced" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+        assert all(np.array_equal(got[n], shards[r][n]) for n in full)
+
+
 @pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
 def test_rank_shares_and_worker_processes_write_the_same_files(tmp_path, fmt):
     """MindRLHF's --rank_id/--world_size (cooperating invocations) and --transform_process_num give the

@@ -143,14 +143,25 @@ def rank_dir(root: str, rank: int) -> str:
     return os.path.join(root, f"rank_{rank}")
 
 
+# a training step's rank_N/ holds the policy's shard beside the optimizer's and the reference's
+POLICY_FILE = "policy.safetensors"
+
+
 def holds_rank_dirs(path: str) -> bool:
     return os.path.isdir(path) and any(d.startswith("rank_") for d in os.listdir(path))
 
 
+def rank_dir_count(path: str) -> int:
+    return sum(d.startswith("rank_") for d in os.listdir(path)) if os.path.isdir(path) else 0
+
+
 def rank_checkpoint_file(root: str, rank: int, what: str) -> str:
-    """The one .ckpt/.safetensors file of `rank` under `root`; the error says `what` was expected."""
+    """The one .ckpt/.safetensors file of `rank` under `root` (of a training step's: the policy's); the error
+    says `what` was expected."""
     directory = rank_dir(root, rank)
     files = sorted(f for f in os.listdir(directory) if f.endswith(CKPT_EXTS)) if os.path.isdir(directory) else []
+    if POLICY_FILE in files:
+        files = [POLICY_FILE]
     if len(files) != 1:
         raise CheckpointError(f"{directory}: expected one checkpoint file for {what}, found {files or 'none'}")
     return os.path.join(directory, files[0])

@@ -23,7 +23,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import load_sharded_weights, rank_dir, read_checkpoint, save_params, write_param
+from mindrlhf.checkpoint.model_io import (POLICY_FILE, load_sharded_weights, rank_dir, read_checkpoint, save_params,
+                                          write_param)
 from mindrlhf.checkpoint.safetensors_io import require_float
 from mindrlhf.checkpoint.slicing import ShardedSource
 from mindrlhf.configs.errors import CheckpointError
@@ -35,7 +36,6 @@ from mindrlhf.trainer import exchange
 from mindrlhf.utils.atomic import atomic_dir, write_json
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
-POLICY_FILE = "policy.safetensors"      # in each step's rank_N/
 
 
 def step_folders(root: str) -> Dict[int, str]:
