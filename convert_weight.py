@@ -1,4 +1,4 @@
-"""HF <-> MindSpore weights with MindFormers' `convert_weight.py` flags (Qwen2 / Qwen2.5 / Llama).
+r"""HF <-> MindSpore weights with MindFormers' `convert_weight.py` flags (Qwen2 / Qwen2.5 / Qwen3 / Qwen3-MoE / Llama).
 
   python convert_weight.py --model qwen2_5 --input_path Qwen2.5-7B-Instruct/ --output_path qwen2_5_7b.ckpt \
       --dtype bf16 --config_path model_configs/qwen_grpo/finetune_qwen2_5_7b.yaml

@@ -1,4 +1,4 @@
-"""Slice, re-slice or merge checkpoints by MindSpore strategy files.
+r"""Slice, re-slice or merge checkpoints by MindSpore strategy files.
 
   full -> per rank:      python transform_checkpoint.py --src_checkpoint full.ckpt --dst_checkpoint out/ \
                              --dst_strategy strategy/train_strategy/
