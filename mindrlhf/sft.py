@@ -93,7 +93,7 @@ class _Run:
         from mindrlhf.data.conversations import tokenize_conversations
         from mindrlhf.data.tokenizer import load_tokenizer
         from mindrlhf.parallel.mesh import Mesh
-        from mindrlhf.trainer import startup
+        from mindrlhf.trainer import aux_loss, startup
         from mindrlhf.trainer.build import model_with_weights
         from mindrlhf.trainer.optim import AdamW
         from mindrlhf.trainer.resolve import special_ids
@@ -111,9 +111,8 @@ class _Run:
             self.log(describe_ignored(model_yaml.path, model_yaml.ignored))
         self.aux_coef = self.model_cfg.router_aux_loss_coef if self.model_cfg.num_experts else 0.0
         if self.aux_coef:
-            self.log(f"aux loss: {cfg.model}: router_aux_loss_coef {self.aux_coef:g} x the load-balancing loss "
-                     f"(transformers' form, every real token of the step's global batch) joins the loss; reported as "
-                     f"moe/aux_loss (set it to 0 to train without)")
+            self.log(aux_loss.describe(cfg.model, self.aux_coef, "every real token of each step's global batch "
+                                                                 "joins the loss"))
         weights = cfg.checkpoint or (cfg.model if is_hf_folder(cfg.model) else "")
         if not weights:
             raise ConfigError(f"--checkpoint: required with a model YAML ({cfg.model})")

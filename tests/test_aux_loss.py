@@ -93,7 +93,7 @@ def test_the_update_gets_coef_times_transformers_aux_loss_gradient(moe, samples)
     (output_router_logits, attention_mask = the tokens the rollout fed); the reported value = that aux_loss. Fails
     with the gradient left out of the backward, or scaled by anything but 1."""
     import torch
-    from test_qwen3_moe import _hf_grad
+    from hf_reference import hf_grad
     hf, ours = moe
     grad, aux = _aux_gradient(ours, samples)
     advantages = np.linspace(-1, 1, len(samples)).astype(np.float32)
@@ -109,7 +109,7 @@ def test_the_update_gets_coef_times_transformers_aux_loss_gradient(moe, samples)
     hf_params = dict(hf.named_parameters())
     for name in with_aux:
         try:
-            ref = _hf_grad(hf_params, name, ours.config)
+            ref = hf_grad(hf_params, name, ours.config)
         except AttributeError:          # torch's .grad None: no path from the parameter to the router logits
             ref = np.zeros_like(with_aux[name])
         diff = with_aux[name] - without[name]

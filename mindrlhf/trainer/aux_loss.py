@@ -30,6 +30,12 @@ import numpy as np
 from mindrlhf.trainer import exchange
 
 
+def describe(path: str, coef: float, joins: str) -> str:
+    """The start-up line that says the aux loss is on (GRPO's update, SFT's loss): `joins` says over what, where."""
+    return (f"aux loss: {path}: router_aux_loss_coef {coef:g} x the load-balancing loss (transformers' form) over "
+            f"{joins}; reported as moe/aux_loss (set it to 0 to train without)")
+
+
 def router_grad(ids: np.ndarray, prob_sums: np.ndarray, keep: np.ndarray, mini_batch: int, num_experts: int,
                 coef: float, mesh) -> Tuple[np.ndarray, float]:
     """(router_grad (N, T, E) float32, mean aux loss over the mini-batches) for this train replica's rows.

@@ -32,6 +32,7 @@ from mindrlhf.parallel.swap import on_ascend
 from mindrlhf.reward.verifiers import RewardFn, extract_answer, load_reward_module
 from mindrlhf.rollout.backends import check_backend
 from mindrlhf.rollout.sampling import SamplingParams
+from mindrlhf.trainer import aux_loss
 from mindrlhf.trainer.packing import PackingLayout
 from mindrlhf.trainer.reward_model import RewardModelSpec, resolve_reward_model
 from mindrlhf.trainer.step_geometry import StepGeometry
@@ -253,8 +254,7 @@ def _say_aux_loss(run: ResolvedRun, log):
     coef, path = run.model_cfg.router_aux_loss_coef, run.cfg.run.sft_path_train
     if not (run.model_cfg.num_experts and coef):
         return
-    log(f"aux loss: {path}: router_aux_loss_coef {coef:g} x the load-balancing loss (transformers' form) over "
-        f"each global mini-batch joins the update; reported as moe/aux_loss (set it to 0 to train without)")
+    log(aux_loss.describe(path, coef, "each global mini-batch joins the update"))
 
 
 def _check_router_replay(run: ResolvedRun, log):
