@@ -207,3 +207,39 @@ def test_the_command_on_a_moe_folder_trains_with_the_aux_loss_and_says_what_is_i
     said = "\n".join(lines)
     assert f"aux loss: {moe}: router_aux_loss_coef 0.01 x the load-balancing loss" in said
     assert f"ignored in {moe}: " in said and "output_router_logits" in said
+
+
+@pytest.mark.slow       # ~80 s: a single process and two 2-worker msrun jobs
+def test_the_command_under_msrun_dp2_and_tp2_follows_one_process(folder, tmp_path):
+    """python -m mindrlhf.sft on a Qwen3-MoE folder (aux loss on: its counts are summed over the DP replicas):
+    dp2 and tp2 under msrun give the single process's per-step loss, gradient norm and aux loss (1e-5 relative)
+    and its exported weights (1e-5 of the largest; lr 1e-4 as the GRPO layout tests: AdamW turns the last bits in
+    which tp2's forward sums differ into ~3% of lr per step where a gradient is small)."""
+    import shutil
+    from hf_reference import make_qwen3_moe_model
+    from msrun_util import REPO, run_msrun
+    from mindrlhf import sft
+    from mindrlhf.checkpoint.hf_interop import iter_hf_as_ms
+    from mindrlhf.trainer.metrics import read_metrics
+    moe = str(tmp_path / "moe")
+    make_qwen3_moe_model(moe, vocab=VOCAB, aux_coef=0.1)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(folder["model"], name), moe)
+    flags = ["--model", moe, "--dataset", folder["train"], "--max_length", "64", "--batch_size", "4", "--epochs", "2",
+             "--lr", "1e-4", "--progress", "False"]
+    sft.train(sft.config_from_argv(flags + ["--output_dir", str(tmp_path / "single")]), log=lambda *a: None)
+    for name, extra in (("dp2", []), ("tp2", ["--model_parallel", "2"])):
+        run_msrun(os.path.join(REPO, "mindrlhf", "sft.py"),
+                  flags + extra + ["--output_dir", str(tmp_path / name), "--use_parallel", "True"], workers=2,
+                  log_dir=str(tmp_path / f"log_{name}"))
+    want = read_metrics(str(tmp_path / "single" / "metrics.jsonl"))
+    weights = dict(iter_hf_as_ms(str(tmp_path / "single" / "hf_policy")))
+    before = dict(iter_hf_as_ms(moe))
+    assert len(want) == 6 and max(np.abs(weights[k] - before[k]).max() for k in weights) > 1e-4    # they moved
+    for name in ("dp2", "tp2"):
+        got = read_metrics(str(tmp_path / name / "metrics.jsonl"))
+        for a, b in zip(got, want):
+            for key in ("loss", "grad_norm", "moe/aux_loss"):
+                assert abs(a[key] - b[key]) <= 1e-5 * abs(b[key]), (name, a["step"], key)
+        for key, value in iter_hf_as_ms(str(tmp_path / name / "hf_policy")):
+            assert np.abs(value - weights[key]).max() <= 1e-5 * max(1.0, np.abs(weights[key]).max()), (name, key)
