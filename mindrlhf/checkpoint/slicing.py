@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from mindrlhf.checkpoint.model_io import (checkpoint_kind, holds_rank_dirs, iter_full_tensors, rank_checkpoint_file,
+from mindrlhf.checkpoint.model_io import (checkpoint_kind, iter_full_tensors, rank_checkpoint_file,
                                           rank_dir, rank_dir_count, read_checkpoint, save_checkpoint)
 from mindrlhf.checkpoint.safetensors_io import SafeTensorsFile, SafeTensorsStreamWriter, dtype_code
 from mindrlhf.configs.errors import CheckpointError
@@ -168,12 +168,12 @@ def _plan(src_checkpoint: str, dst_strategy: Optional[str], src_strategy: Option
         source = ShardedSource(src_checkpoint, load_strategy(src_strategy))
         src_layout_of = lambda n, shape: source.strategy[n].layout(shape, n)  # noqa: E731
     else:
-        if rank_dir_count(src_checkpoint) == 1:          # one rank: its file is the whole model
+        ranks = rank_dir_count(src_checkpoint)
+        if ranks == 1:          # one rank: its file is the whole model
             src_checkpoint = rank_checkpoint_file(src_checkpoint, 0, "the one rank of --src_checkpoint")
-        elif holds_rank_dirs(src_checkpoint):
-            raise CheckpointError(f"--src_checkpoint {src_checkpoint} holds the files of "
-                                  f"{rank_dir_count(src_checkpoint)} "
-                                  f"ranks: give --src_strategy, the strategy they were saved with (a training step's: "
+        elif ranks:
+            raise CheckpointError(f"--src_checkpoint {src_checkpoint} holds the files of {ranks} ranks: give "
+                                  f"--src_strategy, the strategy they were saved with (a training step's: "
                                   f"grpo_one_stage.py with the run's layout and --only_save_strategy True writes it)")
         source = FullSource(src_checkpoint)
         src_layout_of = lambda n, shape: full_layout(shape)  # noqa: E731

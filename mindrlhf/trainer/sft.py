@@ -93,8 +93,9 @@ def aux_loss_gradient(routing: ModelRouting, inputs: tuple, lengths: np.ndarray,
 def sft_warmup(model: CausalLM, pretrain_ids: np.ndarray, loss_mask: np.ndarray, pad_token_id: int, steps: int,
                batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
                log: Optional[Callable[[str], None]] = print) -> List[float]:
-    """Single-process SFT for `steps` updates (no aux loss: the demo's warm-up); returns the loss per step. Sequences are trimmed to the
-    longest real length in the table so the compiled graph is as small as the data allows."""
+    """Single-process SFT for `steps` updates (no aux loss: the demo's warm-up); returns the loss per step.
+    Sequences are trimmed to the longest real length in the table so the compiled graph is as small as the data
+    allows."""
     real = (pretrain_ids != pad_token_id) | (loss_mask == 1)
     width = int(real.any(0).nonzero()[0].max()) + 2
     ids, mask = pretrain_ids[:, :width], loss_mask[:, :width]
