@@ -4,9 +4,10 @@
 
 Rows are `messages` conversations (tool calls and tool results included, TRL's and verl's form; see
 data/conversations.py), rendered by the model folder's chat template; the loss is on the assistant's tokens
-only. The model, its weights, layouts (--model_parallel; every other rank data-parallel, under msrun with
---use_parallel True), LoRA, checkpoints (`output_dir/step_N`, which GRPO's --load_sft_checkpoint_train reads)
-and the HF export (`output_dir/hf_policy`, merged under LoRA) are the GRPO trainer's own.
+only. The model, its weights, layouts (--model_parallel; --expert_parallel for a Qwen3-MoE, taken from the
+data-parallel ranks as GRPO's; every other rank data-parallel, under msrun with --use_parallel True), LoRA,
+checkpoints (`output_dir/step_N`, which GRPO's --load_sft_checkpoint_train reads) and the HF export
+(`output_dir/hf_policy`, merged under LoRA) are the GRPO trainer's own.
 """
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ class SFTConfig:
     max_grad_norm: float = _f(default(OptimConfig, "max_grad_norm"), "clip the global gradient norm (0: off)")
     seed: int = _f(default(RunConfig, "seed"), "shuffling seed")
     model_parallel: int = _f(1, "tensor-parallel ranks; the other ranks are data-parallel")
+    expert_parallel: int = _f(1, "MoE models: expert-parallel ranks, each holding num_experts / expert_parallel of "
+                              "every sparse layer's experts; taken from the data-parallel ranks (an EP group's "
+                              "ranks train on the same rows)")
     lora_rank: int = _f(default(LoraConfig, "lora_rank"), "adapter rank; 0 = full fine-tuning")
     lora_alpha: float = _f(default(LoraConfig, "lora_alpha"), "adapter scale alpha (alpha / r)")
     target_modules: List[str] = _f(default(LoraConfig, "target_modules"), "layers with adapters (as GRPO's "
@@ -72,7 +76,8 @@ def check(cfg: SFTConfig):
     for flag in ("model", "dataset"):
         if not os.path.exists(getattr(cfg, flag)):
             raise ConfigError(f"--{flag}: not found: {getattr(cfg, flag)}")
-    for flag, low in (("max_length", 2), ("batch_size", 1), ("epochs", 1), ("model_parallel", 1)):
+    for flag, low in (("max_length", 2), ("batch_size", 1), ("epochs", 1), ("model_parallel", 1),
+                      ("expert_parallel", 1)):
         if getattr(cfg, flag) < low:
             raise ConfigError(f"--{flag}: expected >= {low}, got {getattr(cfg, flag)}")
     for flag in ("total_steps", "warmup_steps", "eval_steps", "save_steps", "lora_rank"):
@@ -92,7 +97,7 @@ class _Run:
         from mindrlhf.data.chat_template import ChatTemplate
         from mindrlhf.data.conversations import tokenize_conversations
         from mindrlhf.data.tokenizer import load_tokenizer
-        from mindrlhf.parallel.mesh import Mesh
+        from mindrlhf.parallel.mesh import mesh_for
         from mindrlhf.trainer import aux_loss, startup
         from mindrlhf.trainer.build import model_with_weights
         from mindrlhf.trainer.optim import AdamW
@@ -101,12 +106,20 @@ class _Run:
         from mindrlhf.trainer.update.one_graph import ModelRouting
         self.rank, world, nodes, self.log, _ = startup.join(cfg.use_parallel, cfg.watchdog_timeout, log)
         startup.set_cpu_threads(0, nodes, self.log)
-        tp = cfg.model_parallel
+        tp, ep = cfg.model_parallel, cfg.expert_parallel
         if world % tp:
             raise ConfigError(f"--model_parallel {tp} does not divide the {world} rank(s)")
-        self.mesh = Mesh(dp=world // tp, tp=tp, rank=self.rank)
         model_yaml = load_model_yaml(cfg.model, ParallelConfig(data_parallel=world // tp, model_parallel=tp))
         self.model_cfg = model_yaml.model
+        experts = self.model_cfg.num_experts
+        if ep > 1 and (not experts or experts % ep):
+            raise ConfigError(f"--expert_parallel {ep}: " + (f"{cfg.model} has no experts (a dense model); use 1"
+                              if not experts else f"does not divide the model's {experts} experts"))
+        if (world // tp) % ep:
+            raise ConfigError(f"--expert_parallel {ep} does not divide the {world // tp} data-parallel rank(s) "
+                              f"({world} rank(s) / --model_parallel {tp}): the EP ranks are taken from them")
+        self.mesh = mesh_for(ParallelConfig(data_parallel=world // tp, model_parallel=tp, expert_parallel=ep), world,
+                             self.rank, "SFT")
         if model_yaml.ignored:
             self.log(describe_ignored(model_yaml.path, model_yaml.ignored))
         self.aux_coef = self.model_cfg.router_aux_loss_coef if self.model_cfg.num_experts else 0.0
@@ -125,8 +138,10 @@ class _Run:
             if cfg.eval_dataset else None
         n, b, dp = len(self.train.ids), cfg.batch_size, self.mesh.dp
         if b % dp or b > n:
-            raise ConfigError(f"--batch_size {b}: expected a multiple of the {dp} data-parallel rank(s), at most the "
-                              f"{n} conversations of --dataset")
+            rows = f"{dp} data-parallel group(s) of distinct rows" if self.mesh.ep > 1 else \
+                f"{dp} data-parallel rank(s)"
+            raise ConfigError(f"--batch_size {b}: expected a multiple of the {rows}, at most the {n} conversations "
+                              f"of --dataset")
         self.per_epoch = n // b
         self.total = cfg.total_steps or cfg.epochs * self.per_epoch
         self.lora = LoraSpec(cfg.lora_rank, float(cfg.lora_alpha), parse_targets(cfg.target_modules), cfg.seed) \
@@ -139,7 +154,7 @@ class _Run:
         cut = self.train.truncated + (self.eval.truncated if self.eval else 0)
         self.log(f"SFT: {n} conversations ({int(self.train.loss_mask.sum())} assistant tokens"
                  + (f", {cut} cut at --max_length {cfg.max_length}" if cut else "") + f"), {self.total} steps of "
-                 f"{b}; layout dp={dp} tp={tp}" + (f"; {self.lora.describe()}" if self.lora else ""))
+                 f"{b}; layout {self.mesh.sizes()}" + (f"; {self.lora.describe()}" if self.lora else ""))
 
     def rows(self, step: int, cfg: SFTConfig) -> np.ndarray:
         """The global batch of `step`: epoch-wise permutations keyed by (seed, epoch), remainders dropped."""
@@ -189,8 +204,10 @@ def train(cfg: SFTConfig, log: Callable = print) -> Optional[List[dict]]:
     run = _Run(cfg, log)
     metrics = MetricsLogger(cfg.output_dir, enabled=run.rank == 0, tensorboard=False)
     rows_out, t0 = [], time.time()
-    layout = {"world_size": run.mesh.dp * run.mesh.tp, "train": [run.mesh.dp, run.mesh.tp],
-              "infer": [run.mesh.dp, run.mesh.tp]}
+    mesh = run.mesh          # as GRPO records it (resolve.layout_state): data_parallel counts the EP ranks
+    layout = {"world_size": mesh.world_size, "train": [mesh.data_parallel, mesh.tp],
+              "infer": [mesh.data_parallel, mesh.tp],
+              **({"train_expert_parallel": mesh.ep, "infer_expert_parallel": mesh.ep} if mesh.ep > 1 else {})}
     for step in range(run.total):
         watchdog.enter("sft")
         rows = run.rows(step, cfg)

@@ -209,12 +209,35 @@ def test_the_command_on_a_moe_folder_trains_with_the_aux_loss_and_says_what_is_i
     assert f"ignored in {moe}: " in said and "output_router_logits" in said
 
 
-@pytest.mark.slow       # ~80 s: a single process and two 2-worker msrun jobs
-def test_the_command_under_msrun_dp2_and_tp2_follows_one_process(folder, tmp_path):
+def test_expert_parallel_that_cannot_be_laid_out_is_refused_by_its_flag(folder, tmp_path):
+    """--expert_parallel on a dense model, one that does not divide the experts, or more EP ranks than the
+    data-parallel ones: a ConfigError naming the flag, before any model is built."""
+    import shutil
+    from hf_reference import make_qwen3_moe_model
+    from mindrlhf import sft
+    from mindrlhf.configs import ConfigError
+    moe = str(tmp_path / "moe")
+    make_qwen3_moe_model(moe, vocab=VOCAB, experts=4)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(folder["model"], name), moe)
+    for model, ep, pattern in ((folder["model"], 2, r"--expert_parallel 2: .* has no experts \(a dense model\)"),
+                               (moe, 3, r"--expert_parallel 3: does not divide the model's 4 experts"),
+                               (moe, 2, r"--expert_parallel 2 does not divide the 1 data-parallel rank\(s\)")):
+        cfg = sft.config_from_argv(["--model", model, "--dataset", folder["train"], "--output_dir",
+                                    str(tmp_path / "out"), "--expert_parallel", str(ep)])
+        with pytest.raises(ConfigError, match=pattern):
+            sft.train(cfg, log=lambda *a: None)
+    assert not os.path.exists(tmp_path / "out" / "step_1")
+
+
+@pytest.mark.slow       # ~120 s: a single process and three 2-worker msrun jobs
+def test_the_command_under_msrun_dp2_tp2_and_ep2_follows_one_process(folder, tmp_path):
     """python -m mindrlhf.sft on a Qwen3-MoE folder (aux loss on: its counts are summed over the DP replicas):
-    dp2 and tp2 under msrun give the single process's per-step loss, gradient norm and aux loss (1e-5 relative)
-    and its exported weights (1e-5 of the largest; lr 1e-4 as the GRPO layout tests: AdamW turns the last bits in
-    which tp2's forward sums differ into ~3% of lr per step where a gradient is small)."""
+    dp2, tp2 and ep2 under msrun give the single process's per-step loss, gradient norm and aux loss (1e-5
+    relative) and its exported weights (1e-5 of the largest; lr 1e-4 as the GRPO layout tests: AdamW turns the last
+    bits in which tp2's forward sums differ into ~3% of lr per step where a gradient is small). The ep2 run's last
+    step, assembled from its shards by the layout it records (as eval and GRPO's --load_sft_checkpoint_train
+    read it), is its export."""
     import shutil
     from hf_reference import make_qwen3_moe_model
     from msrun_util import REPO, run_msrun
@@ -228,7 +251,8 @@ def test_the_command_under_msrun_dp2_and_tp2_follows_one_process(folder, tmp_pat
     flags = ["--model", moe, "--dataset", folder["train"], "--max_length", "64", "--batch_size", "4", "--epochs", "2",
              "--lr", "1e-4", "--progress", "False"]
     sft.train(sft.config_from_argv(flags + ["--output_dir", str(tmp_path / "single")]), log=lambda *a: None)
-    for name, extra in (("dp2", []), ("tp2", ["--model_parallel", "2"])):
+    runs = (("dp2", []), ("tp2", ["--model_parallel", "2"]), ("ep2", ["--expert_parallel", "2"]))
+    for name, extra in runs:
         run_msrun(os.path.join(REPO, "mindrlhf", "sft.py"),
                   flags + extra + ["--output_dir", str(tmp_path / name), "--use_parallel", "True"], workers=2,
                   log_dir=str(tmp_path / f"log_{name}"))
@@ -236,10 +260,15 @@ def test_the_command_under_msrun_dp2_and_tp2_follows_one_process(folder, tmp_pat
     weights = dict(iter_hf_as_ms(str(tmp_path / "single" / "hf_policy")))
     before = dict(iter_hf_as_ms(moe))
     assert len(want) == 6 and max(np.abs(weights[k] - before[k]).max() for k in weights) > 1e-4    # they moved
-    for name in ("dp2", "tp2"):
+    for name, _ in runs:
         got = read_metrics(str(tmp_path / name / "metrics.jsonl"))
         for a, b in zip(got, want):
             for key in ("loss", "grad_norm", "moe/aux_loss"):
                 assert abs(a[key] - b[key]) <= 1e-5 * abs(b[key]), (name, a["step"], key)
         for key, value in iter_hf_as_ms(str(tmp_path / name / "hf_policy")):
             assert np.abs(value - weights[key]).max() <= 1e-5 * max(1.0, np.abs(weights[key]).max()), (name, key)
+    from mindrlhf.configs.compat.sources import load_model_yaml
+    from mindrlhf.trainer.checkpointing import policy_tensors, step_dir
+    exported = dict(iter_hf_as_ms(str(tmp_path / "ep2" / "hf_policy")))
+    steps = dict(policy_tensors(step_dir(str(tmp_path / "ep2"), 6), load_model_yaml(moe).model))
+    assert steps.keys() == exported.keys() and all(np.array_equal(steps[k], exported[k]) for k in steps)
