@@ -36,7 +36,38 @@ def split_argv(argv: List[str]) -> Tuple[List[str], List[str]]:
     return argv, []
 
 
+HYDRA_FLAGS = ("--config-path", "--config-name", "--config-dir")
+
+
+def hydra_flags(argv: List[str]) -> Tuple[Dict[str, str], List[str]]:
+    """Hydra's --config-path / --config-name / --config-dir (`--flag value` or `--flag=value`) wherever they
+    stand before our own flags, as verl's Megatron scripts put them first: ({flag: value}, the rest)."""
+    found: Dict[str, str] = {}
+    rest: List[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.split("=", 1)[0]
+        if name in HYDRA_FLAGS:
+            if "=" in arg:
+                found[name] = arg.split("=", 1)[1]
+            elif i + 1 < len(argv):
+                found[name], i = argv[i + 1], i + 1
+            else:
+                raise ConfigError(f"{arg}: expected a value")
+        elif arg.startswith("--"):
+            return found, rest + argv[i:]
+        else:
+            rest.append(arg)
+        i += 1
+    return found, rest
+
+
 def _rank() -> int:
+    """This process's rank; -1 for msrun's scheduler, which runs the script too (with no RANK_ID) and must only
+    read what rank 0 writes."""
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        return -1
     return int(os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "0")) or 0)
 
 
@@ -101,12 +132,19 @@ def _layout_yamls(model: str, world: int, infer_tp: int, out_dir: str) -> Tuple[
     return paths[0], paths[1]
 
 
-def build_config_file(overrides: List[str], ours: List[str]) -> str:
-    """Translate, print what each key became, convert the data, write verl_config.yaml; returns its path."""
+def build_config_file(overrides: List[str], ours: List[str], hydra: Dict[str, str] = None) -> str:
+    """Translate, print what each key became, convert the data, write verl_config.yaml; returns its path.
+    `hydra`: Hydra's flags (hydra_flags): --config-name picks verl's backend, the config folders are verl's own."""
     import yaml
     from mindrlhf.configs.compat import verl as upstream_verl
     from mindrlhf.configs.grpo_config import _field_of
-    tr = upstream_verl.translate(upstream_verl.parse_overrides(overrides), _field_of)
+    hydra = hydra or {}
+    tr = upstream_verl.translate(upstream_verl.parse_overrides(overrides), _field_of,
+                                 hydra.get("--config-name", "ppo_trainer"))
+    for flag, value in sorted(hydra.items()):
+        what = f"the keys of verl's {value.replace('.yaml', '')}.yaml" if flag == "--config-name" else \
+            "verl's own config folder (inert: the keys are read from our table of its YAML)"
+        print(f"verl {flag} {value}: {what}", flush=True)
     sections, run = tr.sections, tr.sections["run"]
     plan = tr.data
     eval_wanted = run.get("eval_steps", 0) > 0
@@ -167,7 +205,9 @@ trainer. Each override is mapped to our config, reported as inert with the reaso
 docs/UPSTREAM.md lists every key. data.train_files / data.val_files (verl's RL parquet) are converted to
 MindRecord under trainer.default_local_dir, and the translated config is written there as verl_config.yaml.
 Our own flags follow the overrides (`python examples/grpo/qwen_grpo_tutorial/grpo_one_stage.py --help` lists
-them) and win over them; --config is refused (the overrides are the config).
+them) and win over them; --config is refused (the overrides are the config). Hydra's --config-name
+ppo_megatron_trainer (verl's Megatron backend, as its Megatron scripts give it, with --config-path) reads the
+actor's Megatron layout (tensor / pipeline / expert sizes) as our train layout.
 """
 
 
@@ -177,11 +217,12 @@ def main(argv=None) -> int:
         print(USAGE, end="", flush=True)
         return 0
     try:
+        hydra, argv = hydra_flags(argv)
         overrides, ours = split_argv(argv)
         if not overrides:
             raise ConfigError("no verl overrides given (e.g. algorithm.adv_estimator=grpo data.train_files=... "
                               "actor_rollout_ref.model.path=...); docs/UPSTREAM.md lists every key")
-        path = build_config_file(overrides, ours)
+        path = build_config_file(overrides, ours, hydra)
     except (ConfigError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2

@@ -227,6 +227,19 @@ def test_world_size_mismatch_under_msrun_exits_cleanly(assets, tmp_path):
                "= 4 ranks, but the job has 2" in log
 
 
+@pytest.mark.parametrize("at_start,evaluated_at", [(True, [0, 1]), (False, [1])])
+def test_eval_at_start_decides_the_eval_before_the_first_step(assets, tmp_path, at_start, evaluated_at):
+    """run.eval_at_start (verl's val_before_train) false: the first evaluation comes after step eval_steps."""
+    trainer = _trainer(assets, tmp_path, total_steps=1, eval_steps=1, eval_dataset=assets["mind_dataset_dir"],
+                       eval_at_start=at_start)
+    steps = []
+    trainer.evaluate = lambda: steps.append(trainer.step) or 0.5
+    trainer.fit()
+    assert steps == evaluated_at
+    rows = read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert [r["step"] for r in rows if "eval_accuracy" in r] == evaluated_at
+
+
 def test_reference_sync_every_n_steps(assets, tmp_path):
     trainer = _trainer(assets, tmp_path, total_steps=2, beta=0.05, ref_sync_steps=2, mini_batch_size=4,
                        verifier_function="digit_fraction_test")

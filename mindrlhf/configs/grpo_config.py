@@ -89,6 +89,8 @@ class RunConfig(_Section):
     save_steps: int = _f(50, "save a checkpoint every N steps (and at the end); 0 = only at the end")
     keep_checkpoints: int = _f(2, "keep the last K complete checkpoints")
     eval_steps: int = _f(0, "greedy-accuracy eval on eval_dataset every N steps (and at start/end); 0 = off")
+    eval_at_start: bool = _f(True, "with eval_steps > 0: also evaluate before the first step (verl's "
+                             "val_before_train); false: the first eval comes after step eval_steps")
     eval_prompts: int = _f(64, "how many eval prompts (per run, split over DP)")
     log_dir: str = _f("", "metrics JSONL / TensorBoard directory (default: save_ckpt_dir)")
     tensorboard: bool = _f(True, "also write TensorBoard events when a writer is installed (torch's, else "
@@ -332,6 +334,8 @@ class LayoutConfig(_Section):
                                     "(parallel_config.micro_batch_num; with pipeline stages)")
     train_expert_parallel: int = _f(0, "train layout, MoE models: expert-parallel ranks (parallel_config."
                                     "expert_parallel; taken from data_parallel)")
+    train_use_seq_parallel: bool = _f(False, "train layout: Megatron sequence parallelism over the model_parallel "
+                                      "ranks (parallel_config.use_seq_parallel; true turns it on)")
     infer_data_parallel: int = _f(0, "infer (rollout) layout: data-parallel replicas (parallel_config."
                                   "data_parallel of sft_path_infer, or of sft_path_train when none)")
     infer_model_parallel: int = _f(0, "infer (rollout) layout: tensor-parallel ranks")

@@ -299,7 +299,7 @@ class GRPOTrainer:
         run = self.cfg.run
         history = []
         self.log(f"{self.run.describe()}; steps {self.step}->{run.total_steps}")
-        if self.eval_dataset is not None and self.step == 0:
+        if self.eval_dataset is not None and self.step == 0 and run.eval_at_start:
             acc = self.evaluate()
             self.metrics.log(0, {"eval_accuracy": acc}, echo=self.log)
         progress, echo = None, self.log

@@ -1,5 +1,6 @@
 """verl's GRPO command line in one table: every dotted override of its `ppo_trainer.yaml` this reads, and what
-each does here. `python -m mindrlhf.verl_main key=value ...` (mindrlhf/verl_main.py) runs it.
+each does here (its Megatron backend's own keys, `--config-name ppo_megatron_trainer`: verl_megatron.py).
+`python -m mindrlhf.verl_main key=value ...` (mindrlhf/verl_main.py) runs it.
 
 Read from github.com/volcengine/verl for facts only:
   - the names and their defaults: verl/trainer/config/_generated_ppo_trainer.yaml (ppo_trainer.yaml flattened by
@@ -29,6 +30,7 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Tuple
 
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.compat import verl_megatron
 from mindrlhf.configs.compat.keys import ABSENT as _ABSENT, CHECKED, INERT, MAPPED, Key, run_checks
 
 A, R, M, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "actor_rollout_ref.ref."
@@ -178,6 +180,8 @@ _mapped({
     "trainer.nnodes": "ranks of the job = nnodes x n_gpus_per_node",
     "trainer.save_freq": "run.save_steps (-1 -> 0: we still save once at the end)",
     "trainer.test_freq": "run.eval_steps (-1 -> 0: off)",
+    "trainer.val_before_train": "run.eval_at_start (with test_freq > 0; with test_freq -1 verl validates once "
+                                "before training, here nothing is evaluated: said at conversion)",
     "trainer.max_actor_ckpt_to_keep": "run.keep_checkpoints (null: verl keeps all; ours keeps 2)",
     "trainer.project_name": "default_local_dir's default checkpoints/<project_name>/<experiment_name>",
     "trainer.experiment_name": "default_local_dir's default checkpoints/<project_name>/<experiment_name>",
@@ -296,10 +300,13 @@ _inert("trainer.logger trainer.log_val_generations trainer.validation_data_dir",
        "logging backend; metrics.jsonl and TensorBoard in default_local_dir here")
 _inert("trainer.balance_batch", "reorders sequences between data-parallel ranks to even their tokens")
 _inert("trainer.critic_warmup", "critic only")
-_inert("trainer.val_before_train", "our eval runs at the start and end whenever test_freq > 0")
 _inert("trainer.device trainer.use_legacy_worker_impl trainer.ray_wait_register_center_timeout "
        "trainer.esi_redundant_time trainer.del_local_ckpt_after_load trainer.max_critic_ckpt_to_keep",
        "verl's worker / device / elastic setting; none here")
+
+# ppo_megatron_trainer.yaml's own keys (--config-name ppo_megatron_trainer): configs/compat/verl_megatron.py
+TABLE.update(verl_megatron.ROWS)
+CHECKS.update(verl_megatron.CHECKS)
 
 KL_TYPES = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
 ROUTER_REPLAY = {"disabled": "none", "R2": "r2", "R3": "r3"}
@@ -389,10 +396,14 @@ def _files(value) -> List[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
-def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Field]) -> Translation:
+def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Field],
+              config_name: str = "ppo_trainer") -> Translation:
     """verl's overrides -> our sections, what each key did, and the data to convert. Keys the command does not
-    give keep our defaults, except where verl's own default differs (ABSENT_DEFAULTS, said at start-up)."""
+    give keep our defaults, except where verl's own default differs (ABSENT_DEFAULTS, said at start-up).
+    `config_name`: Hydra's --config-name, ppo_trainer (FSDP) or ppo_megatron_trainer (verl_megatron.py)."""
     from mindrlhf.configs.coerce import coerce, coerce_kind
+    megatron = verl_megatron.config_name(config_name) == "ppo_megatron_trainer"
+    verl_megatron.check_backend(ov, verl_megatron.config_name(config_name))
     rows = {k: lookup(k) for k in ov}
     run_checks(ov, CHECKS, ov, "verl", lambda k: k)
 
@@ -426,6 +437,9 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
     replicas = world // infer_tp
     if world > 1:
         put("run", "use_parallel", True, "trainer.n_gpus_per_node")
+    layout = verl_megatron.train_layout(ov, num, flag, put, derived, world) if megatron else \
+        verl_megatron.TrainLayout()
+    train_dp = world // layout.cell          # train replicas holding distinct rows
     if "trainer.n_gpus_per_node" not in ov:
         derived.append("ranks: 1 (trainer.n_gpus_per_node not given; verl's default is 8 GPUs, the job's size is "
                        "msrun's here)")
@@ -470,7 +484,12 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
     if val:
         test_freq = num("trainer.test_freq", "integer", -1)
         if test_freq <= 0:
-            derived.append("data.val_files converted but not evaluated: trainer.test_freq is -1 (verl's default)")
+            derived.append("data.val_files converted but not evaluated: trainer.test_freq is -1 (verl's default)"
+                           + ("; verl would validate once before training (trainer.val_before_train): give "
+                              "trainer.test_freq N to evaluate before the first step, every N steps and at the end"
+                              if flag("trainer.val_before_train", True) else ""))
+    if "trainer.val_before_train" in ov:
+        put("run", "eval_at_start", flag("trainer.val_before_train", True), "trainer.val_before_train")
     for key, fld in (("trainer.test_freq", "eval_steps"), ("trainer.save_freq", "save_steps")):
         if key in ov:
             put("run", fld, max(num(key, "integer"), 0), key)
@@ -499,16 +518,18 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
     if mini <= 0 or tbs % mini:
         raise ConfigError(f"{A}ppo_mini_batch_size: {mini}{'' if A + 'ppo_mini_batch_size' in ov else ' (verl default)'}"
                           f" must divide data.train_batch_size {tbs} (as verl asserts)")
-    if mini * n % world:
-        raise ConfigError(f"{A}ppo_mini_batch_size: {mini} prompts x rollout.n {n} do not split over {world} ranks")
-    put("rl", "mini_batch_size", mini * n // world, A + "ppo_mini_batch_size")
-    derived.append(f"rl.mini_batch_size: {mini * n // world} (ppo_mini_batch_size {mini} x rollout.n {n} / "
-                   f"{world} ranks)")
+    ranks = f"{world} ranks" if train_dp == world else f"{train_dp} train data-parallel group(s)"
+    if mini * n % train_dp or tbs % train_dp:
+        raise ConfigError(f"{A}ppo_mini_batch_size: {mini} prompts x rollout.n {n} (and data.train_batch_size {tbs}) "
+                          f"do not split over {ranks}")
+    put("rl", "mini_batch_size", mini * n // train_dp, A + "ppo_mini_batch_size")
+    derived.append(f"rl.mini_batch_size: {mini * n // train_dp} (ppo_mini_batch_size {mini} x rollout.n {n} / "
+                   f"{ranks})")
     if A + "ppo_micro_batch_size" in ov and ov[A + "ppo_micro_batch_size"] is not None:
         micro = num(A + "ppo_micro_batch_size", "integer")
-        if micro % world:
-            raise ConfigError(f"{A}ppo_micro_batch_size: {micro} sequences do not split over {world} ranks")
-        put("engine", "micro_batch_size", micro // world, A + "ppo_micro_batch_size")
+        if micro % train_dp:
+            raise ConfigError(f"{A}ppo_micro_batch_size: {micro} sequences do not split over {ranks}")
+        put("engine", "micro_batch_size", micro // train_dp, A + "ppo_micro_batch_size")
 
     # the loss
     if flag(A + "use_kl_loss", False):
@@ -556,7 +577,16 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
         put("run", "max_model_len", ov[R + "max_model_len"], R + "max_model_len")
 
     # the learning-rate schedule: verl steps it once per step, we once per optimizer update
-    _schedule(ov, put, derived, num, tbs, mini, sections)
+    if megatron:
+        verl_megatron.schedule(ov, num, put, derived, tbs // mini * max(num(A + "ppo_epochs", "integer", 1), 1))
+    else:
+        _schedule(ov, put, derived, num, tbs, mini, sections)
+    if A + "optim.betas" in ov:
+        betas = ov[A + "optim.betas"]
+        if not isinstance(betas, list) or len(betas) != 2:
+            raise ConfigError(f"{A}optim.betas: expected [beta1, beta2], got {betas!r}")
+        put("optim", "beta1", betas[0], A + "optim.betas")
+        put("optim", "beta2", betas[1], A + "optim.betas")
 
     # dynamic sampling (DAPO)
     if flag("algorithm.filter_groups.enable", False):
@@ -623,12 +653,6 @@ def _schedule(ov, put, derived, num, tbs, mini, sections):
                           f"known only once the data is read; give optim.lr_warmup_steps (in steps) instead")
     if A + "optim.min_lr_ratio" in ov and ov[A + "optim.min_lr_ratio"] is not None:
         put("optim", "min_lr", lr * num(A + "optim.min_lr_ratio", "number"), A + "optim.min_lr_ratio")
-    if A + "optim.betas" in ov:
-        betas = ov[A + "optim.betas"]
-        if not isinstance(betas, list) or len(betas) != 2:
-            raise ConfigError(f"{A}optim.betas: expected [beta1, beta2], got {betas!r}")
-        put("optim", "beta1", betas[0], A + "optim.betas")
-        put("optim", "beta2", betas[1], A + "optim.betas")
 
 
 GROUPS = ("data", "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.ref",
