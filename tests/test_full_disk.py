@@ -102,6 +102,7 @@ def _state(trainer):
             list(trainer.policy.get_parameters()) + list(trainer.optimizer.state_parameters())}
 
 
+@pytest.mark.slow       # ~30 s; the default run keeps test_trainer's crash inside a save and this file's other cases
 def test_a_checkpoint_save_that_fills_the_disk_keeps_the_last_complete_step_and_resume_is_exact(tmp_path, writes):
     assets = make_grpo_assets(str(tmp_path / "assets"))
     full = _trainer(assets, tmp_path / "full")

@@ -227,7 +227,8 @@ def test_world_size_mismatch_under_msrun_exits_cleanly(assets, tmp_path):
                "= 4 ranks, but the job has 2" in log
 
 
-@pytest.mark.parametrize("at_start,evaluated_at", [(True, [0, 1]), (False, [1])])
+@pytest.mark.parametrize("at_start,evaluated_at", [      # true (the default) in the default run: test_eval's fixture
+    pytest.param(True, [0, 1], marks=pytest.mark.slow), (False, [1])])
 def test_eval_at_start_decides_the_eval_before_the_first_step(assets, tmp_path, at_start, evaluated_at):
     """run.eval_at_start (verl's val_before_train) false: the first evaluation comes after step eval_steps."""
     trainer = _trainer(assets, tmp_path, total_steps=1, eval_steps=1, eval_dataset=assets["mind_dataset_dir"],
