@@ -402,8 +402,9 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
     give keep our defaults, except where verl's own default differs (ABSENT_DEFAULTS, said at start-up).
     `config_name`: Hydra's --config-name, ppo_trainer (FSDP) or ppo_megatron_trainer (verl_megatron.py)."""
     from mindrlhf.configs.coerce import coerce, coerce_kind
-    megatron = verl_megatron.config_name(config_name) == "ppo_megatron_trainer"
-    verl_megatron.check_backend(ov, verl_megatron.config_name(config_name))
+    backend = verl_megatron.config_name(config_name)
+    verl_megatron.check_backend(ov, backend)
+    megatron = backend == "ppo_megatron_trainer"
     rows = {k: lookup(k) for k in ov}
     run_checks(ov, CHECKS, ov, "verl", lambda k: k)
 
