@@ -23,6 +23,24 @@ class Key:
     ours: str          # our field (mapped) or the reason (inert / checked)
 
 
+# checks' value predicates, as ok(value, the other values): a YAML or command-line value read loosely (verl's Hydra
+# overrides give true / "True" / null / "null" alike)
+def is_null(v, ns) -> bool:
+    return v in (None, "", "null", "None")
+
+
+def is_false(v, ns) -> bool:
+    return v is False or str(v).lower() == "false"
+
+
+def is_true(v, ns) -> bool:
+    return v is True or str(v).lower() == "true"
+
+
+def is_empty(v, ns) -> bool:
+    return v in (None, {}, [], "", "{}")
+
+
 def inert(names: str, reason: str) -> List[Key]:
     return [Key(n, INERT, reason) for n in names.split()]
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Tuple
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.compat import verl_megatron
 from mindrlhf.configs.compat.keys import ABSENT as _ABSENT, CHECKED, INERT, MAPPED, Key, run_checks
+from mindrlhf.configs.compat.keys import is_empty as _empty, is_false as _false, is_null as _null, is_true as _true
 
 A, R, M, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "actor_rollout_ref.ref."
 
@@ -89,22 +90,6 @@ def _inert(names: str, reason: str, prefix: str = ""):
 def _checked(rows: Dict[str, tuple]):
     CHECKS.update(rows)
     TABLE.update({k: Key(k, CHECKED, expected) for k, (_, expected, _) in rows.items()})
-
-
-def _null(v, ns) -> bool:
-    return v in (None, "", "null", "None")
-
-
-def _false(v, ns) -> bool:
-    return v is False or str(v).lower() == "false"
-
-
-def _true(v, ns) -> bool:
-    return v is True or str(v).lower() == "true"
-
-
-def _empty(v, ns) -> bool:
-    return v in (None, {}, [], "", "{}")
 
 
 # ---- renames: key -> (section, field), same meaning and unit ----------------------------------------------

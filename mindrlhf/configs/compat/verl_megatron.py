@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
 from mindrlhf.configs.compat.keys import ABSENT, CHECKED, INERT, MAPPED, Key
+from mindrlhf.configs.compat.keys import is_false as _false, is_null as _null
 from mindrlhf.configs.errors import ConfigError
 
 CONFIG_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
@@ -54,12 +55,9 @@ def _check(key: str, ok: Callable[[Any, Dict[str, Any]], bool], expected: str, d
     ROWS[key] = Key(key, CHECKED, expected)
 
 
-def _false(v, ns) -> bool:
-    return v is False or str(v).lower() == "false"
-
-
-def _null(v, ns) -> bool:
-    return v in (None, "", "null", "None")
+def _no_overrides(v, ns) -> bool:
+    """An override mapping left empty (as verl's YAML has it)."""
+    return v in (None, {}, "", "{}")
 
 
 def _same_as_actor(name: str, default):
@@ -88,7 +86,7 @@ _check(RM + "expert_tensor_parallel_size", _same_as_actor("expert_tensor_paralle
 for _m in (AM, RM):
     _check(_m + "use_dist_checkpointing", _false, "false (the weights load from actor_rollout_ref.model.path, a "
            "Hugging Face folder: convert a Megatron dist checkpoint to HF first)", False)
-    _check(_m + "override_mcore_model_config", lambda v, ns: v in (None, {}, "", "{}"), "{} (the folder's "
+    _check(_m + "override_mcore_model_config", _no_overrides, "{} (the folder's "
            "config.json is the model)", {})
     _rows(INERT, "dist_checkpointing_path dist_checkpointing_prefix", "use_dist_checkpointing is false", _m)
     _rows(INERT, "use_mbridge vanilla_mbridge", "the HF <-> Megatron weight bridge; the HF folder loads directly "
@@ -151,7 +149,7 @@ _check(MODEL + "lora.rank", lambda v, ns: int(v) == 0, "0: Megatron's LoRA adapt
        "FSDP actor): give actor_rollout_ref.model.lora_rank / lora_alpha / target_modules instead", 0)
 _rows(INERT, "lora.*", "Megatron's LoRA setting; model.lora.rank is 0", MODEL)
 _check(MODEL + "override_config.moe_config.freeze_moe_router", _false, "false (the routers train)", False)
-_check(MODEL + "override_config.model_config", lambda v, ns: v in (None, {}, "", "{}"),
+_check(MODEL + "override_config.model_config", _no_overrides,
        "{} (the folder's config.json is the model: edit it there)", {})
 
 
