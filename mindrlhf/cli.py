@@ -22,7 +22,7 @@ def save_role_strategies(cfg) -> List[str]:
         yaml_cfg = load_model_yaml(path, role=role)
         par = yaml_cfg.parallel
         layouts = layouts_for(yaml_cfg.model, par.data_parallel, par.model_parallel, par.pipeline_stage,
-                              ep=par.expert_parallel)
+                              ep=par.expert_parallel, experts_over_tp=par.moe_tp_extend_ep)
         written += save_role_strategy(out_dir, role, layouts, par.world_size)
     return written
 

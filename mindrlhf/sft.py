@@ -50,6 +50,8 @@ class SFTConfig:
     expert_parallel: int = _f(1, "MoE models: expert-parallel ranks, each holding num_experts / expert_parallel of "
                               "every sparse layer's experts; taken from the data-parallel ranks (an EP group's "
                               "ranks train on the same rows)")
+    moe_tp_extend_ep: bool = _f(False, "MoE models: the model_parallel ranks hold other whole experts instead of a "
+                                "share of each one's width (experts split over expert_parallel x model_parallel)")
     lora_rank: int = _f(default(LoraConfig, "lora_rank"), "adapter rank; 0 = full fine-tuning")
     lora_alpha: float = _f(default(LoraConfig, "lora_alpha"), "adapter scale alpha (alpha / r)")
     target_modules: List[str] = _f(default(LoraConfig, "target_modules"), "layers with adapters (as GRPO's "
@@ -109,17 +111,19 @@ class _Run:
         tp, ep = cfg.model_parallel, cfg.expert_parallel
         if world % tp:
             raise ConfigError(f"--model_parallel {tp} does not divide the {world} rank(s)")
-        model_yaml = load_model_yaml(cfg.model, ParallelConfig(data_parallel=world // tp, model_parallel=tp))
+        layout = ParallelConfig(data_parallel=world // tp, model_parallel=tp, expert_parallel=ep,
+                                moe_tp_extend_ep=cfg.moe_tp_extend_ep)
+        model_yaml = load_model_yaml(cfg.model)
         self.model_cfg = model_yaml.model
-        experts = self.model_cfg.num_experts
-        if ep > 1 and (not experts or experts % ep):
-            raise ConfigError(f"--expert_parallel {ep}: " + (f"{cfg.model} has no experts (a dense model); use 1"
-                              if not experts else f"does not divide the model's {experts} experts"))
-        if (world // tp) % ep:
-            raise ConfigError(f"--expert_parallel {ep} does not divide the {world // tp} data-parallel rank(s) "
-                              f"({world} rank(s) / --model_parallel {tp}): the EP ranks are taken from them")
-        self.mesh = mesh_for(ParallelConfig(data_parallel=world // tp, model_parallel=tp, expert_parallel=ep), world,
-                             self.rank, "SFT")
+        try:
+            layout.check_model(self.model_cfg, names={"model_parallel": "--model_parallel",
+                                                      "expert_parallel": "--expert_parallel",
+                                                      "moe_tp_extend_ep": "--moe_tp_extend_ep",
+                                                      "data_parallel": "the data-parallel ranks (world / "
+                                                                       "--model_parallel)"})
+        except ConfigError as err:
+            raise ConfigError(f"{cfg.model}: {err}") from None
+        self.mesh = mesh_for(layout, world, self.rank, "SFT")
         if model_yaml.ignored:
             self.log(describe_ignored(model_yaml.path, model_yaml.ignored))
         self.aux_coef = self.model_cfg.router_aux_loss_coef if self.model_cfg.num_experts else 0.0
@@ -204,10 +208,7 @@ def train(cfg: SFTConfig, log: Callable = print) -> Optional[List[dict]]:
     run = _Run(cfg, log)
     metrics = MetricsLogger(cfg.output_dir, enabled=run.rank == 0, tensorboard=False)
     rows_out, t0 = [], time.time()
-    mesh = run.mesh          # as GRPO records it (resolve.layout_state): data_parallel counts the EP ranks
-    layout = {"world_size": mesh.world_size, "train": [mesh.data_parallel, mesh.tp],
-              "infer": [mesh.data_parallel, mesh.tp],
-              **({"train_expert_parallel": mesh.ep, "infer_expert_parallel": mesh.ep} if mesh.ep > 1 else {})}
+    layout = checkpointing.layout_record(run.mesh.world_size, run.mesh, run.mesh)       # as GRPO records it
     for step in range(run.total):
         watchdog.enter("sft")
         rows = run.rows(step, cfg)

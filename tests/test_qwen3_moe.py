@@ -537,6 +537,47 @@ def test_expert_parallel_strategy_files_slice_the_experts_and_re_lay_them_out(mo
     _check_merges_back(str(tmp_path / "ep"), ep_strat, str(tmp_path / "merged"), full)
 
 
+def test_whole_experts_over_tp_strategy_files_slice_and_re_lay_them_out(moe, tmp_path):
+    """moe_tp_extend_ep (hf_config --model_parallel 2 --moe_tp_extend_ep, as MindSpeed-RL's Qwen3-MoE files set
+    it): the strategy file splits the experts' first dimension over the TP ranks (whole experts, rank r experts
+    [2r, 2r+2)) and attention's rows as tp2 does; transform_checkpoint slices so, re-lays it out into tp2's
+    width shares (the online re-layout's offline twin) and merges back bit-exact."""
+    from mindrlhf.checkpoint.model_io import read_checkpoint, save_checkpoint
+    from mindrlhf.checkpoint.slicing import transform
+    from mindrlhf.configs.compat.hf import main as hf_main
+    from mindrlhf.configs.grpo_load import config_from_argv
+    from mindrlhf.cli import save_role_strategies
+    from mindrlhf.models.specs import layouts_for
+    from mindrlhf.parallel.strategy import read_strategy, write_strategy
+    folder, _, ours = moe
+    yaml_path = str(tmp_path / "tpx.yaml")
+    assert hf_main([folder, "--model_parallel", "2", "--moe_tp_extend_ep", "-o", yaml_path]) == 0
+    assert load_model_yaml(yaml_path).parallel.moe_tp_extend_ep
+    written = save_role_strategies(config_from_argv(["--sft_path_train", yaml_path, "--save_strategy_dir",
+                                                     str(tmp_path / "strategy")]))
+    tpx_strat = [p for p in written if "train" in os.path.basename(p)][0]
+    experts, wq = "model.layers.1.feed_forward.routed_experts.ffn.w2.weight", "model.layers.1.attention.wq.weight"
+    entry = read_strategy(tpx_strat)[experts]
+    assert tuple(entry.dev_matrix) == (1, 2) and tuple(entry.tensor_map) == (0, -1, -1)
+    full = {k: np.asarray(v) for k, v in model_state(ours).items()}
+    save_checkpoint(full, str(tmp_path / "full.safetensors"))
+    transform(str(tmp_path / "full.safetensors"), str(tmp_path / "tpx"), dst_strategy=tpx_strat,
+              out_format="safetensors")
+    half = full[wq].shape[0] // 2
+    for r in range(2):
+        shard = read_checkpoint(str(tmp_path / "tpx" / f"rank_{r}" / f"checkpoint_{r}.safetensors"))
+        assert shard[experts].tobytes() == full[experts][2 * r:2 * r + 2].tobytes()
+        assert shard[wq].tobytes() == full[wq][r * half:(r + 1) * half].tobytes()
+    tp_strat = str(tmp_path / "tp2.ckpt")
+    write_strategy(tp_strat, layouts_for(ours.config, dp=1, tp=2))
+    transform(str(tmp_path / "tpx"), str(tmp_path / "tp"), src_strategy=tpx_strat, dst_strategy=tp_strat,
+              out_format="safetensors")
+    rank1 = read_checkpoint(str(tmp_path / "tp" / "rank_1" / "checkpoint_1.safetensors"))
+    width = full[experts].shape[1] // 2
+    assert rank1[experts].tobytes() == np.ascontiguousarray(full[experts][:, width:]).tobytes()
+    _check_merges_back(str(tmp_path / "tpx"), tpx_strat, str(tmp_path / "merged"), full)
+
+
 # a Qwen3-MoE's no-grad log-prob graph, its SFT loss and the host-driven AdamW update (the layerwise engine's), compiled with
 # MindSpore's warnings on; prints the lines MindSpore's graph analyzer warns with
 _COMPILE_PROBE = """

@@ -27,18 +27,24 @@ def results(tmp_path_factory):
     return [dict(np.load(out / f"rank_{r}.npz")) for r in range(2)]
 
 
-@pytest.mark.parametrize("tag, ep, tp", [("ep", 2, 1), ("tp", 1, 2), ("ep_sorted", 2, 1)],
-                         ids=["ep2", "tp2", "ep2_sorted"])
-def test_split_experts_equal_one_process(results, tag, ep, tp):
+@pytest.mark.parametrize("tag, ep, tp, over_tp", [("ep", 2, 1, False), ("tp", 1, 2, False), ("ep_sorted", 2, 1, False),
+                                                  ("tpx", 1, 2, True)],
+                         ids=["ep2", "tp2", "ep2_sorted", "tp2_whole_experts"])
+def test_split_experts_equal_one_process(results, tag, ep, tp, over_tp):
     """ep2: each rank holds half of the experts; tp2: half of every expert's intermediate width, the router
-    replicated; ep2_sorted: ep2 with each rank's experts sorted by expert (moe_expert_compute "sorted") (with sequence parallelism and ep: the 4-worker test below). Bounds as the TP tests' (1e-5): the sums over ranks reorder float32
-    sums of 2 partial outputs."""
-    layouts = layouts_for(ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,))), 2 if ep > 1 else 1, tp, ep=ep)
+    replicated; ep2_sorted: ep2 with each rank's experts sorted by expert (moe_expert_compute "sorted");
+    tp2_whole_experts: moe_tp_extend_ep, each TP rank two whole experts (sorted form) while attention stays
+    split over tp (with sequence parallelism and ep: the 4-worker test below). Bounds as the TP tests' (1e-5): the
+    sums over ranks reorder float32 sums of 2 partial outputs."""
+    layouts = layouts_for(ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,))), 2 if ep > 1 else 1, tp, ep=ep,
+                          experts_over_tp=over_tp)
     experts = "model.layers.1.feed_forward.routed_experts.ffn."
+    whole = ep > 1 or over_tp          # each rank two whole experts, else four halves
     for rank, res in enumerate(results):
         shapes = dict(eval(s) for s in res[tag + "_shapes"])        # noqa: S307 - our own repr of (name, shape)
-        assert shapes[experts + "w1.weight"] == ((2, 64, 32) if ep > 1 else (4, 64, 16))
-        assert shapes[experts + "w2.weight"] == ((2, 32, 64) if ep > 1 else (4, 16, 64))
+        assert shapes[experts + "w1.weight"] == ((2, 64, 32) if whole else (4, 64, 16))
+        assert shapes[experts + "w2.weight"] == ((2, 32, 64) if whole else (4, 16, 64))
+        assert shapes["model.layers.1.attention.wq.weight"][0] == (48 if tp > 1 else 96)     # 4 heads of 24
         assert shapes["model.layers.1.feed_forward.routed_experts.router.dense.weight"] == (4, 64)
         assert np.abs(res[tag + "_logits"] - res["ref_logits"]).max() <= 1e-5
         assert abs(float(res[tag + "_loss"]) - float(res["ref_loss"])) <= 1e-5
@@ -67,14 +73,15 @@ def test_expert_lora_adapters_split_with_their_experts_equal_one_process(tmp_pat
     run_msrun(os.path.join(WORKERS, "moe_ep_worker.py"), [tmp_path / "hf", out, "lora"], workers=2,
               log_dir=str(tmp_path / "log"))
     results = [dict(np.load(out / f"rank_{r}.npz")) for r in range(2)]
-    for tag, ep, tp in (("ep_lora", 2, 1), ("tp_lora", 1, 2)):
-        _lora_layout_equals_one_process(results, tag, ep, tp)
+    for tag, ep, tp, over_tp in (("ep_lora", 2, 1, False), ("tp_lora", 1, 2, False), ("tpx_lora", 1, 2, True)):
+        _lora_layout_equals_one_process(results, tag, ep, tp, over_tp)
 
 
-def _lora_layout_equals_one_process(results, tag, ep, tp):
+def _lora_layout_equals_one_process(results, tag, ep, tp, over_tp):
     from mindrlhf.configs.lora import LoraSpec, parse_targets
     cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
-    layouts = layouts_for(cfg, 2 if ep > 1 else 1, tp, ep=ep, lora=LoraSpec(4, 8.0, parse_targets("all-linear")))
+    layouts = layouts_for(cfg, 2 if ep > 1 else 1, tp, ep=ep, lora=LoraSpec(4, 8.0, parse_targets("all-linear")),
+                          experts_over_tp=over_tp)
     experts = "model.layers.1.feed_forward.routed_experts.ffn."
     for rank, res in enumerate(results):
         assert np.abs(res[tag + "_logits"] - res["lora_ref_logits"]).max() <= 1e-5
@@ -88,34 +95,37 @@ def _lora_layout_equals_one_process(results, tag, ep, tp):
             assert np.abs(want).max() > 0, name
             assert np.abs(res[key] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (key, rank)
         b_up = res[f"{tag}_grad/{experts}w3.mindpet_delta_lora_b"]
-        assert b_up.shape == ((2, 32, 4) if ep > 1 else (4, 16, 4))
+        assert b_up.shape == ((2, 32, 4) if ep > 1 or over_tp else (4, 16, 4))
 
 
 @pytest.mark.slow       # ~60 s on 4 workers; ep2 and tp2 alone are in the default run
 def test_ep2_by_tp2_with_sequence_parallel_equals_one_process(tmp_path):
     """4 workers, ep2 x tp2 with sequence parallelism: each rank a quarter of the experts' weights (half of the
-    experts, half of each one's width); logits, loss and every gradient equal one process's (1e-5), the grad
-    norm's groups (tp-split, expert, replicated) count every square once, and router replay works on the sequence
-    padded for the split (11 tokens over 2 ranks)."""
+    experts, half of each one's width; or, with moe_tp_extend_ep, one whole expert of the four); logits, loss and
+    every gradient equal one process's (1e-5), the grad norm's groups (tp-split, expert, replicated) count every
+    square once, and router replay works on the sequence padded for the split (11 tokens over 2 ranks)."""
     make_qwen3_moe_model(str(tmp_path / "hf"), mlp_only=(0,))
     out = tmp_path / "out"
     out.mkdir()
     run_msrun(os.path.join(WORKERS, "moe_ep_worker.py"), [tmp_path / "hf", out], workers=4,
               log_dir=str(tmp_path / "log"))
     cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)))
-    layouts = layouts_for(cfg, 2, 2, ep=2)
-    for rank in range(4):
-        res = dict(np.load(out / f"rank_{rank}.npz"))
-        assert np.abs(res["eptp_logits"] - res["ref_logits"]).max() <= 1e-5
-        assert abs(float(res["eptp_loss"]) - float(res["ref_loss"])) <= 1e-5
-        for key in [k for k in res if k.startswith(("eptp_grad/", "eptp_jitgrad/"))]:
-            name = key.split("/", 1)[1]
-            want = layouts[name].shard(res["ref_grad/" + name], rank)
-            assert res[key].shape == want.shape, name
-            assert np.abs(res[key] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (key, rank)
-        norm = np.sqrt(sum(float((res["ref_grad/" + n] ** 2).sum()) for n in layouts))
-        assert abs(float(res["eptp_grad_norm"]) - norm) <= 1e-5 * norm
-        assert res["eptp_routing_equal"] and float(res["eptp_replay_gap"]) <= 1e-6     # the sequence padded
+    for tag, over_tp in (("eptp", False), ("eptpx", True)):
+        layouts = layouts_for(cfg, 2, 2, ep=2, experts_over_tp=over_tp)
+        w1 = layouts["model.layers.1.feed_forward.routed_experts.ffn.w1.weight"]
+        assert w1.shard_shape == ((1, 64, 32) if over_tp else (2, 64, 16))
+        for rank in range(4):
+            res = dict(np.load(out / f"rank_{rank}.npz"))
+            assert np.abs(res[tag + "_logits"] - res["ref_logits"]).max() <= 1e-5
+            assert abs(float(res[tag + "_loss"]) - float(res["ref_loss"])) <= 1e-5
+            for key in [k for k in res if k.startswith((tag + "_grad/", tag + "_jitgrad/"))]:
+                name = key.split("/", 1)[1]
+                want = layouts[name].shard(res["ref_grad/" + name], rank)
+                assert res[key].shape == want.shape, name
+                assert np.abs(res[key] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (key, rank)
+            norm = np.sqrt(sum(float((res["ref_grad/" + n] ** 2).sum()) for n in layouts))
+            assert abs(float(res[tag + "_grad_norm"]) - norm) <= 1e-5 * norm
+            assert res[tag + "_routing_equal"] and float(res[tag + "_replay_gap"]) <= 1e-6   # the sequence padded
 
 
 def _grpo_flags(tmp_path, assets, folder, name, **extra):
@@ -225,6 +235,24 @@ def test_grpo_train_tp2_with_router_replay_follows_one_process(tmp_path):
     ref, tp2 = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "tp2" / "hf_policy"))
     for name, w in ref.items():
         assert np.abs(tp2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
+
+
+@pytest.mark.slow       # ~50 s: the layout's logits and gradients are in the default run (tp2_whole_experts)
+def test_grpo_train_whole_experts_over_tp2_infer_tp2_width_shares_follows_one_process(tmp_path):
+    """Train model_parallel 2 with moe_tp_extend_ep (each rank two whole experts) / infer model_parallel 2 without
+    it (each rank half of every expert's width): the online re-layout moves every expert between the two forms
+    each step; with router replay r3 the same trajectory as one process, the rollout's log-probs the train
+    forward's (_same_trajectory's gap), and the export within 1e-5 of one process's."""
+    runs = _grpo_runs(tmp_path, {"tpx": {"train_model_parallel": 2, "train_moe_tp_extend_ep": True,
+                                         "infer_model_parallel": 2, "router_replay": "r3"}},
+                      single={"router_replay": "r3"})
+    _same_trajectory(runs["single"], runs["tpx"])
+    log = open(tmp_path / "tpx" / "log" / "worker_0.log").read()
+    assert "(experts over tp)" in log
+    ref, tpx = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "tpx" / "hf_policy"))
+    assert sorted(ref) == sorted(tpx) and any(".experts." in n for n in ref)
+    for name, w in ref.items():
+        assert np.abs(tpx[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
 
 
 # ~55 s: -m slow (the default run keeps the routing inputs of the one-graph update: test_router_replay.py,

@@ -189,6 +189,8 @@ def test_a_moe_models_loss_and_gradients_with_the_aux_loss_equal_transformers(fo
     assert router_off > 1e-2
 
 
+# ~12 s; the MoE loss and gradients with the aux loss against transformers stay in the default run
+@pytest.mark.slow
 def test_the_command_on_a_moe_folder_trains_with_the_aux_loss_and_says_what_is_inert(folder, tmp_path):
     """--model a Qwen3-MoE folder: start-up says the aux loss joins the loss and which config.json keys are inert
     (only GRPO's start-up reported them); each step reports moe/aux_loss."""
@@ -211,7 +213,8 @@ def test_the_command_on_a_moe_folder_trains_with_the_aux_loss_and_says_what_is_i
 
 def test_expert_parallel_that_cannot_be_laid_out_is_refused_by_its_flag(folder, tmp_path):
     """--expert_parallel on a dense model, one that does not divide the experts, or more EP ranks than the
-    data-parallel ones: a ConfigError naming the flag, before any model is built."""
+    data-parallel ones, and --moe_tp_extend_ep on a dense model: a ConfigError naming the flag, before any model
+    is built."""
     import shutil
     from hf_reference import make_qwen3_moe_model
     from mindrlhf import sft
@@ -220,11 +223,15 @@ def test_expert_parallel_that_cannot_be_laid_out_is_refused_by_its_flag(folder, 
     make_qwen3_moe_model(moe, vocab=VOCAB, experts=4)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(folder["model"], name), moe)
-    for model, ep, pattern in ((folder["model"], 2, r"--expert_parallel 2: .* has no experts \(a dense model\)"),
-                               (moe, 3, r"--expert_parallel 3: does not divide the model's 4 experts"),
-                               (moe, 2, r"--expert_parallel 2 does not divide the 1 data-parallel rank\(s\)")):
+    for model, ep, pattern in ((folder["model"], 2, r"--expert_parallel=2: the model has no experts \(.*a dense "
+                                                    r"model\)"),
+                               (moe, 3, r"--expert_parallel=3 does not divide model.model_config.num_experts=4"),
+                               (moe, 2, r"--expert_parallel=2 does not divide the data-parallel ranks \(world / "
+                                        r"--model_parallel\)=1"),
+                               (folder["model"], "whole", r"--moe_tp_extend_ep: the model has no experts")):
+        flags = ["--moe_tp_extend_ep", "true"] if ep == "whole" else ["--expert_parallel", str(ep)]
         cfg = sft.config_from_argv(["--model", model, "--dataset", folder["train"], "--output_dir",
-                                    str(tmp_path / "out"), "--expert_parallel", str(ep)])
+                                    str(tmp_path / "out"), *flags])
         with pytest.raises(ConfigError, match=pattern):
             sft.train(cfg, log=lambda *a: None)
     assert not os.path.exists(tmp_path / "out" / "step_1")

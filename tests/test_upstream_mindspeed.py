@@ -432,6 +432,29 @@ def test_a_shipped_file_loads_unchanged_and_writes_its_strategies(name, tmp_path
     assert written
 
 
+def test_moe_tp_extend_ep_lays_whole_experts_over_the_tensor_ranks(tmp_path):
+    """The shipped Qwen3-30B-A3B DAPO file sets moe_tp_extend_ep (tp 4, ep 2 of its 16 ranks): the train layout
+    holds 128 / (2 x 4) = 16 whole experts a rank (moe_ffn_hidden_size 768 unsplit) while attention stays split
+    over tp 4, and its strategy files say so; without the key, each rank holds 64 experts at a quarter width."""
+    from mindrlhf.cli import save_role_strategies
+    from mindrlhf.models.specs import layouts_for
+    from mindrlhf.parallel.strategy import read_strategy
+    path = os.path.join(SHIPPED, "dapo_qwen3_30b_a3b_A3.yaml")
+    par, model = load_model_yaml(path).parallel, load_model_yaml(path).model
+    assert par.moe_tp_extend_ep and (par.model_parallel, par.expert_parallel, par.data_parallel) == (4, 2, 4)
+    w1, wq = "model.layers.0.feed_forward.routed_experts.ffn.w1.weight", "model.layers.0.attention.wq.weight"
+    whole = layouts_for(model, par.data_parallel, 4, ep=2, experts_over_tp=True)
+    shares = layouts_for(model, par.data_parallel, 4, ep=2)
+    assert whole[w1].shard_shape == (16, 2048, 768) and shares[w1].shard_shape == (64, 2048, 192)
+    assert whole[wq].shard_shape == shares[wq].shard_shape
+    assert [whole[w1].shard_slices(r)[0].start for r in range(8)] == [16 * i for i in range(8)]
+    cfg = load_grpo_config(path)
+    cfg.run.save_ckpt_dir = str(tmp_path)
+    save_role_strategies(cfg)
+    entry = read_strategy(str(tmp_path / "strategy" / "train_strategy" / "ckpt_strategy_rank_5.ckpt"))[w1]
+    assert tuple(entry.dev_matrix) == (2, 8) and tuple(entry.tensor_map) == (0, -1, -1)
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_shipped_file_we_cannot_run_is_refused_by_name(name):
     path = os.path.join(SHIPPED, name)

@@ -544,8 +544,10 @@ def test_verls_megatron_example_gives_its_train_layout():
 def test_verls_qwen3_moe_megatron_example_is_refused_key_by_key_then_laid_out_over_experts():
     """verl's Qwen3-30B-A3B Megatron script: refused at the three things it asks that we do not do (a model
     override, a sampled eval, DAPO's reward manager), each named; without them, expert_model_parallel_size 8 is
-    our train layout's ep (its expert_tensor_parallel_size 1 said as another layout of the same experts), the
-    Megatron offloads are our host swap, the optimizer's CPU-offload options inert, the warm-up Megatron's."""
+    our train layout's ep, the Megatron offloads are our host swap, the optimizer's CPU-offload options inert, the
+    warm-up Megatron's. With tensor 2, its expert_tensor_parallel_size 1 folds the 8 expert ranks onto the tensor
+    ranks first, as Megatron does: whole experts over tp2 x ep4 (train_moe_tp_extend_ep); a tensor size that does
+    not divide the expert ranks is refused."""
     argv = list(MOE_EXAMPLE)
     for refused, pattern in (("+actor_rollout_ref.model.override_config.model_config.", r"config\.json is the model"),
                              ("actor_rollout_ref.rollout.val_kwargs.", r"val_kwargs\.\w+: .* is not supported"),
@@ -565,8 +567,21 @@ def test_verls_qwen3_moe_megatron_example_is_refused_key_by_key_then_laid_out_ov
     assert s["run"]["eval_at_start"] is False
     assert "train layout: data_parallel 8 (of which expert 8) x tensor 1 x pipeline 1 (actor.megatron)" in tr.derived
     etp = [a.replace("megatron.tensor_model_parallel_size=1", "megatron.tensor_model_parallel_size=2") for a in argv]
-    said = " ".join(_translate_argv(etp + ["trainer.n_gpus_per_node=16"]).derived)
-    assert "expert_tensor_parallel_size 1: each expert's width is split over the 2 tensor-parallel rank(s)" in said
+    folded = _translate_argv(etp + ["trainer.n_gpus_per_node=16"])
+    assert folded.sections["parallel"] == {"train_model_parallel": 2, "train_pipeline_stage": 1,
+                                           "train_moe_tp_extend_ep": True, "train_expert_parallel": 4,
+                                           "train_use_seq_parallel": True}
+    assert folded.sections["rl"]["mini_batch_size"] == 128 * 16 // 2      # 16 / (tp 2 x ep 4): two groups of rows
+    assert "train layout: data_parallel 8 (of which expert 4) x tensor 2 (whole experts over them) x pipeline 1 " \
+        "(actor.megatron)" in folded.derived
+    width = _translate_argv([a.replace("expert_tensor_parallel_size=1", "expert_tensor_parallel_size=2")
+                             for a in etp] + ["trainer.n_gpus_per_node=16"])
+    assert width.sections["parallel"]["train_expert_parallel"] == 8 and "train_moe_tp_extend_ep" not in \
+        width.sections["parallel"]                                  # ETP = TP: each expert's width over tp
+    with pytest.raises(ConfigError, match=r"expert_model_parallel_size: 8 expert ranks with expert_tensor_parallel_"
+                                          r"size 1 and tensor 16: .* give a multiple of 16"):
+        _translate_argv([a.replace("megatron.tensor_model_parallel_size=1", "megatron.tensor_model_parallel_size=16")
+                         for a in argv] + ["trainer.n_gpus_per_node=16"])
     inert = dict(tr.ignored)
     assert "CPU offload" in inert["actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"]
     assert "token-dispatch" in inert["actor_rollout_ref.actor.megatron.override_transformer_config."

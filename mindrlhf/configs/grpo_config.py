@@ -336,10 +336,15 @@ class LayoutConfig(_Section):
                                     "expert_parallel; taken from data_parallel)")
     train_use_seq_parallel: bool = _f(False, "train layout: Megatron sequence parallelism over the model_parallel "
                                       "ranks (parallel_config.use_seq_parallel; true turns it on)")
+    train_moe_tp_extend_ep: bool = _f(False, "train layout, MoE models: the model_parallel ranks hold other whole "
+                                      "experts, not a share of each one's width (parallel_config.moe_tp_extend_ep; "
+                                      "true turns it on)")
     infer_data_parallel: int = _f(0, "infer (rollout) layout: data-parallel replicas (parallel_config."
                                   "data_parallel of sft_path_infer, or of sft_path_train when none)")
     infer_model_parallel: int = _f(0, "infer (rollout) layout: tensor-parallel ranks")
     infer_expert_parallel: int = _f(0, "infer (rollout) layout, MoE models: expert-parallel ranks")
+    infer_moe_tp_extend_ep: bool = _f(False, "infer (rollout) layout, MoE models: the model_parallel ranks hold "
+                                      "other whole experts (parallel_config.moe_tp_extend_ep)")
 
     def given(self, role: str) -> Dict[str, int]:
         """The ParallelConfig fields set for `role` (train or infer), by their MindFormers names."""

@@ -220,6 +220,9 @@ class ParallelConfig:
                               "every sparse layer's experts. As in MindFormers it divides data_parallel; here the "
                               "EP ranks see the same tokens (all-gather dispatcher), so data_parallel / "
                               "expert_parallel groups hold distinct rows")
+    moe_tp_extend_ep: bool = _f(False, "MoE models (MindSpeed's name; Megatron's expert_tensor_parallel_size 1): the "
+                                "model_parallel ranks hold other whole experts instead of a share of every "
+                                "expert's width, so experts split over expert_parallel x model_parallel ranks")
 
     def __post_init__(self):
         self.validate()
@@ -235,34 +238,47 @@ class ParallelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{where}.{name}: expected a positive integer, got {value!r}")
 
-    def check_model(self, model: ModelConfig, where: str = "parallel_config"):
+    def check_model(self, model: ModelConfig, where: str = "parallel_config",
+                    names: Optional[Dict[str, str]] = None):
+        """Whether `model` can be laid out this way; the errors name each layout key as `names` gives it (a
+        command's flags, e.g. python -m mindrlhf.sft's) or as `where`.key."""
+        def name(key: str) -> str:
+            return (names or {}).get(key, f"{where}.{key}")
         tp = self.model_parallel
         if self.pipeline_stage > 1:
             if model.tie_word_embeddings:
-                raise ConfigError(f"{where}.pipeline_stage: {self.pipeline_stage} stages with "
+                raise ConfigError(f"{name('pipeline_stage')}: {self.pipeline_stage} stages with "
                                   f"model.model_config.tie_word_embeddings True is not supported (the first and "
                                   f"last stage would share the embedding); use pipeline_stage 1")
             layer_split(model.num_layers, self.pipeline_stage, model.offset)
-        if model.num_experts and model.moe_intermediate_size % tp:
-            raise ConfigError(f"{where}.model_parallel={tp} does not divide model.model_config.moe_intermediate_size="
-                              f"{model.moe_intermediate_size} (each TP rank holds an equal share of every expert's "
-                              f"intermediate width)")
+        if self.moe_tp_extend_ep and not model.num_experts:
+            raise ConfigError(f"{name('moe_tp_extend_ep')}: the model has no experts (model.model_config.num_experts "
+                              f"is 0, a dense model); use false")
+        if self.moe_tp_extend_ep and model.num_experts % (self.expert_parallel * tp):
+            raise ConfigError(f"{name('moe_tp_extend_ep')}: expert_parallel x model_parallel = "
+                              f"{self.expert_parallel} x {tp} does not divide model.model_config.num_experts="
+                              f"{model.num_experts} (each rank holds an equal share of every layer's whole experts)")
+        if model.num_experts and not self.moe_tp_extend_ep and model.moe_intermediate_size % tp:
+            raise ConfigError(f"{name('model_parallel')}={tp} does not divide model.model_config."
+                              f"moe_intermediate_size={model.moe_intermediate_size} (each TP rank holds an equal "
+                              f"share of every expert's intermediate width)")
         ep = self.expert_parallel
         if ep > 1:
             if not model.num_experts:
-                raise ConfigError(f"{where}.expert_parallel={ep}: the model has no experts (model.model_config."
-                                  f"num_experts is 0); use expert_parallel 1")
+                raise ConfigError(f"{name('expert_parallel')}={ep}: the model has no experts (model.model_config."
+                                  f"num_experts is 0, a dense model); use expert_parallel 1")
             if model.num_experts % ep:
-                raise ConfigError(f"{where}.expert_parallel={ep} does not divide model.model_config.num_experts="
+                raise ConfigError(f"{name('expert_parallel')}={ep} does not divide model.model_config.num_experts="
                                   f"{model.num_experts} (each EP rank holds an equal share of every layer's experts)")
             if self.data_parallel % ep:
-                raise ConfigError(f"{where}.expert_parallel={ep} does not divide data_parallel={self.data_parallel} "
-                                  f"(as in MindFormers, the EP ranks are taken from the data-parallel ones)")
+                raise ConfigError(f"{name('expert_parallel')}={ep} does not divide {name('data_parallel')}="
+                                  f"{self.data_parallel} (as in MindFormers, the EP ranks are taken from the "
+                                  f"data-parallel ones)")
         split = ("num_heads", "n_kv_heads", "intermediate_size", "vocab_size")
-        bad = [f"{name}={getattr(model, name)}" for name in split if getattr(model, name) % tp]
+        bad = [f"{key}={getattr(model, key)}" for key in split if getattr(model, key) % tp]
         if bad:
             ok = [d for d in range(1, model.num_heads + 1) if all(getattr(model, n) % d == 0 for n in split)]
-            raise ConfigError(f"{where}.model_parallel={tp} does not divide model.model_config.{', '.join(bad)} "
+            raise ConfigError(f"{name('model_parallel')}={tp} does not divide model.model_config.{', '.join(bad)} "
                               f"(each TP rank holds whole heads and equal shares; model_parallel "
                               f"{' or '.join(map(str, ok))} would)")
 

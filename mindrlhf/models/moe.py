@@ -27,8 +27,11 @@ EP rank.
 Tensor parallelism (the `tp` axis, with or without sequence parallelism): each expert's intermediate width is split
 over the TP ranks as the dense MLP's is (gate / up column-parallel, down row-parallel); the router runs replicated
 on the layer's gathered tokens, and the partial outputs leave the TP region as the dense MLP's do (all-reduce, or
-reduce-scatter along the sequence). With EP too, the EP sum comes first. MindSpeed-RL's `moe_tp_extend_ep` (the TP
-ranks holding other experts instead of a share of each) is another layout of the same model.
+reduce-scatter along the sequence). With EP too, the EP sum comes first. With `moe_tp_extend_ep` (MindSpeed's name;
+Megatron's expert_tensor_parallel_size 1: mesh.experts_over_tp) the TP ranks hold other whole experts instead: the
+experts split over ep x tp (rank share ep_index x tp + tp_index), each rank runs its experts at full width on the
+layer's tokens, and the same TP exit sums the ranks' outputs. This is how Megatron lays out EP larger than the
+data-parallel ranks (its EP folded onto the TP ranks).
 
 An all-to-all dispatcher (each EP rank's attention on its own rows, tokens sent only to the ranks of their experts)
 is what Ascend would use; it needs the data layout to give EP ranks distinct rows and an all-to-all this backend
@@ -285,21 +288,24 @@ class AllGatherDispatcher(nn.Cell):
     rank's tokens and its experts' routing-weight columns, `combine` its experts' partial outputs summed into
     every token's output. Here the EP ranks already hold the same tokens (the data layout's all-gather), so
     dispatch is the identity whose backward sums the gradients over the EP group, and combine an all-reduce
-    whose backward is the identity. With ep 1 both are the identity."""
+    whose backward is the identity. With ep 1 both are the identity. When the TP ranks hold other whole experts
+    (mesh.experts_over_tp) this rank's columns are its share over ep x tp; the TP ranks' outputs are summed where
+    the layer leaves its TP region, as a width share's are."""
 
     def __init__(self, mesh: Mesh, num_experts: int):
         super().__init__()
         self.ep = mesh.ep
-        self.local = num_experts // self.ep
-        self.first = mesh.index("ep") * self.local if self.ep > 1 else 0
+        self.split = mesh.expert_ranks > 1
+        self.local = num_experts // mesh.expert_ranks
+        self.first = mesh.expert_index * self.local
         group = mesh.group("ep") if self.ep > 1 else None
         self.enter_tokens = CopyToTP(group) if self.ep > 1 else Identity()
         self.enter_weights = CopyToTP(group) if self.ep > 1 else Identity()
         self.leave = ReduceFromTP(group) if self.ep > 1 else Identity()
 
     def dispatch(self, x, weights):
-        """x (N, H), weights (N, E) -> this rank's (tokens, (N, E/ep) weights of its experts)."""
-        if self.ep == 1:
+        """x (N, H), weights (N, E) -> this rank's (tokens, (N, E / expert_ranks) weights of its experts)."""
+        if not self.split:
             return x, weights
         return self.enter_tokens(x), take(self.enter_weights(weights), 1, self.first, self.first + self.local)
 
@@ -317,11 +323,14 @@ class MoEFeedForward(nn.Cell):
     def __init__(self, cfg: ModelConfig, mesh: Mesh, param_dtype, compute_dtype, std: Optional[float],
                  lora: Optional[LoraSpec] = None):
         super().__init__()
-        self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.ep, mesh.tp, lora, mesh)
+        if mesh.experts_over_tp:         # whole experts on each TP rank: nothing of an expert is split over tp
+            self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.expert_ranks, 1, lora)
+        else:
+            self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.ep, mesh.tp, lora, mesh)
         self.dispatcher = AllGatherDispatcher(mesh, cfg.num_experts)
-        # Under TP every rank routes the same tokens alike and runs its share of each expert's width: the routing
-        # weights' gradients are partial per rank (summed by enter_weights), the router's input gradient then
-        # full on every rank, so it enters the region's sum scaled by 1 / tp (router_input)
+        # Under TP every rank routes the same tokens alike and runs its share of each expert's width (or its own
+        # experts): the routing weights' gradients are partial per rank (summed by enter_weights), the router's
+        # input gradient then full on every rank, so it enters the region's sum scaled by 1 / tp (router_input)
         self.router_input = ScaleGradient(1.0 / mesh.tp) if mesh.tp > 1 else Identity()
         self.enter_weights = copy_to_tp(mesh)
         self.leave = leave_tp(mesh)

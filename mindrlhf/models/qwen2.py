@@ -353,7 +353,7 @@ class CausalLM(nn.Cell):
         super().__init__()
         mesh = mesh or Mesh(1, 1, 0)
         ParallelConfig(data_parallel=mesh.data_parallel, model_parallel=mesh.tp, pipeline_stage=mesh.pp,
-                       expert_parallel=mesh.ep).check_model(cfg)
+                       expert_parallel=mesh.ep, moe_tp_extend_ep=mesh.experts_over_tp).check_model(cfg)
         self.config = cfg
         self.mesh = mesh
         self.lora = lora

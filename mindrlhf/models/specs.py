@@ -8,7 +8,8 @@ from typing import Dict, Optional, Tuple
 from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.configs.model_config import ModelConfig, layer_split
 from mindrlhf.models.lora import adapter_specs
-from mindrlhf.parallel.layouts import EXPERTS_IN, EXPERTS_OUT, REPLICATED, TP_COLS, TP_ROWS, Layout, role_layouts
+from mindrlhf.parallel.layouts import (EXPERTS_IN, EXPERTS_OUT, REPLICATED, TP_COLS, TP_ROWS, Layout, experts_over_tp,
+                                       role_layouts)
 from mindrlhf.parallel.mesh import Mesh
 
 
@@ -67,11 +68,15 @@ def param_stages(cfg: ModelConfig, pp: int, lora: Optional[LoraSpec] = None) -> 
 
 def mesh_layouts(cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None) -> Dict[str, Layout]:
     """Every parameter's layout for a role on `mesh` (strategy files, slicing, re-layout)."""
-    return role_layouts(param_specs(cfg, lora), mesh, param_stages(cfg, mesh.pp, lora) if mesh.pp > 1 else None)
+    specs = param_specs(cfg, lora)
+    if mesh.experts_over_tp:
+        specs = {name: (shape, experts_over_tp(split)) for name, (shape, split) in specs.items()}
+    return role_layouts(specs, mesh, param_stages(cfg, mesh.pp, lora) if mesh.pp > 1 else None)
 
 
 def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1, lora: Optional[LoraSpec] = None,
-                ep: int = 1) -> Dict[str, Layout]:
+                ep: int = 1, experts_over_tp: bool = False) -> Dict[str, Layout]:
     """mesh_layouts for a role arranged [pp, dp, tp] (a layout read from a config or a checkpoint); `dp` counts
-    the EP ranks too (parallel_config.data_parallel), as `ep` divides it."""
-    return mesh_layouts(cfg, Mesh(dp=dp // ep, tp=tp, pp=pp, extra_axes=(("ep", ep),) if ep > 1 else ()), lora)
+    the EP ranks too (parallel_config.data_parallel), as `ep` divides it; `experts_over_tp`: moe_tp_extend_ep."""
+    return mesh_layouts(cfg, Mesh(dp=dp // ep, tp=tp, pp=pp, extra_axes=(("ep", ep),) if ep > 1 else (),
+                                  experts_over_tp=experts_over_tp and tp > 1), lora)

@@ -8,7 +8,7 @@ stage: its device matrix covers that stage's ranks, which start at `rank_offset`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Dict, Optional, Tuple
 
@@ -26,6 +26,14 @@ TP_COLS = MappingProxyType({1: "tp"})      # input columns over the TP ranks: ro
 EXPERTS_IN = MappingProxyType({0: "ep", 2: "tp"})
 EXPERTS_OUT = MappingProxyType({0: "ep", 1: "tp"})
 EXPERTS_ONLY = MappingProxyType({0: "ep"})    # a per-expert tensor whole on every TP rank (an expert's LoRA factor)
+EXPERT_SHARES = ("ep", "tp")     # the expert dimension when the TP ranks hold other whole experts
+
+
+def experts_over_tp(split):
+    """A parameter's split when the TP ranks hold other whole experts (moe_tp_extend_ep): an expert's tensor (split
+    over ep) has its expert dimension split over ep x tp and nothing else split; other parameters unchanged."""
+    experts = [d for d, axis in split.items() if axis == "ep"]
+    return MappingProxyType({experts[0]: EXPERT_SHARES}) if experts else split
 
 
 def mesh_axis(dev_matrix: Tuple[int, ...], tensor_map_entry: int) -> int:
@@ -44,6 +52,8 @@ class Layout:
     dev_matrix: Tuple[int, ...]
     tensor_map: Tuple[int, ...]
     rank_offset: int = 0            # first global rank of the stage that holds the tensor
+    # the mesh axes behind each device-matrix axis (role_layouts'; "ep+tp" for two merged), not in strategy files
+    axis_names: Tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self):
         if len(self.tensor_map) != len(self.full_shape):
@@ -106,20 +116,38 @@ class RoleWeights:
     rank: int
 
 
-def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Dict[int, str]]], mesh,
+def role_layouts(specs: Dict[str, Tuple[Tuple[int, ...], Dict[int, Any]]], mesh,
                  stages: Optional[Dict[str, int]] = None) -> Dict[str, Layout]:
     """Layouts of every parameter for a role's `mesh` (parallel/mesh.py), from `param_specs` (shape, {dim:
-    mesh axis that splits it}) and, under pipeline parallelism, each parameter's stage. The device matrix is
-    the mesh's device axes; an axis of size 1 splits nothing."""
-    names = [a for a, _ in mesh.device_axes]
-    dev_matrix = tuple(n for _, n in mesh.device_axes)
+    mesh axis that splits it, or a tuple of adjacent axes that split it together}) and, under pipeline
+    parallelism, each parameter's stage. The device matrix is the mesh's device axes, the axes a dimension is
+    split over together merged into one (MindSpore's form of a split over two axes); an axis of size 1 splits
+    nothing."""
     out = {}
     for name, (shape, split) in specs.items():
-        tmap = tuple(len(names) - 1 - names.index(split[d]) if d in split and mesh.axis_size(split[d]) > 1 else -1
+        groups = {d: tuple(a for a in ((axes,) if isinstance(axes, str) else axes) if mesh.axis_size(a) > 1)
+                  for d, axes in split.items()}
+        axes = _merged_axes(mesh.device_axes, [g for g in groups.values() if len(g) > 1], name)
+        labels = [a for a, _ in axes]
+        tmap = tuple(len(labels) - 1 - labels.index("+".join(groups[d])) if groups.get(d) else -1
                      for d in range(len(shape)))
         offset = (stages or {}).get(name, 0) * mesh.stage_size
         try:
-            out[name] = Layout(tuple(shape), dev_matrix, tmap, offset)
+            out[name] = Layout(tuple(shape), tuple(n for _, n in axes), tmap, offset, tuple(labels))
         except ValueError as err:
             raise CheckpointError(f"parameter {name}: {err}") from None
+    return out
+
+
+def _merged_axes(device_axes, groups, name: str):
+    """`device_axes` [(axis, size)] with each group of adjacent axes merged into one ("ep+tp", product)."""
+    out = list(device_axes)
+    for group in groups:
+        labels = [a for a, _ in out]
+        start = labels.index(group[0]) if group[0] in labels else -1
+        if start < 0 or tuple(labels[start:start + len(group)]) != group:
+            raise CheckpointError(f"parameter {name}: split over {' x '.join(group)}, which are not adjacent "
+                                  f"device axes ({labels})")
+        merged = ("+".join(group), int(np.prod([n for _, n in out[start:start + len(group)]])))
+        out[start:start + len(group)] = [merged]
     return out

@@ -73,6 +73,7 @@ class Mesh:
     pp: int = 1
     seq_parallel: bool = False      # activations outside attention/MLP split along the sequence over TP ranks
     extra_axes: Tuple[Tuple[str, int], ...] = ()    # (name, size) between dp and tp, e.g. a context axis
+    experts_over_tp: bool = False   # MoE: the TP ranks hold other whole experts, not a share of each one's width
 
     def __post_init__(self):
         names = [a for a, _ in self.axes]
@@ -154,9 +155,31 @@ class Mesh:
         """Expert-parallel ranks (the `ep` axis; 1 without it)."""
         return self.axis_size("ep")
 
+    @property
+    def expert_axes(self) -> Tuple[str, ...]:
+        """The axes a MoE layer's experts are split over, outermost first: ep, and tp when the TP ranks hold other
+        whole experts (experts_over_tp); the ones of size 1 left out."""
+        axes = ("ep", "tp") if self.experts_over_tp else ("ep",)
+        return tuple(a for a in axes if self.axis_size(a) > 1)
+
+    @property
+    def expert_ranks(self) -> int:
+        """How many shares of the experts: the product of the expert axes' sizes."""
+        return int(np.prod([self.size(a) for a in self.expert_axes]))
+
+    @property
+    def expert_index(self) -> int:
+        """This rank's share of the experts: [i E / expert_ranks, (i + 1) E / expert_ranks)."""
+        index = 0
+        for a in self.expert_axes:
+            index = index * self.size(a) + self.index(a)
+        return index
+
     def sizes(self) -> str:
-        """"dp=.. ep=.. tp=..": the row and tensor axes' sizes as start-up lines say them (ep only when split)."""
-        return f"dp={self.dp}" + (f" ep={self.ep}" if self.ep > 1 else "") + f" tp={self.tp}"
+        """"dp=.. ep=.. tp=..": the row and tensor axes' sizes as start-up lines say them (ep only when split;
+        "experts over ep x tp" when the TP ranks hold whole experts)."""
+        return f"dp={self.dp}" + (f" ep={self.ep}" if self.ep > 1 else "") + f" tp={self.tp}" + \
+            (f" (experts over {' x '.join(self.expert_axes)})" if self.experts_over_tp and self.tp > 1 else "")
 
     @property
     def data_parallel(self) -> int:
@@ -233,4 +256,5 @@ def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:
     ep = parallel.expert_parallel     # taken from data_parallel (MindFormers'): the EP ranks share their rows
     return Mesh(dp=parallel.data_parallel // ep, tp=parallel.model_parallel, rank=rank, pp=parallel.pipeline_stage,
                 seq_parallel=parallel.use_seq_parallel and parallel.model_parallel > 1,
-                extra_axes=(("ep", ep),) if ep > 1 else ())
+                extra_axes=(("ep", ep),) if ep > 1 else (),
+                experts_over_tp=parallel.moe_tp_extend_ep and parallel.model_parallel > 1)

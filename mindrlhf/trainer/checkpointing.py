@@ -183,15 +183,33 @@ def policy_tensors(step_path: str, model_cfg) -> Iterator[Tuple[str, np.ndarray]
                               f"run's export (run.export_hf, lora.lora_export merged or both), or load its base "
                               f"model with the adapter through PEFT")
     (dp, tp), pp = layout["train"], layout.get("train_pipeline_stage", 1)
-    layouts = layouts_for(model_cfg, dp, tp, pp, ep=layout.get("train_expert_parallel", 1))
+    layouts = layouts_for(model_cfg, dp, tp, pp, ep=layout.get("train_expert_parallel", 1),
+                          experts_over_tp=layout.get("train_moe_tp_extend_ep", False))
     source = ShardedSource(step_path, {n: StrategyEntry.of(lay) for n, lay in layouts.items()}, POLICY_FILE)
     return ((name, source.assemble(name, lay)) for name, lay in layouts.items())
+
+
+def layout_record(world: int, train, infer) -> Dict:
+    """What a checkpoint records of the train and infer meshes (resume refuses another; the loaders assemble the
+    train one): data_parallel as parallel_config counts it (EP ranks in it), the EP and experts-over-tp settings
+    only where they are on."""
+    state = {"world_size": world, "train": [train.data_parallel, train.tp], "infer": [infer.data_parallel, infer.tp]}
+    if train.pp > 1:
+        state["train_pipeline_stage"] = train.pp
+    for role, m in (("train", train), ("infer", infer)):
+        if m.ep > 1:
+            state[f"{role}_expert_parallel"] = m.ep
+        if m.experts_over_tp:
+            state[f"{role}_moe_tp_extend_ep"] = True
+    return state
 
 
 def _describe(layout: Optional[Dict]) -> str:
     if not layout:
         return "(not recorded)"
-    (tdp, ttp), (idp, itp) = layout["train"], layout["infer"]
-    tep, iep = (f" x ep{layout[k]}" if layout.get(k, 1) > 1 else "" for k in ("train_expert_parallel",
-                                                                            "infer_expert_parallel"))
-    return f"world_size={layout['world_size']}, train dp{tdp}{tep} x tp{ttp}, infer dp{idp}{iep} x tp{itp}"
+
+    def role(name: str) -> str:
+        (dp, tp), ep = layout[name], layout.get(f"{name}_expert_parallel", 1)
+        return f"{name} dp{dp}" + (f" x ep{ep}" if ep > 1 else "") + f" x tp{tp}" + \
+            (" (experts over tp)" if layout.get(f"{name}_moe_tp_extend_ep") else "")
+    return f"world_size={layout['world_size']}, {role('train')}, {role('infer')}"

@@ -33,6 +33,7 @@ from mindrlhf.reward.verifiers import RewardFn, extract_answer, load_reward_modu
 from mindrlhf.rollout.backends import check_backend
 from mindrlhf.rollout.sampling import SamplingParams
 from mindrlhf.trainer import aux_loss
+from mindrlhf.trainer.checkpointing import layout_record
 from mindrlhf.trainer.packing import PackingLayout
 from mindrlhf.trainer.reward_model import RewardModelSpec, resolve_reward_model
 from mindrlhf.trainer.step_geometry import StepGeometry
@@ -102,13 +103,7 @@ class ResolvedRun:
 
     def layout_state(self) -> dict:
         """What a checkpoint records of the layout (resume refuses another)."""
-        t, i = self.train_mesh, self.infer_mesh      # data_parallel as parallel_config counts it (EP ranks in it)
-        state = {"world_size": self.world, "train": [t.data_parallel, t.tp], "infer": [i.data_parallel, i.tp]}
-        if t.pp > 1:
-            state["train_pipeline_stage"] = t.pp
-        for role, m in (("train", t), ("infer", i)):
-            if m.ep > 1:
-                state[f"{role}_expert_parallel"] = m.ep
+        state = layout_record(self.world, self.train_mesh, self.infer_mesh)
         if self.lora:
             state["lora"] = self.lora.state()
         return state

@@ -1,9 +1,9 @@
 """msrun worker: a tiny Qwen3-MoE (one dense layer, one sparse; 4 experts, top-2) with its experts split over
-an `ep` axis of 2 ranks, or each expert's width over a `tp` axis of 2,
-against one process on the same weights: logits, the loss and every parameter's gradient (op by op and in one
-compiled graph, as the train step takes them); with LoRA on every linear layer and expert (the experts' adapters
+an `ep` axis of 2 ranks, each expert's width over a `tp` axis of 2, or whole experts over the `tp` axis
+(moe_tp_extend_ep), against one process on the same weights: logits, the loss and every parameter's gradient (op
+by op and in one compiled graph, as the train step takes them); with LoRA on every linear layer and expert (the experts' adapters
 split with their experts and widths), the adapters' gradients. With 4 workers: ep2 x tp2 with sequence
-parallelism.
+parallelism, and ep2 x tp2 with the experts over both (a quarter of the experts, whole, on each rank).
 
 argv: hf_dir out_dir [lora] (and the worker count from msrun; `lora`: only the LoRA layouts, 2 workers). Writes
 out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
@@ -81,15 +81,20 @@ def main():
     ids = np.random.RandomState(7).randint(0, 160, (4, 12))
     if sys.argv[3:] == ["lora"]:
         result = lora_results(hf_dir, cfg, ids, {"ep_lora": Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),)),
-                                                 "tp_lora": Mesh(dp=1, tp=2, rank=rank)})
+                                                 "tp_lora": Mesh(dp=1, tp=2, rank=rank),
+                                                 "tpx_lora": Mesh(dp=1, tp=2, rank=rank, experts_over_tp=True)})
         np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **result)
         return
     names, result = one_process_reference(hf_dir, cfg, ids)
     ep2 = Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),)) if world == 2 else None
     # ep_sorted: ep2 with the experts sorted by expert (models/moe.py), against the one process's dense form
     sorted_cfg = ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,)), moe_expert_compute="sorted")
-    layouts = {"ep": (ep2, cfg), "tp": (Mesh(dp=1, tp=2, rank=rank), cfg), "ep_sorted": (ep2, sorted_cfg)} \
-        if world == 2 else {"eptp": (Mesh(dp=1, tp=2, rank=rank, seq_parallel=True, extra_axes=(("ep", 2),)), cfg)}
+    # tpx: the two TP ranks hold two whole experts each (mesh.experts_over_tp), sorted on one of the layouts
+    layouts = {"ep": (ep2, cfg), "tp": (Mesh(dp=1, tp=2, rank=rank), cfg), "ep_sorted": (ep2, sorted_cfg),
+               "tpx": (Mesh(dp=1, tp=2, rank=rank, experts_over_tp=True), sorted_cfg)} if world == 2 else \
+        {"eptp": (Mesh(dp=1, tp=2, rank=rank, seq_parallel=True, extra_axes=(("ep", 2),)), cfg),
+         "eptpx": (Mesh(dp=1, tp=2, rank=rank, seq_parallel=True, extra_axes=(("ep", 2),), experts_over_tp=True),
+                   cfg)}
     ref_routing = _routing(load_ours(hf_dir, cfg), ids) if world == 4 else None
     for tag, (mesh, layout_cfg) in layouts.items():
         model = load_ours(hf_dir, layout_cfg, mesh)

@@ -269,6 +269,8 @@ def model_yaml_text(model: ModelConfig, parallel: ParallelConfig, source: str) -
                                 "pipeline_stage": parallel.pipeline_stage}}
     if parallel.expert_parallel > 1:
         body["parallel_config"]["expert_parallel"] = parallel.expert_parallel
+    if parallel.moe_tp_extend_ep:
+        body["parallel_config"]["moe_tp_extend_ep"] = True
     return f"# written by mindrlhf.configs.compat.hf from {source}\n" + yaml.safe_dump(body, sort_keys=False)
 
 
@@ -330,11 +332,14 @@ def main(argv=None) -> int:
     p.add_argument("--pipeline_stage", type=int, default=1)
     p.add_argument("--expert_parallel", type=int, default=1,
                    help="MoE models: ranks splitting the experts, taken from data_parallel (as in MindFormers)")
+    p.add_argument("--moe_tp_extend_ep", action="store_true",
+                   help="MoE models: the model_parallel ranks hold other whole experts instead of a share of each "
+                        "one's width (MindSpeed's name; Megatron's expert_tensor_parallel_size 1)")
     args = p.parse_args(argv)
     try:
         par = ParallelConfig(data_parallel=args.data_parallel or args.expert_parallel,
                              model_parallel=args.model_parallel, pipeline_stage=args.pipeline_stage,
-                             expert_parallel=args.expert_parallel)
+                             expert_parallel=args.expert_parallel, moe_tp_extend_ep=args.moe_tp_extend_ep)
         spec = model_yaml_from_hf(args.hf_dir, par)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -141,6 +141,10 @@ for _k, _v in {
 MEGATRON["expert_model_parallel_size"] = Key("expert_model_parallel_size", MAPPED, "train layout expert_parallel: "
                                              "each EP rank holds num_experts / this of every layer's experts, the "
                                              "EP ranks taken from the data-parallel ones (Megatron's rule)")
+MEGATRON["moe_tp_extend_ep"] = Key("moe_tp_extend_ep", MAPPED, "train layout moe_tp_extend_ep: the tensor-parallel "
+                                   "ranks hold other whole experts instead of a share of each one's width, the "
+                                   "experts split over expert_model_parallel_size x tensor_model_parallel_size "
+                                   "(models/moe.py)")
 MEGATRON["train_iters"] = Key("train_iters", MAPPED, "run.total_steps; optim.decay_steps = train_iters x "
                                                      "global_batch_size / rl_config.mini_batch_size updates")
 
@@ -212,8 +216,6 @@ _inert(MEGATRON, "do_sample", "rollouts always sample (sampling_config temperatu
 _inert(MEGATRON, "moe_grouped_gemm moe_permutation_async_comm moe_alltoall_overlap_comm "
        "use_fused_moe_token_permute_and_unpermute moe_token_dispatcher_type",
        "MoE kernel or token-dispatch choice (Ascend); the same routing and expert math")
-_inert(MEGATRON, "moe_tp_extend_ep", "true: MindSpeed's TP ranks hold other experts; here they hold a share of "
-       "every expert's width (models/moe.py): another layout of the same experts, the same routing and math")
 _inert(MEGATRON, "qk_pos_emb_head_dim qk_head_dim q_lora_rank kv_lora_rank v_head_dim",
        "multi-latent-attention setting; multi_latent_attention is false")
 _inert(MEGATRON, "beta_fast beta_slow rope_scaling_mscale rope_scaling_mscale_all_dim "
@@ -504,6 +506,7 @@ class Layouts:
     seq_parallel: bool
     ep: int = 1             # expert_model_parallel_size: taken from the train data-parallel ranks (Megatron's)
     infer_ep: int = 1       # generate_config.infer_expert_parallel_size
+    tp_extend_ep: bool = False      # moe_tp_extend_ep: the train TP ranks hold other whole experts
 
     @property
     def train_row_groups(self) -> int:
@@ -552,7 +555,8 @@ def layouts(doc: Dict[str, Any], path: str) -> Layouts:
         if dp % e:
             raise ConfigError(f"{path}: {origin.get(name, name)}: {e} does not divide the {dp} data-parallel ranks "
                               f"(the expert-parallel ranks are taken from them)")
-    return Layouts(world, tp, pp, infer_tp, seq_parallel, ep, infer_ep)
+    tp_extend_ep = _as("flag", values.get("moe_tp_extend_ep", False), f"{path}: moe_tp_extend_ep")
+    return Layouts(world, tp, pp, infer_tp, seq_parallel, ep, infer_ep, tp_extend_ep)
 
 
 def _token_ids(folder: Optional[str]) -> Dict[str, Any]:
@@ -679,7 +683,8 @@ def model_yaml(raw: Dict[str, Any], path: str, role: str = "train"):
                                   expert_parallel=lay.infer_ep)
     else:
         parallel = ParallelConfig(data_parallel=lay.train_dp, model_parallel=lay.tp, pipeline_stage=lay.pp,
-                                  use_seq_parallel=lay.seq_parallel, expert_parallel=lay.ep)
+                                  use_seq_parallel=lay.seq_parallel, expert_parallel=lay.ep,
+                                  moe_tp_extend_ep=lay.tp_extend_ep)
     try:
         parallel.check_model(model, "layout")
     except ConfigError as err:

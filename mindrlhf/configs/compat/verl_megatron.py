@@ -9,9 +9,10 @@ lr_decay_steps when lr_warmup_steps is not positive).
 
 The actor's Megatron layout is our train layout: tensor_model_parallel_size -> parallel.train_model_parallel,
 pipeline_model_parallel_size -> train_pipeline_stage, expert_model_parallel_size -> train_expert_parallel (the EP
-ranks taken from the data-parallel ones, as Megatron takes them), sequence_parallel -> train_use_seq_parallel; the
-data-parallel size is what they leave. The reference runs in the train layout here, so its Megatron sizes must
-equal the actor's.
+ranks taken from the data-parallel ones, as Megatron takes them; with expert_tensor_parallel_size 1, Megatron's
+expert ranks run over the tensor ranks first: train_moe_tp_extend_ep, whole experts over TP x EP / TP data-parallel
+ranks), sequence_parallel -> train_use_seq_parallel; the data-parallel size is what they leave. The reference runs
+in the train layout here, so its Megatron sizes must equal the actor's.
 """
 from __future__ import annotations
 
@@ -79,8 +80,10 @@ for _name, _default in (("context_parallel_size", 1), ("virtual_pipeline_model_p
            "1 (no context parallelism)" if _default else "null (no virtual pipeline stages)", _default)
     _check(RM + _name, _same_as_actor(_name, _default), "the actor's value", ABSENT)
 _check(AM + "expert_tensor_parallel_size", lambda v, ns: _null(v, ns) or int(v) >= 1, "null or a positive size: "
-       "each expert's width is split over the TP ranks here; another size (e.g. 1: whole experts, more of them per "
-       "rank) is another layout of the same experts, the same routing and math, said at start-up", None)
+       "null (Megatron's default: tensor_model_parallel_size) splits each expert's width over the TP ranks; 1 (with "
+       "EP > 1) holds whole experts, split over the TP ranks times expert_model_parallel_size / TP data-parallel ones "
+       "(parallel.train_moe_tp_extend_ep); another size is run as null, another layout of the same experts and "
+       "math, said at start-up", None)
 _check(RM + "expert_tensor_parallel_size", _same_as_actor("expert_tensor_parallel_size", None), "the actor's value",
        ABSENT)
 for _m in (AM, RM):
@@ -157,7 +160,8 @@ _check(MODEL + "override_config.model_config", _no_overrides,
 class TrainLayout:
     tp: int = 1
     pp: int = 1
-    ep: int = 1
+    ep: int = 1         # our expert_parallel: the EP ranks taken from the data-parallel ones
+    experts_over_tp: bool = False       # expert_tensor_parallel_size 1: Megatron's EP folded onto the TP ranks
 
     @property
     def cell(self) -> int:
@@ -197,24 +201,41 @@ def train_layout(ov: Dict[str, Any], num: Callable, flag: Callable, put: Callabl
         sizes[name] = num(AM + name, "integer", default)
         if sizes[name] <= 0:
             raise ConfigError(f"{AM}{name}: expected a positive integer, got {sizes[name]}")
-        if AM + name in ov:
+        if AM + name in ov and name != "expert_model_parallel_size":
             put("parallel", fld, sizes[name], AM + name)
-    layout = TrainLayout(sizes["tensor_model_parallel_size"], sizes["pipeline_model_parallel_size"],
-                         sizes["expert_model_parallel_size"])
-    if world % (layout.tp * layout.pp) or (world // (layout.tp * layout.pp)) % layout.ep:
-        raise ConfigError(f"{AM}*: tensor {layout.tp} x pipeline {layout.pp} x expert {layout.ep} does not divide the "
-                          f"{world} rank(s) (nnodes x n_gpus_per_node): the expert ranks are taken from the "
-                          f"data-parallel ones here (Megatron may also fold them onto the tensor ranks); give more "
-                          f"ranks or smaller sizes")
-    if layout.tp > 1 and flag(AM + "sequence_parallel", True):
-        put("parallel", "train_use_seq_parallel", True, AM + "sequence_parallel")
+    tp, pp, ep = (sizes[k] for k in LAYOUT)
     etp = ov.get(AM + "expert_tensor_parallel_size")
-    if not _null(etp, ov) and int(etp) != layout.tp:
+    etp = None if _null(etp, ov) else int(etp)
+    layout = TrainLayout(tp, pp, ep)
+    if etp == 1 and tp > 1 and ep > 1:
+        # Megatron's expert ranks with ETP 1 run over the tensor ranks first, then the data-parallel ones
+        if ep % tp:
+            raise ConfigError(f"{AM}expert_model_parallel_size: {ep} expert ranks with expert_tensor_parallel_size "
+                              f"1 and tensor {tp}: Megatron would hold whole experts on part of each tensor group; "
+                              f"here the experts split over all of its {tp} ranks times data-parallel ones "
+                              f"(parallel.train_moe_tp_extend_ep): give a multiple of {tp}")
+        layout = TrainLayout(tp, pp, ep // tp, experts_over_tp=True)
+        put("parallel", "train_moe_tp_extend_ep", True, AM + "expert_tensor_parallel_size")
+        derived.append(f"{AM}expert_tensor_parallel_size 1: whole experts, split over the {ep} expert ranks as "
+                       f"tensor {tp} x {ep // tp} data-parallel rank(s) (parallel.train_moe_tp_extend_ep, "
+                       f"train_expert_parallel {ep // tp})")
+    elif etp is not None and etp != tp:
         derived.append(f"{AM}expert_tensor_parallel_size {etp}: each expert's width is split over the "
-                       f"{layout.tp} tensor-parallel rank(s) here (another layout of the same experts, the same "
+                       f"{tp} tensor-parallel rank(s) here (another layout of the same experts, the same "
                        f"routing and math)")
-    derived.append(f"train layout: data_parallel {world // (layout.tp * layout.pp)} (of which expert "
-                   f"{layout.ep}) x tensor {layout.tp} x pipeline {layout.pp} (actor.megatron)")
+    if AM + "expert_model_parallel_size" in ov:
+        put("parallel", "train_expert_parallel", layout.ep, AM + "expert_model_parallel_size")
+    if world % (tp * pp) or (world // (tp * pp)) % layout.ep:
+        raise ConfigError(f"{AM}*: tensor {tp} x pipeline {pp} x expert {ep} does not divide the {world} rank(s) "
+                          f"(nnodes x n_gpus_per_node): the expert ranks are taken from the data-parallel ones "
+                          f"here" + (" after the tensor ones" if layout.experts_over_tp else
+                                     " (with expert_tensor_parallel_size 1 they run over the tensor ranks first)") +
+                          "; give more ranks or smaller sizes")
+    if tp > 1 and flag(AM + "sequence_parallel", True):
+        put("parallel", "train_use_seq_parallel", True, AM + "sequence_parallel")
+    derived.append(f"train layout: data_parallel {world // (tp * pp)} (of which expert {layout.ep}) x tensor {tp}"
+                   f"{' (whole experts over them)' if layout.experts_over_tp else ''} x pipeline {pp} "
+                   f"(actor.megatron)")
     for key, fld in ((AM + "param_offload", "offload_train_param"), (AM + "optimizer_offload",
                                                                     "offload_train_optimizer"),
                      (RM + "param_offload", "offload_ref_param")):

@@ -65,8 +65,8 @@ def split_axes(model: CausalLM, params) -> list:
     """Per parameter: the mesh axes its layout in the model's mesh splits it over ("tp", "ep"; empty when
     replicated), read from the model's layouts, the one place that says so."""
     layouts = model.layouts()
-    names = [a for a, _ in model.mesh.device_axes]
-    return [frozenset(names[mesh_axis(lay.dev_matrix, m)] for m in lay.tensor_map if m != -1)
+    return [frozenset(axis for m in lay.tensor_map if m != -1
+                      for axis in lay.axis_names[mesh_axis(lay.dev_matrix, m)].split("+"))
             for lay in (layouts[p.name] for p in params)]
 
 
