@@ -21,6 +21,7 @@ def _demo(workdir, *args):
         return json.load(fh), proc.stdout
 
 
+@pytest.mark.slow       # ~57 s: the demo's whole pipeline (data, GRPO under msrun, eval, plots)
 def test_demo_short_run_produces_every_artifact(tmp_path):
     summary, out = _demo(tmp_path, "--steps", "4", "--sft_steps", "20", "--train_rows", "300")
     for stage in range(1, 10):

@@ -375,6 +375,7 @@ def test_packed_rows_train_an_episode_as_padded_rows(tmp_path, monkeypatch):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
 
+@pytest.mark.slow       # ~12 s
 def test_lora_trains_an_episode_with_the_rollout_matching_the_train_forward(tmp_path, monkeypatch):
     """LoRA (adapters on q and v, base frozen) on tool-using episodes: the rollout's KV-continued log-probs across
     the tool tokens equal the adapted policy's train forward (gap <= 1e-4 as without tools), tool tokens stay

@@ -88,6 +88,7 @@ def test_dynamic_sampling_keeps_the_first_informative_groups_and_never_trains_on
     assert extra_rounds > 0                            # the filter did drop groups and sample more
 
 
+@pytest.mark.slow       # ~10 s
 def test_a_short_step_tops_up_with_masked_groups_that_the_update_ignores(assets, tmp_path):
     """One round (max_num_gen_batches 1) with one informative group of two: the other group fills the batch
     with its loss masked out. The experience file shows the mask, and the update ignores that group: the
@@ -204,6 +205,7 @@ def test_tis_weights_the_policy_term_by_the_capped_ratio(assets, tmp_path):
     assert tis_clipped == pytest.approx((ratio[on] > 1.3).mean(), abs=1e-6) and 0 < tis_clipped < 1
 
 
+@pytest.mark.slow       # ~9 s; TIS's weighting of the update stays in the default run
 def test_tis_metrics_in_a_step(assets, tmp_path):
     m = _trainer(assets, tmp_path, total_steps=1, tis=True).train_one_step()
     # rollout and train share the weights: the ratio is 1 up to float noise, nothing clipped

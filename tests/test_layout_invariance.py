@@ -5,7 +5,7 @@ T = 0.8 with top_p = 0.9, reference solutions longer than 255 bytes, and the GRP
 sampling over a reward that is constant for half the prompts, truncated completions masked, TIS; the
 overlong penalty, host numpy on every rank's copy of the samples, would make every group informative here),
 in these layouts: single process; train dp1 x tp2 / infer dp2 x tp1; train dp2 x tp1 / infer dp1 x tp2 (2 msrun
-workers, tied embeddings as the tiny Qwen2 YAML); and, with untied embeddings (pipeline stages need them),
+workers, tied embeddings as the tiny Qwen2 YAML); and (slow), with untied embeddings (pipeline stages need them),
 single process against train pp2 (two stages, 2 micro-batches per mini-batch, 1F1B) / infer dp2.
 Per-step metrics agree to 1e-5 relative (KL: or 1e-7 absolute; loss and policy loss: or 1e-6) and the final weights to 1e-5 relative in
 norm over the whole model (per tensor: see the bounds below); each exported HF policy equals its checkpoint
@@ -61,13 +61,16 @@ LAYOUTS = {
     "single": ((1, 1, 1), (1, 1), 4, 8, True),
     "train_tp2_infer_dp2": ((1, 2, 1), (2, 1), 2, 8, True),
     "train_dp2_infer_tp2": ((2, 1, 1), (1, 2), 4, 4, True),
+}
+# slow (all_runs): pipeline stages need untied embeddings, so their own single-process reference
+PIPELINE_LAYOUTS = {
     "single_untied": ((1, 1, 1), (1, 1), 4, 8, False),
     "train_pp2_infer_dp2": ((1, 1, 2), (2, 1), 2, 8, False),
 }
 REFERENCE = {True: "single", False: "single_untied"}
 # 4 workers (slow): two stages x TP2 with sequence parallelism, rollout on 4 data-parallel replicas
 SLOW_LAYOUTS = {"train_pp2_tp2_sp_infer_dp4": ((1, 2, 2), (4, 1), 1, 8, False)}
-ALL_LAYOUTS = {**LAYOUTS, **SLOW_LAYOUTS}
+ALL_LAYOUTS = {**LAYOUTS, **PIPELINE_LAYOUTS, **SLOW_LAYOUTS}
 MICRO_BATCHES = 2
 
 
@@ -127,14 +130,24 @@ def _run(assets, name, suffix="", **extra):
     return out
 
 
-@pytest.fixture(scope="module")
-def runs(assets):
+def _runs(assets, layouts):
     """The layouts' runs two at a time: much of each is graph compilation on one thread, so two jobs on the two
     cores finish sooner than one after the other (each run's numbers do not depend on what runs beside it)."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_run, assets, name) for name in LAYOUTS}
+        futures = {name: pool.submit(_run, assets, name) for name in layouts}
     return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(assets):
+    return _runs(assets, LAYOUTS)
+
+
+@pytest.fixture(scope="module")
+def all_runs(assets, runs):
+    """runs and the pipeline layouts' (slow tests only)."""
+    return {**runs, **_runs(assets, PIPELINE_LAYOUTS)}
 
 
 def _full_weights(assets, out_dir, name, lora=None):
@@ -167,7 +180,7 @@ def _check_reference(assets, runs, single):
     assert min(r["response_clipped_frac"] for r in ref) > 0              # some rows are masked as truncated
     assert all(abs(r["loss"]) > 1e-3 and r["grad_norm"] > 1e-2 for r in ref)    # signal far above float noise
     ref_weights, _ = _full_weights(assets, runs[single], single)
-    init = read_checkpoint(assets["inits"][LAYOUTS[single][4]])
+    init = read_checkpoint(assets["inits"][ALL_LAYOUTS[single][4]])
     moved = sum(np.linalg.norm(w - init[n]) ** 2 for n, w in ref_weights.items()) ** 0.5
     assert moved > 1e-3 * sum(np.linalg.norm(w) ** 2 for w in ref_weights.values()) ** 0.5   # >> the tolerance
     return ref, ref_weights
@@ -194,19 +207,29 @@ def _check_layout(assets, out_dir, name, ref, ref_weights, lora=None):
 
 
 def test_trajectory_is_layout_invariant(assets, runs):
-    refs = {single: _check_reference(assets, runs, single) for single in REFERENCE.values()}
+    ref = _check_reference(assets, runs, "single")
     for name in LAYOUTS:
-        _check_layout(assets, runs[name], name, *refs[REFERENCE[LAYOUTS[name][4]]])
+        _check_layout(assets, runs[name], name, *ref)
+
+
+@pytest.mark.slow       # ~50 s: two more runs (single process with untied embeddings, 2 msrun workers)
+def test_pipeline_stages_trajectory_is_layout_invariant(assets, all_runs):
+    """Train pp2 (two stages, 2 micro-batches, 1F1B) / infer dp2 against the single process with the same untied
+    embeddings: the checks of test_trajectory_is_layout_invariant, and every sample scored once."""
+    name = "train_pp2_infer_dp2"
+    _check_layout(assets, all_runs[name], name, *_check_reference(assets, all_runs, "single_untied"))
+    means = [r["reward/scoring_rank_test"] for r in read_metrics(os.path.join(all_runs[name], "metrics.jsonl"))]
+    assert all(0.3 < m < 0.7 for m in means), means
 
 
 @pytest.mark.slow
-def test_pipeline_and_sequence_parallel_trajectory_on_four_workers(assets, runs, tmp_path):
+def test_pipeline_and_sequence_parallel_trajectory_on_four_workers(assets, all_runs, tmp_path):
     """Train pp2 x tp2 with sequence parallelism (2 micro-batches, 1F1B) / infer dp4 on 4 workers: the same
     3-step trajectory as the single process; killed inside step 2's checkpoint save and resumed, the same
     final weights as the uninterrupted run."""
     name = "train_pp2_tp2_sp_infer_dp4"
     out = _run(assets, name)
-    _check_layout(assets, out, name, *_check_reference(assets, runs, "single_untied"))
+    _check_layout(assets, out, name, *_check_reference(assets, all_runs, "single_untied"))
     _crash_and_resume(assets, name, out, tmp_path)
 
 
@@ -271,12 +294,12 @@ def test_export_equals_checkpoint_and_matches_transformers(assets, runs):
 
 
 @pytest.mark.slow       # ~100 s; the default run keeps test_trainer's crash inside a save and resume
-def test_sigkill_inside_a_checkpoint_save_then_resume_is_exact(assets, runs, tmp_path):
+def test_sigkill_inside_a_checkpoint_save_then_resume_is_exact(assets, all_runs, tmp_path):
     """Kill every process of a 2-worker job (train layout: two pipeline stages) while rank 0 is inside step 2's
     checkpoint save (weights half written), resume: final weights, metrics.jsonl (each step once, equal values)
     and the rollout log equal the uninterrupted run's."""
     name = "train_pp2_infer_dp2"
-    _crash_and_resume(assets, name, runs[name], tmp_path)
+    _crash_and_resume(assets, name, all_runs[name], tmp_path)
 
 
 def _crash_and_resume(assets, name, uninterrupted, tmp_path):
@@ -353,8 +376,8 @@ PACKING_FLAGS = dict(sequence_packing=True, max_packing_token_size=46)
 @pytest.mark.slow       # ~4 min: five packed runs (single process, 2 msrun workers x 3, 4 workers)
 @pytest.mark.parametrize("name", ["single", "train_tp2_infer_dp2", "train_dp2_infer_tp2", "train_pp2_infer_dp2",
                                   "train_pp2_tp2_sp_infer_dp4"])
-def test_packed_trajectory_equals_the_padded_single_process(assets, runs, name):
-    ref, ref_weights = _check_reference(assets, runs, REFERENCE[ALL_LAYOUTS[name][4]])
+def test_packed_trajectory_equals_the_padded_single_process(assets, all_runs, name):
+    ref, ref_weights = _check_reference(assets, all_runs, REFERENCE[ALL_LAYOUTS[name][4]])
     _check_layout(assets, _run(assets, name, "_packed", **PACKING_FLAGS), name, ref, ref_weights)
 
 

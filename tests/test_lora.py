@@ -322,6 +322,7 @@ def _trainer(assets, save_dir, **extra):
     return GRPOTrainer(load_grpo_config(None, grpo_overrides(assets, str(save_dir), **flags)), log=lambda *a: None)
 
 
+@pytest.mark.slow       # ~41 s; the default run keeps LoRA's rollout sync and its graphs (this file)
 def test_lora_run_trains_only_adapters_saves_only_them_and_resumes_exactly(assets, tmp_path):
     """Two mini-batches per step (an old-policy pass and a reference pass, adapters off): 4 steps straight
     against 2 + resume + 2. The base never moves, the KL against it grows from 0, a checkpoint holds the
@@ -373,6 +374,7 @@ def test_a_separate_rollout_model_receives_the_merged_weights(assets, tmp_path):
     assert os.path.isfile(tmp_path / "hf_adapter" / "adapter_model.safetensors")
 
 
+@pytest.mark.slow       # ~24 s; the experts' adapters against PEFT stay in the default run
 def test_lora_grpo_on_a_qwen3_moe_folder_trains_the_experts_adapters_and_exports_both_ways(assets, tmp_path):
     """Two GRPO steps with LoRA on a Qwen3-MoE folder (every layer sparse): only adapters move, the experts' among
     them; the rollout (the policy with its adapters) matches the train pass; the merged export and PEFT's folder

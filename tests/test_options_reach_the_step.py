@@ -64,7 +64,10 @@ ESTIMATORS = {"grpo_std": dict(adv_estimator="grpo", adv_norm_std=True),
               "reinforce_plus_plus_baseline": dict(adv_estimator="reinforce_plus_plus_baseline")}
 
 
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+# ~11 s each: grpo_std stays in the default run, the other estimators are -m slow (their math against numpy:
+# tests/test_loss_variants.py)
+@pytest.mark.parametrize("name", [n if n == "grpo_std" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(ESTIMATORS)])
 def test_the_step_trains_on_the_configured_advantage(assets, tmp_path, name):
     _, rewards, advantages, tokens = _one_step(assets, tmp_path, **ESTIMATORS[name])
     assert len(rewards) == 2 * G and np.ptp(rewards) > 0          # some signal, so estimators differ
@@ -73,6 +76,7 @@ def test_the_step_trains_on_the_configured_advantage(assets, tmp_path, name):
     assert all(np.abs(_expected(o, rewards, tokens) - advantages).max() > 1e-3 for o in others), name
 
 
+@pytest.mark.slow       # ~55 s; each loss mode's math against numpy: tests/test_loss_variants.py
 def test_the_loss_mode_and_entropy_quantile_reach_the_step(assets, tmp_path):
     """Same rollout (same seed and weights), other loss: a trainer that dropped the option would give the
     vanilla numbers. Two passes over the rollout, so the second update sees ratios away from 1 (at ratio 1

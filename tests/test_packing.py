@@ -157,6 +157,7 @@ def test_packing_config_checks(tmp_path):
     assert "sequence packing: 1 row(s) of 23 tokens per micro-batch" in run.describe()
 
 
+@pytest.mark.slow       # ~32 s; packed log-probs, loss and gradients equal the padded ones in the default run
 def test_packed_run_follows_the_padded_trajectory(tmp_path, monkeypatch):
     """Two steps, two mini-batches each (old log-prob pass, two updates) with a reference model: losses,
     statistics and final weights of the packed run equal the padded run's."""

@@ -285,7 +285,8 @@ def test_shipped_tutorial_layout_writes_its_strategy_files(tmp_path):
 
 
 # ---- micro_batch_interleave_num: the same update in parts -------------------------------------------------
-@pytest.mark.parametrize("agg, cuts", [("token-mean", ("parts", "micro_batch_size")),
+@pytest.mark.parametrize("agg, cuts", [pytest.param("token-mean", ("parts", "micro_batch_size"),   # ~55 s
+                                                    marks=pytest.mark.slow),
                                        # the sequence mean's parts weigh 1/m (~16 s each: -m slow)
                                        pytest.param("seq-mean-token-mean", ("micro_batch_size",),
                                                     marks=pytest.mark.slow),

@@ -288,6 +288,7 @@ def test_rlhf_data_enable_thinking_reaches_the_prompts(tmp_path):
 
 
 # ---- GRPO on Qwen3 ---------------------------------------------------------------------------------------------
+@pytest.mark.slow       # ~14 s; Qwen3 attention trains in the default run's Qwen3-MoE GRPO test
 def test_grpo_trains_a_qwen3_hf_folder(tmp_path):
     """Two GRPO steps with the Qwen3 folder as --sft_path_train: the trainer builds, rolls out and updates it
     (shared prompt on, layerwise off), the rollout's log-probs equal the train model's, and the exported

@@ -69,6 +69,7 @@ def test_rewards_are_the_verifiers_plus_the_weighted_reward_model(assets, tmp_pa
     assert trainer.swap.groups["reward_model"].enabled and trainer.swap.groups["reward_model"].seconds > 0
 
 
+@pytest.mark.slow       # ~12 s; the reward model beside the verifiers stays in the default run
 def test_reward_model_alone_needs_no_verifier(assets, tmp_path):
     trainer = GRPOTrainer(_config(assets, tmp_path, verifier_function="", verifier_weight="", total_steps=1),
                           log=lambda *a: None)
@@ -146,6 +147,7 @@ def test_the_reward_models_own_layout(assets, tmp_path):
         resolve_reward_model(RewardConfig(reward_model=rm_dir, reward_model_parallel=4), tokenizer, train, 4)
 
 
+@pytest.mark.slow       # ~12 s
 def test_each_dynamic_sampling_round_is_scored_by_the_reward_model(assets, tmp_path):
     """Rounds alternate rollout and reward-model phases with the reward model's swap on: every round's rows
     are scored (all-equal groups are dropped, so a missing score would show as a zero-std group)."""

@@ -207,6 +207,7 @@ def test_grpo_r3_returns_to_the_float16_gap_and_r2_and_micro_batches_replay_alik
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
 
 
+@pytest.mark.slow       # ~17 s; the rollout's own routing record stays in the default run
 def test_episodes_record_the_routing_of_the_tool_tokens_they_feed(template):
     """A multi-turn episode (a scripted tool call, the result's template tokens fed back as forced tokens) on a
     Qwen3-MoE model: the recorded routing covers the tool tokens too, so replaying it over the whole episode

@@ -241,6 +241,7 @@ def test_eval_at_start_decides_the_eval_before_the_first_step(assets, tmp_path, 
     assert [r["step"] for r in rows if "eval_accuracy" in r] == evaluated_at
 
 
+@pytest.mark.slow       # ~16 s; the layout-invariance runs sync the reference at step 2
 def test_reference_sync_every_n_steps(assets, tmp_path):
     trainer = _trainer(assets, tmp_path, total_steps=2, beta=0.05, ref_sync_steps=2, mini_batch_size=4,
                        verifier_function="digit_fraction_test")
@@ -391,6 +392,7 @@ def test_a_separate_rollout_model_receives_every_update(assets, tmp_path):
     assert moved > 0
 
 
+@pytest.mark.slow       # ~38 s; the default run keeps the crash inside a save and its resume
 def test_resume_syncs_a_separate_rollout_model_from_the_restored_policy(assets, tmp_path):
     """An fp16 rollout model is a separate object: after a resume it must hold the restored policy (rounded to
     fp16), not the initial weights it was built from, so the step after the resume samples what the
@@ -512,6 +514,7 @@ def test_one_update_per_rollout_skips_the_old_policy_pass(assets, tmp_path, monk
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow       # ~28 s
 def test_the_training_step_compiles_at_set_up_and_the_first_update_only_runs_it(assets, tmp_path, monkeypatch):
     """The trainer compiles its training graph before the first rollout (utils/compile_ahead.py says why);
     no update compiles anything then, and the run equals one whose training graph compiles at its first
@@ -692,6 +695,7 @@ def test_a_rerun_from_the_compile_cache_trains_the_same_and_starts_without_compi
     assert cold[1]["grad_norm"] > 0 and cold[1]["kl"] > 0 and cold[0]["loss"] != 0
 
 
+@pytest.mark.slow       # ~29 s
 def test_a_fresh_run_refuses_another_runs_directory_and_overwrite_starts_over(assets, tmp_path):
     """A second run into a save_ckpt_dir holding a run is refused (before any model is built) unless told to
     overwrite; overwriting leaves only the new run's checkpoints and metrics; a complete step is never

@@ -193,6 +193,7 @@ def _config(assets, tmp_path, path=FLAT, **flags):
     return config_from_argv(argv)
 
 
+@pytest.mark.slow       # ~30 s; the tutorial's own files run in tests/test_tutorial.py
 def test_flat_config_and_predict_yaml_reach_the_trainer(assets, tmp_path):
     trainer, lines = _trainer(assets, tmp_path)
     # chunk_size 2 x num_rollouts 1 prompts per rollout replica; batch_size 4 sequences per update
@@ -258,6 +259,7 @@ def test_max_model_len_is_checked(assets, tmp_path):
         _trainer(assets, tmp_path, max_model_len=20)
 
 
+@pytest.mark.slow       # ~24 s
 def test_save_data_file_holds_the_experience_in_mindrlhfs_schema(assets, tmp_path):
     import mindspore.dataset as ds
     from mindrlhf.trainer.grpo_math import group_advantages
@@ -284,6 +286,7 @@ def upstream_schema():
     return SCHEMA
 
 
+@pytest.mark.slow       # ~11 s
 def test_max_num_seqs_gives_the_same_samples_in_chunks(assets):
     from mindrlhf.models.qwen2 import CausalLM
     from mindrlhf.rollout.engine import GenerationEngine
