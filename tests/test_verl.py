@@ -588,6 +588,28 @@ def test_verls_qwen3_moe_megatron_example_is_refused_key_by_key_then_laid_out_ov
                                      "moe_token_dispatcher_type"]
 
 
+def test_rollout_correction_token_is_is_our_tis_and_the_rest_is_named():
+    """verl's algorithm.rollout_correction (newer than the table's first reading): rollout_is token (decoupled
+    Token-TIS, min(pi_old / pi_rollout, threshold)) is rl.tis with rl.tis_cap the threshold; its default null
+    leaves TIS off whatever the threshold; sequence-level IS, rejection sampling and bypass mode are refused by
+    key; checkpoint_engine's bucket size is inert."""
+    base = [a for a in QUICKSTART if not a.startswith("algorithm.rollout_correction.")]
+    on = _translate_argv(base + ["algorithm.rollout_correction.rollout_is=token",
+                                 "algorithm.rollout_correction.rollout_is_threshold=3.0"]).sections["rl"]
+    assert on["tis"] is True and on["tis_cap"] == 3.0
+    off = _translate_argv(base + ["algorithm.rollout_correction.rollout_is_threshold=2.0",
+                                  "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=4096"])
+    assert "tis" not in off.sections["rl"]
+    assert "re-layout" in dict(off.ignored)["actor_rollout_ref.rollout.checkpoint_engine."
+                                            "update_weights_bucket_megabytes"]
+    for extra, pattern in ((["algorithm.rollout_correction.rollout_is=sequence"], r"rollout_is: 'sequence' is not "
+                                                                                    r"supported"),
+                           (["algorithm.rollout_correction.rollout_rs=token_k1"], r"rollout_rs: 'token_k1' is not"),
+                           (["algorithm.rollout_correction.bypass_mode=True"], r"bypass_mode: .* is not supported")):
+        with pytest.raises(ConfigError, match=pattern):
+            _translate_argv(base + extra)
+
+
 @pytest.mark.parametrize("megatron,extra,pattern", [
     (False, ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
      r"megatron\.tensor_model_parallel_size: a key of verl's ppo_megatron_trainer\.yaml .* --config-name"),

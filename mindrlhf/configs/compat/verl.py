@@ -35,6 +35,7 @@ from mindrlhf.configs.compat.keys import ABSENT as _ABSENT, CHECKED, INERT, MAPP
 from mindrlhf.configs.compat.keys import is_empty as _empty, is_false as _false, is_null as _null, is_true as _true
 
 A, R, M, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "actor_rollout_ref.ref."
+RC = "algorithm.rollout_correction."      # verl's rollout correction (docs/algo/rollout_corr.md, newer than 035682e)
 
 # data_source -> (our verifiers, what verl runs for it, how ours differs); sources not here are refused at start-up
 DATA_SOURCES: Dict[str, Tuple[List[str], str, str]] = {
@@ -216,7 +217,15 @@ _checked({
     "trainer.resume_from_path": (_null, "null (--resume continues from default_local_dir's newest checkpoint)",
                                  None),
     "trainer.val_only": (_false, "false (mindrlhf.eval evaluates a policy)", False),
+    RC + "rollout_is": (lambda v, ns: _null(v, ns) or v == "token", "null (off) or token: verl's decoupled "
+                        "Token-TIS, min(pi_old / pi_rollout, rollout_is_threshold) per token, is rl.tis (sequence "
+                        "level is not implemented)", None),
+    RC + "rollout_rs": (_null, "null (no rejection sampling)", None),
+    RC + "bypass_mode": (_false, "false (decoupled: the old policy's log-probs come from their own pass, as here)",
+                         False),
+    RC + "rollout_is_batch_normalize": (_false, "false (the truncated weights as they are)", False),
 })
+_mapped({RC + "rollout_is_threshold": "rl.tis_cap (with rollout_is token; unused without it)"})
 
 # ---- inert -------------------------------------------------------------------------------------------------
 _inert("strategy", "training backend (FSDP / Megatron); here MindSpore's layouts, same update", A)
@@ -283,6 +292,10 @@ _inert("algorithm.filter_groups.metric algorithm.filter_groups._target_",
        "filter_groups drops groups whose rewards are all equal (the reward is the metric here)")
 _inert("trainer.logger trainer.log_val_generations trainer.validation_data_dir",
        "logging backend; metrics.jsonl and TensorBoard in default_local_dir here")
+_inert(RC + "rollout_rs_threshold " + RC + "loss_type", "rejection sampling's threshold and bypass mode's loss: "
+       "rollout_rs is null and bypass_mode false")
+_inert("checkpoint_engine.*", "how verl moves the weights into its rollout engine; here the online re-layout does "
+       "(run.reshard_transport)", R)
 _inert("trainer.balance_batch", "reorders sequences between data-parallel ranks to even their tokens")
 _inert("trainer.critic_warmup", "critic only")
 _inert("trainer.device trainer.use_legacy_worker_impl trainer.ray_wait_register_center_timeout "
@@ -583,6 +596,10 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
                 raise ConfigError(f"algorithm.filter_groups.max_num_gen_batches: {batches} (verl's 'no limit') is "
                                   f"not supported; give a positive bound")
             put("rl", "max_num_gen_batches", batches, "algorithm.filter_groups.max_num_gen_batches")
+
+    if ov.get(RC + "rollout_is") == "token":         # verl's decoupled Token-TIS
+        put("rl", "tis", True, RC + "rollout_is")
+        put("rl", "tis_cap", num(RC + "rollout_is_threshold", "number", 2.0), RC + "rollout_is_threshold")
 
     if flag("reward_model.enable", False):
         _reward_model(ov, put, derived)
