@@ -592,7 +592,8 @@ def test_rollout_correction_token_is_is_our_tis_and_the_rest_is_named():
     """verl's algorithm.rollout_correction (newer than the table's first reading): rollout_is token (decoupled
     Token-TIS, min(pi_old / pi_rollout, threshold)) is rl.tis with rl.tis_cap the threshold; its default null
     leaves TIS off whatever the threshold; sequence-level IS, rejection sampling and bypass mode are refused by
-    key; checkpoint_engine's bucket size is inert."""
+    key; checkpoint_engine's bucket size is inert. Other keys newer than the table's first reading (an adapter to
+    start from, the rollout's own EP size) are refused naming what to do instead."""
     base = [a for a in QUICKSTART if not a.startswith("algorithm.rollout_correction.")]
     on = _translate_argv(base + ["algorithm.rollout_correction.rollout_is=token",
                                  "algorithm.rollout_correction.rollout_is_threshold=3.0"]).sections["rl"]
@@ -605,7 +606,12 @@ def test_rollout_correction_token_is_is_our_tis_and_the_rest_is_named():
     for extra, pattern in ((["algorithm.rollout_correction.rollout_is=sequence"], r"rollout_is: 'sequence' is not "
                                                                                     r"supported"),
                            (["algorithm.rollout_correction.rollout_rs=token_k1"], r"rollout_rs: 'token_k1' is not"),
-                           (["algorithm.rollout_correction.bypass_mode=True"], r"bypass_mode: .* is not supported")):
+                           (["algorithm.rollout_correction.bypass_mode=True"], r"bypass_mode: .* is not supported"),
+                           # newer keys of verl's examples, named with what we do instead
+                           (["actor_rollout_ref.model.lora_adapter_path=/saved/adapter"],
+                            r"lora_adapter_path: '/saved/adapter' is not supported \(we implement null"),
+                           (["actor_rollout_ref.rollout.expert_parallel_size=4"],
+                            r"rollout.expert_parallel_size: 4 is not supported .*infer_expert_parallel")):
         with pytest.raises(ConfigError, match=pattern):
             _translate_argv(base + extra)
 

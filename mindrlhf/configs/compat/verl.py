@@ -224,6 +224,13 @@ _checked({
     RC + "bypass_mode": (_false, "false (decoupled: the old policy's log-probs come from their own pass, as here)",
                          False),
     RC + "rollout_is_batch_normalize": (_false, "false (the truncated weights as they are)", False),
+    R + "data_parallel_size": (lambda v, ns: int(v) == 1, "1 (a rollout replica is tensor_model_parallel_size "
+                               "ranks; the job's other ranks are more replicas)", 1),
+    R + "expert_parallel_size": (lambda v, ns: int(v) == 1, "1 (a MoE rollout's experts split over "
+                                 "parallel.infer_expert_parallel / infer_moe_tp_extend_ep: give those flags)", 1),
+    A + "freeze_vision_tower": (_false, "false (text models only: no vision tower)", False),
+    M + "lora_adapter_path": (_null, "null (LoRA starts from zero adapters on the base; merge a trained adapter "
+                                     "into the folder to start from it)", None),
 })
 _mapped({RC + "rollout_is_threshold": "rl.tis_cap (with rollout_is token; unused without it)"})
 
