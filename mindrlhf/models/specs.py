@@ -8,8 +8,8 @@ from typing import Dict, Optional, Tuple
 from mindrlhf.configs.lora import LoraSpec
 from mindrlhf.configs.model_config import ModelConfig, layer_split
 from mindrlhf.models.lora import adapter_specs
-from mindrlhf.parallel.layouts import (EXPERTS_IN, EXPERTS_OUT, REPLICATED, TP_COLS, TP_ROWS, Layout, experts_over_tp,
-                                       role_layouts)
+from mindrlhf.parallel.layouts import (EXPERTS_IN, EXPERTS_OUT, REPLICATED, TP_COLS, TP_ROWS, Layout,
+                                       experts_split_over, role_layouts)
 from mindrlhf.parallel.mesh import Mesh
 
 
@@ -70,7 +70,7 @@ def mesh_layouts(cfg: ModelConfig, mesh: Mesh, lora: Optional[LoraSpec] = None) 
     """Every parameter's layout for a role on `mesh` (strategy files, slicing, re-layout)."""
     specs = param_specs(cfg, lora)
     if mesh.experts_over_tp:
-        specs = {name: (shape, experts_over_tp(split)) for name, (shape, split) in specs.items()}
+        specs = {name: (shape, experts_split_over(split, mesh.expert_axes)) for name, (shape, split) in specs.items()}
     return role_layouts(specs, mesh, param_stages(cfg, mesh.pp, lora) if mesh.pp > 1 else None)
 
 
@@ -79,4 +79,4 @@ def layouts_for(cfg: ModelConfig, dp: int, tp: int, pp: int = 1, lora: Optional[
     """mesh_layouts for a role arranged [pp, dp, tp] (a layout read from a config or a checkpoint); `dp` counts
     the EP ranks too (parallel_config.data_parallel), as `ep` divides it; `experts_over_tp`: moe_tp_extend_ep."""
     return mesh_layouts(cfg, Mesh(dp=dp // ep, tp=tp, pp=pp, extra_axes=(("ep", ep),) if ep > 1 else (),
-                                  experts_over_tp=experts_over_tp and tp > 1), lora)
+                                  experts_over_tp=experts_over_tp), lora)

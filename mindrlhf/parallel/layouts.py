@@ -26,14 +26,14 @@ TP_COLS = MappingProxyType({1: "tp"})      # input columns over the TP ranks: ro
 EXPERTS_IN = MappingProxyType({0: "ep", 2: "tp"})
 EXPERTS_OUT = MappingProxyType({0: "ep", 1: "tp"})
 EXPERTS_ONLY = MappingProxyType({0: "ep"})    # a per-expert tensor whole on every TP rank (an expert's LoRA factor)
-EXPERT_SHARES = ("ep", "tp")     # the expert dimension when the TP ranks hold other whole experts
 
 
-def experts_over_tp(split):
-    """A parameter's split when the TP ranks hold other whole experts (moe_tp_extend_ep): an expert's tensor (split
-    over ep) has its expert dimension split over ep x tp and nothing else split; other parameters unchanged."""
+def experts_split_over(split, axes: Tuple[str, ...]):
+    """A parameter's split when each expert's tensors are whole on one rank of `axes` together (Mesh.expert_axes
+    under moe_tp_extend_ep: ep x tp): an expert's tensor (split over ep) has its expert dimension split over
+    them and nothing else split; other parameters unchanged."""
     experts = [d for d, axis in split.items() if axis == "ep"]
-    return MappingProxyType({experts[0]: EXPERT_SHARES}) if experts else split
+    return MappingProxyType({experts[0]: axes}) if experts else split
 
 
 def mesh_axis(dev_matrix: Tuple[int, ...], tensor_map_entry: int) -> int:
