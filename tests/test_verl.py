@@ -542,23 +542,22 @@ def test_verls_megatron_example_gives_its_train_layout():
 
 
 def test_verls_qwen3_moe_megatron_example_is_refused_key_by_key_then_laid_out_over_experts():
-    """verl's Qwen3-30B-A3B Megatron script: refused at the three things it asks that we do not do (a model
-    override, a sampled eval, DAPO's reward manager), each named; without them, expert_model_parallel_size 8 is
-    our train layout's ep, the Megatron offloads are our host swap, the optimizer's CPU-offload options inert, the
-    warm-up Megatron's. With tensor 2, its expert_tensor_parallel_size 1 folds the 8 expert ranks onto the tensor
+    """verl's Qwen3-30B-A3B Megatron script: refused at the two things it asks that we do not do (a model
+    override, a sampled eval), each named; without them, expert_model_parallel_size 8 is our train layout's ep,
+    DAPO's reward manager with its overlong buffer is our overlong penalty, the Megatron offloads are our host swap,
+    the optimizer's CPU-offload options inert, the warm-up Megatron's. With tensor 2, its expert_tensor_parallel_size 1 folds the 8 expert ranks onto the tensor
     ranks first, as Megatron does: whole experts over tp2 x ep4 (train_moe_tp_extend_ep); a tensor size that does
     not divide the expert ranks is refused."""
     argv = list(MOE_EXAMPLE)
     for refused, pattern in (("+actor_rollout_ref.model.override_config.model_config.", r"config\.json is the model"),
-                             ("actor_rollout_ref.rollout.val_kwargs.", r"val_kwargs\.\w+: .* is not supported"),
-                             ("reward_model.reward_manager", r"reward_manager: 'dapo' is not supported")):
+                             ("actor_rollout_ref.rollout.val_kwargs.", r"val_kwargs\.\w+: .* is not supported")):
         with pytest.raises(ConfigError, match=pattern):
             _translate_argv(argv)
         argv = [a for a in argv if not a.startswith(refused)]
-    argv = [a for a in argv if not a.startswith("+reward_model.reward_kwargs.")] + \
-        ["actor_rollout_ref.rollout.val_kwargs.temperature=0"]
+    argv += ["actor_rollout_ref.rollout.val_kwargs.temperature=0"]
     tr = _translate_argv(argv)
     s = tr.sections
+    assert (s["rl"]["overlong_buffer_len"], s["rl"]["overlong_penalty_factor"]) == (4096, 1.0)   # DAPO's buffer
     assert s["parallel"] == {"train_expert_parallel": 8, "train_model_parallel": 1, "train_pipeline_stage": 1}
     assert s["rl"]["mini_batch_size"] == 128 * 16               # ep 8 of 8 ranks: one group of rows
     assert s["swap"] == {"offload_train_param": True, "offload_train_optimizer": True, "offload_ref_param": True}
@@ -611,7 +610,13 @@ def test_rollout_correction_token_is_is_our_tis_and_the_rest_is_named():
                            (["actor_rollout_ref.model.lora_adapter_path=/saved/adapter"],
                             r"lora_adapter_path: '/saved/adapter' is not supported \(we implement null"),
                            (["actor_rollout_ref.rollout.expert_parallel_size=4"],
-                            r"rollout.expert_parallel_size: 4 is not supported .*infer_expert_parallel")):
+                            r"rollout.expert_parallel_size: 4 is not supported .*infer_expert_parallel"),
+                           # DAPO's manager's keyword arguments: not for the naive manager; its buffer must end
+                           # at max_response_length, where ours does
+                           (["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True"],
+                            r"reward_kwargs.overlong_buffer_cfg.enable: read by reward_model.reward_manager=dapo"),
+                           (["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=99"],
+                            r"max_resp_len: 99 is not supported \(we implement data.max_response_length")):
         with pytest.raises(ConfigError, match=pattern):
             _translate_argv(base + extra)
 

@@ -36,6 +36,8 @@ from mindrlhf.configs.compat.keys import is_empty as _empty, is_false as _false,
 
 A, R, M, F = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model.", "actor_rollout_ref.ref."
 RC = "algorithm.rollout_correction."      # verl's rollout correction (docs/algo/rollout_corr.md, newer than 035682e)
+DAPO_KW = "reward_model.reward_kwargs."     # keyword arguments of verl's reward manager (dapo reads these)
+OVERLONG = DAPO_KW + "overlong_buffer_cfg."
 
 # data_source -> (our verifiers, what verl runs for it, how ours differs); sources not here are refused at start-up
 DATA_SOURCES: Dict[str, Tuple[List[str], str, str]] = {
@@ -206,8 +208,12 @@ _checked({
     "data.datagen.path": (_null, "null", None),
     "data.apply_chat_template_kwargs": (_empty, "{} (the template renders with its defaults)", {}),
     "critic.enable": (lambda v, ns: not _true(v, ns), "null/false (GRPO has no critic)", None),
-    "reward_model.reward_manager": (lambda v, ns: v == "naive", "naive (each sample scored by its row's rule)",
-                                    "naive"),
+    "reward_model.reward_manager": (lambda v, ns: v in ("naive", "dapo"), "naive (each sample scored by its row's "
+                                    "rule) or dapo (the same score plus reward_kwargs.overlong_buffer_cfg's "
+                                    "penalty: rl.overlong_buffer_len / overlong_penalty_factor)", "naive"),
+    DAPO_KW + "max_resp_len": (lambda v, ns: int(v) == int(ns.get("data.max_response_length", v)),
+                               "data.max_response_length (the overlong penalty ends at sampling.max_tokens here)",
+                               _ABSENT),
     "custom_reward_function.path": (_null, "null: verl's compute_score(data_source, solution_str, ground_truth, "
                                            "extra_info) is not called here; register a verifier (completion, "
                                            "solution) and give --reward_module and --verifier_function", None),
@@ -232,7 +238,12 @@ _checked({
     M + "lora_adapter_path": (_null, "null (LoRA starts from zero adapters on the base; merge a trained adapter "
                                      "into the folder to start from it)", None),
 })
-_mapped({RC + "rollout_is_threshold": "rl.tis_cap (with rollout_is token; unused without it)"})
+_mapped({RC + "rollout_is_threshold": "rl.tis_cap (with rollout_is token; unused without it)",
+         OVERLONG + "enable": "with reward_manager dapo, true: DAPO's overlong penalty (rl.overlong_buffer_len = "
+                              "len, rl.overlong_penalty_factor = penalty_factor)",
+         OVERLONG + "len": "rl.overlong_buffer_len (with overlong_buffer_cfg.enable)",
+         OVERLONG + "penalty_factor": "rl.overlong_penalty_factor (with overlong_buffer_cfg.enable)"})
+_inert(OVERLONG + "log", "logs verl's overlong_reward; here the penalty is in the reward metrics")
 
 # ---- inert -------------------------------------------------------------------------------------------------
 _inert("strategy", "training backend (FSDP / Megatron); here MindSpore's layouts, same update", A)
@@ -604,6 +615,7 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
                                   f"not supported; give a positive bound")
             put("rl", "max_num_gen_batches", batches, "algorithm.filter_groups.max_num_gen_batches")
 
+    _dapo_reward(ov, num, flag, put)
     if ov.get(RC + "rollout_is") == "token":         # verl's decoupled Token-TIS
         put("rl", "tis", True, RC + "rollout_is")
         put("rl", "tis_cap", num(RC + "rollout_is_threshold", "number", 2.0), RC + "rollout_is_threshold")
@@ -623,6 +635,22 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
             sections.setdefault(sec, {})[fld] = coerce(value, field_of(sec, fld), why)
             derived.append(f"{sec}.{fld}: {value!r} ({why}; the command leaves it out)")
     return Translation(sections, mapped, ignored, derived, plan, world, infer_tp)
+
+
+def _dapo_reward(ov, num, flag, put):
+    """verl's DAPO reward manager: the row's score plus, with overlong_buffer_cfg.enable, min(-(length - (max_resp_len
+    - len)) / len x penalty_factor, 0): our rl.overlong_buffer_len / overlong_penalty_factor (max_resp_len is
+    max_tokens, checked). verl's naive manager takes no such keyword arguments."""
+    given = [k for k in ov if k.startswith(DAPO_KW)]
+    if ov.get("reward_model.reward_manager", "naive") != "dapo":
+        if given:
+            raise ConfigError(f"{given[0]}: read by reward_model.reward_manager=dapo only (verl's naive manager "
+                              f"takes no reward_kwargs)")
+        return
+    if flag(OVERLONG + "enable", False):
+        put("rl", "overlong_buffer_len", num(OVERLONG + "len", "integer"), OVERLONG + "len")
+        put("rl", "overlong_penalty_factor", num(OVERLONG + "penalty_factor", "number", 1.0),
+            OVERLONG + "penalty_factor")
 
 
 def _reward_model(ov, put, derived):
