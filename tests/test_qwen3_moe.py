@@ -296,6 +296,11 @@ def test_qwen3_moe_aux_coef_zero_is_allowed_and_tp_must_divide_the_expert_width(
     cfg = load_model_yaml(moe[0]).model
     with pytest.raises(ConfigError, match="model_parallel=3 does not divide model.model_config.moe_intermediate_size=32"):
         ParallelConfig(model_parallel=3).check_model(cfg)
+    # whole experts over the TP ranks: the experts, not their width, must divide (4 experts: tp2 x ep2 yes, tp3 no)
+    ParallelConfig(data_parallel=2, model_parallel=2, expert_parallel=2, moe_tp_extend_ep=True).check_model(cfg)
+    with pytest.raises(ConfigError, match=r"parallel_config.moe_tp_extend_ep: expert_parallel x model_parallel = 1 x 3 "
+                                          r"does not divide model.model_config.num_experts=4"):
+        ParallelConfig(model_parallel=3, moe_tp_extend_ep=True).check_model(cfg)
 
 
 def test_qwen3_moe_yaml_written_from_the_folder_reads_back(tmp_path):
