@@ -344,6 +344,7 @@ def test_grpo_run_with_a_tool(tmp_path, monkeypatch):
 
 
 
+@pytest.mark.slow       # ~8 s; a GRPO run with a tool stays in the default run
 def test_retool_reward_reads_each_episodes_tool_calls(tmp_path, monkeypatch):
     """MindSpeed-RL's multi-turn verifier in a GRPO run: each sample's reward is -1 raised by 0.1 per tool call
     of its own episode (none of the tiny model's answers is right), so the even samples, forced to call once,

@@ -191,6 +191,7 @@ def test_sampling_n_completions_per_prompt(trained, capsys):
     assert rows_again == rows
 
 
+@pytest.mark.slow       # ~17 s; the converted files' completions and report stay in the default run
 def test_a_jsonl_dataset_gives_the_converted_files_completions(trained, capsys):
     """The raw file goes through rlhf_data.py's tokenizing: the same prompts, so the same completions."""
     report, rows = _run_eval(trained, capsys)

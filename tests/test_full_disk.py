@@ -161,7 +161,7 @@ def test_an_hf_export_that_fills_the_disk_leaves_the_previous_export_whole(tmp_p
 
 
 # ---- transform_checkpoint.py -----------------------------------------------------------------------------
-@pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
+@pytest.mark.parametrize("fmt", [pytest.param("ckpt", marks=pytest.mark.slow), "safetensors"])    # ~7 s each
 def test_transform_checkpoint_into_a_full_disk_fails_naming_it_and_keeps_the_previous_output(tmp_path, fmt):
     rng = np.random.RandomState(0)
     params = {"col.weight": ((512, 128), (0, -1)), "row.weight": ((128, 512), (-1, 0)), "norm.weight": ((128,), (-1,))}

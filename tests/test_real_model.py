@@ -234,6 +234,8 @@ def test_rollout_old_and_reference_logprobs_equal_transformers(slice_dir, tmp_pa
     _check_logprobs_against_transformers(slice_dir, tmp_path, 1e-4)
 
 
+# ~22 s; the real model's rollout, old and reference log-probs against transformers stay in the default run
+@pytest.mark.slow
 def test_first_step_kl_against_an_independent_reference(slice_dir, tmp_path):
     """With a reference model that differs from the policy (its weights perturbed), step 1's KL metric, and the
     reference log-probs the step trained with (the experience file), against transformers running both models

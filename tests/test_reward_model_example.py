@@ -21,6 +21,8 @@ def _example():
     return module
 
 
+# ~17 s; the reward model's scores against transformers and in the trainer stay in the default run
+@pytest.mark.slow
 def test_the_built_reward_model_loads_and_scores_right_answers_above_wrong_ones(tmp_path, capsys):
     """~20 s: 300 questions, 200 steps. Right '#### n' rows score above bare numbers, malformed and random
     responses (the wrong-number rows need the full run's training: not asserted here)."""

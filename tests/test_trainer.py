@@ -44,6 +44,7 @@ def test_first_step_kl_zero_ratio_one_no_clip(assets, tmp_path):
     assert float(np.mean([r["reward"] for r in saved])) == pytest.approx(metrics["reward_mean"], abs=1e-6)
 
 
+@pytest.mark.slow       # ~11 s; a separate rollout model receiving every update stays in the default run
 def test_updates_change_the_policy_and_rollout_sees_them(assets, tmp_path):
     logs = []
     trainer = _trainer(assets, tmp_path, log=logs.append, total_steps=2, mini_batch_size=4,
@@ -792,6 +793,7 @@ def test_the_rollout_log_holds_only_the_rows_since_the_last_checkpoint(tmp_path)
     assert _log_rows(path) == want
 
 
+@pytest.mark.slow       # ~9 s; a reward module's verifiers scoring completions stay in the default run (test_eval)
 def test_verifiers_from_a_reward_module_score_the_run(assets, tmp_path):
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "grpo", "custom_reward", "my_rewards.py")
     metrics = _trainer(assets, tmp_path, total_steps=1, reward_module=example,
