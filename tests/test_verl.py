@@ -616,7 +616,12 @@ def test_rollout_correction_token_is_is_our_tis_and_the_rest_is_named():
                            (["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True"],
                             r"reward_kwargs.overlong_buffer_cfg.enable: read by reward_model.reward_manager=dapo"),
                            (["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=99"],
-                            r"max_resp_len: 99 is not supported \(we implement data.max_response_length")):
+                            r"max_resp_len: 99 is not supported \(we implement data.max_response_length"),
+                           (["reward_model.reward_manager=dapo", "reward_model.enable=True",
+                             "reward_model.model.path=/rm",
+                             "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                             "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4"],
+                            r"overlong_buffer_cfg.enable: with reward_model.enable verl's dapo manager returns")):
         with pytest.raises(ConfigError, match=pattern):
             _translate_argv(base + extra)
 

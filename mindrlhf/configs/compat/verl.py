@@ -640,7 +640,8 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
 def _dapo_reward(ov, num, flag, put):
     """verl's DAPO reward manager: the row's score plus, with overlong_buffer_cfg.enable, min(-(length - (max_resp_len
     - len)) / len x penalty_factor, 0): our rl.overlong_buffer_len / overlong_penalty_factor (max_resp_len is
-    max_tokens, checked). verl's naive manager takes no such keyword arguments."""
+    max_tokens, checked). verl's naive manager takes no such keyword arguments, and with a reward model's scores
+    the dapo manager returns them unpenalised."""
     given = [k for k in ov if k.startswith(DAPO_KW)]
     if ov.get("reward_model.reward_manager", "naive") != "dapo":
         if given:
@@ -648,6 +649,10 @@ def _dapo_reward(ov, num, flag, put):
                               f"takes no reward_kwargs)")
         return
     if flag(OVERLONG + "enable", False):
+        if flag("reward_model.enable", False):
+            raise ConfigError(f"{OVERLONG}enable: with reward_model.enable verl's dapo manager returns the reward "
+                              f"model's scores as they are, without the overlong penalty, and ours would add it: "
+                              f"turn one of them off")
         put("rl", "overlong_buffer_len", num(OVERLONG + "len", "integer"), OVERLONG + "len")
         put("rl", "overlong_penalty_factor", num(OVERLONG + "penalty_factor", "number", 1.0),
             OVERLONG + "penalty_factor")
