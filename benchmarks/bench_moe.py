@@ -12,7 +12,10 @@ experts, top-2, moe_intermediate_size 256, norm_topk_prob true, no load-balancin
 
 1. Train: forward + backward + AdamW of 8 x 256 tokens, tokens/s over 6 steps after 2. Ours:
    common.train_tokens_per_s (trainer/sft.SFTStep, our AdamW); transformers: the model in torch eager, mean
-   next-token cross-entropy, backward, torch.optim.AdamW, no clipping on either side.
+   next-token cross-entropy, backward, torch.optim.AdamW, no clipping on either side. At these shapes the LM
+   head is ~74% of the FLOPs (the same float32 GEMMs on both sides), so the train ratio mostly measures the head:
+   "train_body" runs the same model with a vocabulary of 512 (BODY_VOCAB: the head next to nothing), the
+   decoder layers' own ratio, and each side's head is its step time minus its body's (train_step_s).
 2. Rollout: 16 prompts of 64 tokens -> 64 new tokens, sampling at temperature 1 (no top-k / top-p), EOS off;
    tokens/s of the second of two identical calls on each side (GenerationEngine.generate; transformers
    `generate` with the KV cache).
@@ -33,9 +36,9 @@ on every token, and sorted, the (token, expert) pairs sorted by expert into bloc
 a grouped matmul; "eager" loops over the experts that received tokens). Both are in the last line (`--hf_experts`
 picks another).
 
-Last line: {"bench": "moe_vs_transformers", "cpu", "train_ratio", "rollout_ratio", "ep2_expert_memory_ratio", ...}
-with ratio = ours / transformers tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1
-per rank (bar: <= 0.55).
+Last line: {"bench": "moe_vs_transformers", "cpu", "train_ratio", "train_body_ratio", "rollout_ratio",
+"train_step_s": {side: {step, body, head}}, "ep2_expert_memory_ratio", ...} with ratio = ours / transformers
+tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1 per rank (bar: <= 0.55).
 """
 import argparse
 import glob
@@ -63,21 +66,27 @@ QUICK = dict(model=dict(FULL["model"], hidden_size=64, num_layers=2, num_heads=4
                         num_experts=4, moe_intermediate_size=32),
              batch=2, seq=16, warmup=1, steps=1, prompts=2, prompt=8, new=8)
 EXPERT_WEIGHTS = ".routed_experts.ffn."      # the stacked experts, split over ep (models/specs.py)
+BODY_VOCAB = 512                              # train_body: the head's FLOPs ~1% of the step's
+PHASES = ("train", "train_body", "rollout")
 
 
-def shapes(quick: bool) -> dict:
-    return QUICK if quick else FULL
+def shapes(quick: bool, phase: str = "train") -> dict:
+    s = QUICK if quick else FULL
+    if phase == "train_body":
+        return dict(s, model=dict(s["model"], vocab_size=min(BODY_VOCAB, s["model"]["vocab_size"] // 8)))
+    return s
 
 
-def config(quick: bool, experts: str = "auto"):
+def config(quick: bool, experts: str = "auto", phase: str = "train"):
     from mindrlhf.configs import ModelConfig
-    return ModelConfig(**shapes(quick)["model"], moe_expert_compute=experts)
+    return ModelConfig(**shapes(quick, phase)["model"], moe_expert_compute=experts)
 
 
-def hf_moe_dir(quick: bool) -> str:
+def hf_moe_dir(quick: bool, phase: str = "train") -> str:
     """The model as an HF Qwen3-MoE folder, transformers' own random initialisation (written once)."""
-    m = shapes(quick)["model"]
-    path = os.path.join(tempfile.gettempdir(), "mindrlhf_bench_moe_model" + ("_quick" if quick else ""))
+    m = shapes(quick, phase)["model"]
+    path = os.path.join(tempfile.gettempdir(), "mindrlhf_bench_moe_model" + ("_quick" if quick else "")
+                        + (f"_vocab{m['vocab_size']}" if phase == "train_body" else ""))
     if os.path.isfile(os.path.join(path, "config.json")) and glob.glob(os.path.join(path, "*.safetensors")):
         return path
     import torch
@@ -112,22 +121,22 @@ def rollout_prompts(s: dict) -> np.ndarray:
     return np.random.RandomState(1).randint(1, s["model"]["vocab_size"], (s["prompts"], s["prompt"]))
 
 
-def ours_model(hf_dir: str, quick: bool, experts: str):
+def ours_model(hf_dir: str, quick: bool, experts: str, phase: str):
     import mindspore as ms
     from mindrlhf.checkpoint.model_io import load_weights
     from mindrlhf.models.qwen2 import CausalLM
     ms.set_seed(0)
-    model = CausalLM(config(quick, experts))
+    model = CausalLM(config(quick, experts, phase))
     load_weights(model, hf_dir)
     return model
 
 
 def ours(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
-    s = shapes(quick)
+    s = shapes(quick, phase)
     threads = ours_kernel_threads()
     assert threads == same_threads(), (threads, same_threads())
-    model = ours_model(hf_dir, quick, experts)
-    if phase == "train":
+    model = ours_model(hf_dir, quick, experts, phase)
+    if phase != "rollout":
         return {"tokens_per_s": train_tokens_per_s(model, train_ids(s), s["warmup"], s["steps"]), "threads": threads}
     from mindrlhf.rollout.engine import GenerationEngine
     from mindrlhf.rollout.sampling import SamplingParams
@@ -143,14 +152,14 @@ def ours(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
 def reference(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
-    s = shapes(quick)
+    s = shapes(quick, phase)
     threads = same_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     kw = {} if experts == "default" else {"experts_implementation": experts}
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **kw)
     implementation = model.config._experts_implementation
-    if phase == "train":
+    if phase != "rollout":
         tps = torch_train_tokens_per_s(model, train_ids(s), s["warmup"], s["steps"])
     else:
         model.eval()
@@ -256,18 +265,25 @@ def main():
     rounds = 1 if args.quick else args.rounds
     script = os.path.abspath(__file__)
     flags = ["--hf_experts", args.hf_experts, "--experts", args.experts] + (["--quick"] if args.quick else [])
-    hf_dir = hf_moe_dir(args.quick)
-    print(f"model: {json.dumps(shapes(args.quick)['model'])}; HF folder {hf_dir}", flush=True)
-    runs = {(phase, side): [] for phase in ("train", "rollout") for side in ("ours", "transformers")}
+    hf_dirs = {phase: hf_moe_dir(args.quick, phase) for phase in PHASES}
+    print(f"model: {json.dumps(shapes(args.quick)['model'])}; HF folder {hf_dirs['train']} (train_body: vocab "
+          f"{shapes(args.quick, 'train_body')['model']['vocab_size']}, {hf_dirs['train_body']})", flush=True)
+    runs = {(phase, side): [] for phase in PHASES for side in ("ours", "transformers")}
     implementation, threads = None, {}
     for r in range(rounds):
         for (phase, side), values in runs.items():
-            res = run_child(script, phase, side, "--hf_dir", hf_dir, *flags)
+            res = run_child(script, phase, side, "--hf_dir", hf_dirs[phase], *flags)
             values.append(res["tokens_per_s"])
             threads[side] = res["threads"]
             implementation = res.get("experts_implementation", implementation)
-            print(f"round {r + 1}/{rounds} {phase:7s} {side:12s} {res['tokens_per_s']:10.1f} tokens/s", flush=True)
+            print(f"round {r + 1}/{rounds} {phase:10s} {side:12s} {res['tokens_per_s']:10.1f} tokens/s", flush=True)
     med = {k: float(np.median(v)) for k, v in runs.items()}
+    s = shapes(args.quick)
+    step_tokens = s["batch"] * s["seq"]
+    step_s = {side: {"step": step_tokens / med[("train", side)], "body": step_tokens / med[("train_body", side)]}
+              for side in ("ours", "transformers")}
+    for side in step_s:
+        step_s[side]["head"] = step_s[side]["step"] - step_s[side]["body"]
     ep1 = run_child(script, "memory", "ep1", *flags)
     ep2 = ep2_memory(args.quick)
     worst = max(ep2, key=lambda x: x["expert_param_bytes"] + x["expert_moment_bytes"])
@@ -291,7 +307,9 @@ def main():
         "bench": "moe_vs_transformers", "cpu": f"{cpu['model_name']} ({cpu['family']}/{cpu['model']})",
         "quick": args.quick, "rounds": rounds,
         "train_ratio": round(med[("train", "ours")] / med[("train", "transformers")], 3),
+        "train_body_ratio": round(med[("train_body", "ours")] / med[("train_body", "transformers")], 3),
         "rollout_ratio": round(med[("rollout", "ours")] / med[("rollout", "transformers")], 3),
+        "train_step_s": {side: {k: round(v, 3) for k, v in parts.items()} for side, parts in step_s.items()},
         "ep2_expert_memory_ratio": round(expert_ratio, 4),
         "ep2_model_memory_ratio": round(model_ratio, 4),
         "ep2_memory_measured": "bytes of the Parameters and AdamW moments held: ep2 by 2 msrun workers, ep1 in one "

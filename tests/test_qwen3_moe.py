@@ -412,19 +412,22 @@ def test_routing_ties_go_to_the_lower_expert_id():
 
 def test_sorted_slots_group_the_pairs_by_expert_in_token_order():
     """Each expert's (token, expert) pairs in token order, its group padded to whole blocks, blocks past the
-    last group padding; the buffer holds the worst case (every token on the same experts)."""
+    last group padding, and each token's rows (the combine's map and the dispatch's backward); the buffer holds
+    the worst case (every token on the same experts)."""
     from mindspore import Tensor
     from mindrlhf.models.moe import expert_block, sorted_capacity, sorted_slots
     chosen = np.array([[1, 0, 1], [0, 1, 1], [1, 0, 1], [0, 0, 0], [1, 1, 0]], np.float32)    # 5 tokens, 3 experts
-    slots, block_expert = (t.asnumpy() for t in sorted_slots(Tensor(chosen), 4, 2))
+    slots, block_expert, token_rows = (t.asnumpy() for t in sorted_slots(Tensor(chosen), 4, 2))
     pad = 15                                                              # E * N: a padding row
     assert len(slots) == sorted_capacity(5, 2, 3, 4) == 20
     assert slots.tolist() == [0, 2, 4, pad, 6, 9, pad, pad, 10, 11, 12, pad] + [pad] * 8
     assert block_expert.tolist() == [0, 1, 2, 2, 2]
+    assert token_rows.tolist() == [[0, 4, 1, 20, 2], [8, 9, 10, 20, 5]]   # 20: past the buffer (token 3 has none)
     crowded = np.zeros((9, 4), np.float32)
     crowded[:, :2] = 1                                                    # every token on experts 0 and 1
-    slots, block_expert = (t.asnumpy() for t in sorted_slots(Tensor(crowded), 4, 2))
+    slots, block_expert, token_rows = (t.asnumpy() for t in sorted_slots(Tensor(crowded), 4, 2))
     assert sorted(slots[slots < 36].tolist()) == list(range(18))          # no pair lost
+    assert (slots[token_rows] == np.arange(9) + np.array([[0], [9]])).all()   # each token's rows hold its pairs
     assert block_expert.tolist()[:6] == [0, 0, 0, 1, 1, 1]
     # the cost model: many tokens over many experts sort; top-k = E, few tokens, or forced dense stay dense
     assert expert_block(2048, 2, 8) == 256 and expert_block(2048, 2, 8, "dense") == 0

@@ -63,7 +63,7 @@ def shared_prompt_attention(attn, x, cos, sin, bias_p, bias_r, split):
     attend among themselves, each sample's response tokens to its group's prompt keys and its own.
     x (M, H), cos/sin (M, 1, hd), bias_p (Q, 1, P, P), bias_r (N, 1, T, P + T) -> (M, H)."""
     m = x.shape[0]
-    q = attn.rotary(attn.q_layernorm(ops.reshape(attn.wq(x), (m, attn.nh, attn.hd))), cos, sin)
+    q = attn.rotary_q(attn.q_layernorm(ops.reshape(attn.wq(x), (m, attn.nh, attn.hd))), cos, sin)
     k = attn.rotary(attn.k_layernorm(ops.reshape(attn.wk(x), (m, attn.nkv, attn.hd))), cos, sin)
     v = ops.reshape(attn.wv(x), (m, attn.nkv, attn.hd))
     cut = split.prompt_tokens
@@ -95,7 +95,7 @@ def decode_attention(attn, x, cos, sin, bias, cache_k, cache_v):
     q, k, v = attn.project_qkv(x, cos, sin)                       # q (N, nh, 1, hd), k/v (N, nkv, 1, hd)
     n, length = q.shape[0], cache_k.shape[2]
     qg = ops.reshape(q, (n, attn.nkv, attn.rep, attn.hd))
-    scores = ops.concat((BMM_NT(qg, cache_k), BMM_NT(qg, k)), 3) * attn.scale     # (N, nkv, rep, L + 1)
+    scores = ops.concat((BMM_NT(qg, cache_k), BMM_NT(qg, k)), 3)     # (N, nkv, rep, L + 1), q scaled
     scores = ops.cast(ops.reshape(scores, (n, attn.nh, 1, length + 1)), attn.softmax_dtype)
     bias = ops.concat((bias, ops.zeros((n, 1, 1, 1), bias.dtype)), 3)
     probs = ops.cast(attn.softmax(scores + expand_as(bias, scores)), v.dtype)

@@ -12,9 +12,10 @@ Computed grouped, never a loop over tokens or experts; the experts' weights are 
   weighted by the (tokens, E) routing weights, which are zero off the top-k: E / top-k times a dispatch's FLOPs;
 - sorted: the (token, expert) pairs sorted by expert into one buffer whose groups are padded to a block size
   (the buffer's size is static: tokens x top-k + E x (block - 1) rows at most), each block runs its expert as
-  one batched matmul over the blocks (each block's weights gathered), and the outputs are scatter-added back
-  to the tokens, routing-weighted. The rows a dispatch computes, plus the padding, at the price of gathering a
-  block's weights (MindSpore's GroupedMatmul does this without padding on Ascend: not used here).
+  one batched matmul over the blocks (each block's weights gathered), and each token's output is the sum of its
+  rows, routing-weighted. The rows a dispatch computes, plus the padding, at the price of gathering a block's
+  weights (MindSpore's GroupedMatmul does this without padding on Ascend: not used here). Tokens move into the
+  buffer and back by gathers whose backward is the other move's gather (MoveRows), never a scatter-add.
 
 Expert parallelism (the mesh's `ep` axis): each EP rank holds experts [i E/ep, (i+1) E/ep) and the EP ranks see the
 same tokens (the all-gather dispatcher of Megatron, with the gather done by the data layout: an EP group's ranks
@@ -63,6 +64,7 @@ from mindrlhf.models.tp_regions import CopyToTP, Identity, ReduceFromTP, ScaleGr
 from mindrlhf.parallel.mesh import Mesh
 
 PREFIX = "routed_experts"
+_SUM_AXIS0 = ops.ReduceSum()
 
 
 class Router(nn.Cell):
@@ -79,8 +81,8 @@ class Router(nn.Cell):
         return self.matmul(ops.cast(x, ms.float32), ops.cast(self.dense.weight, ms.float32))
 
 
-# The sorted form's cost per block, in rows of expert work: gathering the block's weights, scattering their
-# gradient back and the smaller batched matmuls. A dense row's cost against a sorted row's (plain matmuls run
+# The sorted form's cost per block, in rows of expert work: gathering the block's weights, summing their
+# gradient back (GatherExperts) and the smaller batched matmuls. A dense row's cost against a sorted row's (plain matmuls run
 # faster than the blocks' batched ones). Fitted on bench_moe's shapes (8 experts of 256, hidden 512, 2048 tokens:
 # dense 350 ms, sorted by blocks of 64 / 128 / 256 / 512: 255 / 221 / 218 / 253 ms fwd + bwd; docs/BENCHMARKS.md).
 BLOCK_COST_ROWS = 80
@@ -117,8 +119,9 @@ def expert_block(tokens: int, top_k: int, experts: int, form: str = "auto") -> i
 def sorted_slots(chosen, block: int, top_k: int):
     """chosen (N, E) 1.0 where a token uses an expert -> (slots (R,) int32: the (expert e, token n) pair in each
     row of the sorted buffer as e * N + n, E * N on padding rows; block_expert (R / block,) int32: each block's
-    expert). Groups in expert order, tokens in order within a group: the same layout for the same routing.
-    Counting in float32 is exact below 2^24 pairs."""
+    expert; token_rows (min(top_k, E), N) int32: the rows holding each token's pairs, R where it has fewer).
+    Groups in expert order, tokens in order within a group: the same layout for the same routing. Counting in
+    float32 is exact below 2^24 pairs."""
     n, e = chosen.shape
     rows = sorted_capacity(n, top_k, e, block)
     used = ops.transpose(chosen, (1, 0))                                             # (E, N)
@@ -133,8 +136,53 @@ def sorted_slots(chosen, block: int, top_k: int):
     starts = Tensor(np.arange(0, rows, block, dtype=np.float32))
     block_expert = ops.cast((ops.expand_dims(starts, 1) >= ops.expand_dims(ends, 0)).astype(ms.float32).sum(1),
                             ms.int32)
+    # each token's rows: the min(top_k, E) smallest of its column of dest (unused pairs point past the end)
+    token_rows = -ops.TopK()(-ops.transpose(dest, (1, 0)).astype(ms.float32), min(top_k, e))[0]
     return (ops.stop_gradient(take(slots, 0, 0, rows)),
-            ops.stop_gradient(ops.minimum(block_expert, e - 1)))       # blocks past the last group: padding only
+            ops.stop_gradient(ops.minimum(block_expert, e - 1)),       # blocks past the last group: padding only
+            ops.stop_gradient(ops.cast(ops.transpose(token_rows, (1, 0)), ms.int32)))
+
+
+def gather_rows(x, index):
+    """Rows of x (M, H) picked by index, M standing for a zero row: index (R,) -> (R, H); index (k, N) -> (N, H),
+    the k rows of each column summed."""
+    padded = ops.concat((x, ops.zeros((1, x.shape[1]), x.dtype)), 0)
+    if index.ndim == 1:
+        return ops.gather(padded, index, 0)
+    k, n = index.shape
+    rows = ops.reshape(ops.gather(padded, ops.reshape(index, (-1,)), 0), (k, n * x.shape[1]))
+    return ops.reshape(_SUM_AXIS0(rows, 0), (n, x.shape[1]))
+
+
+class MoveRows(nn.Cell):
+    """gather_rows(x, index), whose backward is gather_rows(dout, adjoint) with `adjoint` the inverse map. The
+    sorted form's dispatch (each row's token; adjoint: each token's rows) and combine (the other way round) are
+    each other's transposes, so neither direction scatter-adds: autodiff's backward of a gather is an
+    UnsortedSegmentSum with its masks, ~0.1 s of a bench_moe train step (docs/BENCHMARKS.md)."""
+
+    def construct(self, x, index, adjoint):
+        return gather_rows(x, index)
+
+    def bprop(self, x, index, adjoint, out, dout):
+        return gather_rows(dout, adjoint), ops.zeros_like(index), ops.zeros_like(adjoint)
+
+
+class GatherExperts(nn.Cell):
+    """w (E, H, I) -> w[block_expert] (blocks, H, I), each block's expert weights; the backward sums each expert's
+    blocks as one matmul with the blocks' one-hot expert matrix (autodiff's UnsortedSegmentSum of whole weight
+    matrices runs on one thread)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sum_blocks = ops.MatMul(transpose_a=True)
+
+    def construct(self, w, block_expert):
+        return ops.gather(w, block_expert, 0)
+
+    def bprop(self, w, block_expert, out, dout):
+        hot = ops.one_hot(block_expert, w.shape[0], Tensor(1.0, dout.dtype), Tensor(0.0, dout.dtype))
+        flat = ops.reshape(dout, (dout.shape[0], -1))
+        return ops.reshape(self.sum_blocks(hot, flat), w.shape), ops.zeros_like(block_expert)
 
 
 class ExpertsFFN(nn.Cell):
@@ -165,6 +213,8 @@ class ExpertsFFN(nn.Cell):
         self.top_k = cfg.num_experts_per_tok
         self.form = cfg.moe_expert_compute
         self.matmul = ops.MatMul()
+        self.move_rows = MoveRows()
+        self.gather_experts = GatherExperts()
         self.lora_scaling = lora.scaling if lora else 0.0
         self.adapted = tuple(bool(lora and lora.on(name)) for name in ("w1", "w3", "w2"))
         for name, on in zip(("w1", "w3", "w2"), self.adapted):
@@ -219,19 +269,18 @@ class ExpertsFFN(nn.Cell):
         n, h = x.shape
         e = self.experts
         w1, w3, w2 = self.weights(compute_dtype)
-        slots, block_expert = sorted_slots(ops.cast(weights != 0, ms.float32), block, self.top_k)
+        slots, block_expert, token_rows = sorted_slots(ops.cast(weights != 0, ms.float32), block, self.top_k)
         rows = slots.shape[0]
         token = ops.stop_gradient(ops.select(slots < e * n, slots % n, ops.fill(ms.int32, (rows,), n)))
-        xs = ops.gather(ops.concat((x, ops.zeros((1, h), x.dtype)), 0), token, 0)       # padding: a zero row
-        xs = ops.reshape(xs, (rows // block, block, h))
-        gate = BMM(xs, ops.gather(w1, block_expert, 0))
-        up = BMM(xs, ops.gather(w3, block_expert, 0))
+        xs = ops.reshape(self.move_rows(x, token, token_rows), (rows // block, block, h))    # padding: zero rows
+        gate = BMM(xs, self.gather_experts(w1, block_expert))
+        up = BMM(xs, self.gather_experts(w3, block_expert))
         act = gate * ops.sigmoid(gate) * up                                               # (blocks, block, I)
         flat = ops.reshape(ops.transpose(ops.cast(weights, compute_dtype), (1, 0)), (-1,))   # e * N + n
         pair_weight = ops.gather(ops.concat((flat, ops.zeros((1,), compute_dtype)), 0), slots, 0)
         act = act * expand_as(ops.reshape(pair_weight, (rows // block, block, 1)), act)
-        y = BMM(act, ops.gather(w2, block_expert, 0))
-        return take(ops.unsorted_segment_sum(ops.reshape(y, (rows, h)), token, n + 1), 0, 0, n)
+        y = BMM(act, self.gather_experts(w2, block_expert))
+        return self.move_rows(ops.reshape(y, (rows, h)), token_rows, token)
 
     def _dense(self, x, weights, compute_dtype):
         """Every expert on every token. Two forms of the same FLOPs, picked by the token count:

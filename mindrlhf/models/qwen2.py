@@ -145,14 +145,15 @@ class Attention(nn.Cell):
         self.softmax = LastAxisSoftmax()
 
     def project_qkv(self, x, cos, sin):
-        """x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd), q/k normed (qk_layernorm), RoPE applied."""
+        """x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd), q/k normed (qk_layernorm), RoPE applied, q
+        scaled by 1 / sqrt(hd) (rotary_q)."""
         b, t, _ = x.shape
         q = swap_middle(self.head_norm(self.q_layernorm, self.wq(x), b, t, self.nh))
         k = swap_middle(self.head_norm(self.k_layernorm, self.wk(x), b, t, self.nkv))
         v = swap_middle(ops.reshape(self.wv(x), (b, t, self.nkv, self.hd)))
         cos = ops.cast(cos, q.dtype)
         sin = ops.cast(sin, q.dtype)
-        return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
+        return self.rotary_q(q, cos, sin), self.rotary(k, cos, sin), v
 
     def head_norm(self, norm, y, b: int, t: int, heads: int):
         """(B, T, heads * hd) -> (B, T, heads, hd), each head RMS-normed (qk_layernorm; Identity otherwise). In a
@@ -172,7 +173,7 @@ class Attention(nn.Cell):
         s = k.shape[2]
         # GQA without materialising repeated k/v: group query heads by their kv head.
         qg = ops.reshape(q, (b, self.nkv, self.rep * t, self.hd))
-        scores = BMM_NT(qg, k) * self.scale                                  # (B, nkv, rep*T, S)
+        scores = BMM_NT(qg, k)                                  # (B, nkv, rep*T, S), q already scaled (rotary_q)
         scores = ops.reshape(scores, (b, self.nh, t, s))
         scores = ops.cast(scores, self.softmax_dtype)
         scores = scores + expand_as(bias, scores)
@@ -184,9 +185,14 @@ class Attention(nn.Cell):
     def rotary(self, x, cos, sin):
         return apply_rope(x, cos, sin, self.rotate)
 
+    def rotary_q(self, q, cos, sin):
+        """RoPE on q, times 1 / sqrt(hd) through the tables (T x hd products): the scores need no scaling of
+        their own, a product per score (T x S per head) in the forward and again in the backward."""
+        return apply_rope(q, cos * self.scale, sin * self.scale, self.rotate)
+
     def construct(self, x, cos, sin, bias):
         q, k, v = self.project_qkv(x, cos, sin)           # x (B, T, H) -> q (B, nh, T, hd), k/v (B, nkv, T, hd)
-        return self.attend(q, k, v, bias)                  # softmax(q k^T / sqrt(hd) + bias) v, then wo: (B, T, H)
+        return self.attend(q, k, v, bias)                  # softmax(q k^T + bias) v, q scaled; then wo: (B, T, H)
 
 class FeedForward(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
