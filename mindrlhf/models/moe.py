@@ -276,8 +276,8 @@ class ExpertsFFN(nn.Cell):
         gate = BMM(xs, self.gather_experts(w1, block_expert))
         up = BMM(xs, self.gather_experts(w3, block_expert))
         act = gate * ops.sigmoid(gate) * up                                               # (blocks, block, I)
-        flat = ops.reshape(ops.transpose(ops.cast(weights, compute_dtype), (1, 0)), (-1,))   # e * N + n
-        pair_weight = ops.gather(ops.concat((flat, ops.zeros((1,), compute_dtype)), 0), slots, 0)
+        pairs = ops.reshape(ops.transpose(ops.cast(weights, compute_dtype), (1, 0)), (-1, 1))   # row e * N + n
+        pair_weight = gather_rows(pairs, slots)                                           # padding rows: 0
         act = act * expand_as(ops.reshape(pair_weight, (rows // block, block, 1)), act)
         y = BMM(act, self.gather_experts(w2, block_expert))
         return self.move_rows(ops.reshape(y, (rows, h)), token_rows, token)
