@@ -23,7 +23,8 @@ get the same rows: AllGatherDispatcher). The router runs replicated; each rank r
 weighted by its columns of the routing weights, and the partial outputs are summed over the EP group (forward
 all-reduce, backward identity); the inputs' gradients (tokens and routing weights) are summed the other way. The
 collectives are this CPU backend's AllReduce on a subgroup. The price: attention runs on the same rows on every
-EP rank.
+EP rank, and a rank's expert work is sized for the worst case, every one of a token's top-k among its experts
+(static shapes, nothing dropped: sorted_capacity), so EP divides the experts' memory, not their compute.
 
 Tensor parallelism (the `tp` axis, with or without sequence parallelism): each expert's intermediate width is split
 over the TP ranks as the dense MLP's is (gate / up column-parallel, down row-parallel); the router runs replicated
