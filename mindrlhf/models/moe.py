@@ -84,8 +84,9 @@ class Router(nn.Cell):
 
 # The sorted form's cost per block, in rows of expert work: gathering the block's weights, summing their
 # gradient back (GatherExperts) and the smaller batched matmuls. A dense row's cost against a sorted row's (plain
-# matmuls run faster than the blocks' batched ones). Fitted on bench_moe's shapes (8 experts of 256, hidden 512, 2048 tokens:
-# dense 350 ms, sorted by blocks of 64 / 128 / 256 / 512: 255 / 221 / 218 / 253 ms fwd + bwd; docs/BENCHMARKS.md).
+# matmuls run faster than the blocks' batched ones). Fitted on bench_moe's shapes (8 experts of 256, hidden 512,
+# 2048 tokens: dense 350 ms, sorted by blocks of 64 / 128 / 256 / 512: 255 / 221 / 218 / 253 ms fwd + bwd;
+# docs/BENCHMARKS.md).
 BLOCK_COST_ROWS = 80
 DENSE_ROW_COST = 0.8
 BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
