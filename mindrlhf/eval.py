@@ -42,22 +42,9 @@ from mindrlhf.configs.grpo_config import RewardConfig, RunConfig, SamplingConfig
 from mindrlhf.data.convert import DEFAULTS as CONVERT_DEFAULTS
 from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES
 from mindrlhf.data.sources import DATASET_TYPES
+from mindrlhf.trainer.evaluation import CORRECT_SCORE, pass_at_k, pass_ks
 
 MINDRECORD_SUFFIX = ".mindrecord"
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Probability that at least one of k completions drawn without replacement from n, c of them correct,
-    is correct: 1 - C(n-c, k) / C(n, k), as the product 1 - prod_{i=n-c+1..n} (1 - k / i) (no huge
-    binomials)."""
-    if n - c < k:
-        return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def pass_ks(n: int) -> List[int]:
-    """The k reported for n completions per prompt: the powers of two below n, and n."""
-    return [k for k in (2 ** i for i in range(n.bit_length())) if k < n] + [n]
 
 
 @dataclass
@@ -113,7 +100,8 @@ class EvalConfig:
                           "--prompt_template also offers them in each prompt")
     tool_config_path: str = _f("", "with --max_tool_calls: MindSpeed-RL's / verl's tool config file "
                                "(tools.tool_config_path)")
-    correct_threshold: float = _f(1.0, "a completion with a score at least this is correct (accuracy, pass@k)")
+    correct_threshold: float = _f(CORRECT_SCORE, "a completion with a score at least this is correct (accuracy, "
+                                  "pass@k)")
     output: str = _f("", "write every completion here as JSON lines (index, sample, prompt, completion, solution, "
                      "score, correct, length, finish_reason, tool_calls)")
     chunk_rows: int = _f(32, "completions per generate call on a rank (the trainer's eval uses rl.batch_size x "

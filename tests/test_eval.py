@@ -86,7 +86,7 @@ def trained(tmp_path_factory):
         patch.setattr(evaluation, "complete", recording)
         GRPOTrainer(cfg, log=lambda *a: None).fit()
     evals = [r["eval_accuracy"] for r in read_metrics(os.path.join(save, "metrics.jsonl")) if "eval_accuracy" in r]
-    return dict(assets, root=root, save=save, hf=os.path.join(save, "hf_policy"), eval_jsonl=eval_jsonl,
+    return dict(assets, assets=assets, root=root, save=save, hf=os.path.join(save, "hf_policy"), eval_jsonl=eval_jsonl,
                 eval_mr=eval_mr, evals=evals, last_eval=recorded[-1], chunk_rows=str(cfg.rl.batch_size * cfg.rl.num_generations))
 
 
@@ -189,6 +189,49 @@ def test_sampling_n_completions_per_prompt(trained, capsys):
     again, rows_again = _run_eval(trained, capsys, "--n", "4", "--temperature", "1.0", "--seed", "3",
                                   out="sampled_again.jsonl")
     assert rows_again == rows
+
+
+def test_a_sampled_eval_in_training_is_the_eval_commands_sampled_accuracy(trained, capsys, tmp_path):
+    """run.eval_temperature / eval_top_p / eval_n (verl's val_kwargs): the trainer samples eval_n completions per
+    eval prompt, and its eval_accuracy (the mean score: verl's mean@n) and eval_pass@n are the eval command's
+    accuracy and pass@n with the same sampling and seed, completion for completion."""
+    from mindrlhf.configs.grpo_load import load_grpo_config
+    from mindrlhf.trainer import evaluation
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    sampled = dict(eval_temperature=1.0, eval_top_p=0.9, eval_n=4)
+    cfg = load_grpo_config(None, grpo_overrides(trained["assets"], str(tmp_path / "run"),
+                                                load_sft_checkpoint_train=trained["hf"],
+                                                eval_dataset=trained["eval_mr"], eval_steps=1,
+                                                eval_prompts=EVAL_PROMPTS, **sampled))
+    recorded, complete = [], evaluation.complete
+
+    def recording(*args, **kwargs):
+        recorded.append(complete(*args, **kwargs))
+        return recorded[-1]
+    trainer = GRPOTrainer(cfg, log=lambda *a: None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(evaluation, "complete", recording)
+        metrics = trainer.evaluate()
+    report, rows = _run_eval(trained, capsys, "--limit", str(EVAL_PROMPTS), "--temperature", "1.0", "--top_p", "0.9",
+                             "--n", "4", "--seed", str(cfg.run.seed), out="trainer_sampled.jsonl")
+    assert [r["completion"] for r in rows] == recorded[0].texts
+    assert set(metrics) == {"eval_accuracy", "eval_pass@4"}
+    assert metrics["eval_accuracy"] == report["accuracy"] and metrics["eval_pass@4"] == report["pass@4"]
+    assert 0 < metrics["eval_accuracy"] < metrics["eval_pass@4"] < 1, metrics       # sampled: prompts split
+    assert report["accuracy"] != trained["evals"][-1]          # not the greedy eval's
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    (dict(eval_n=2), r"run\.eval_n: 2 completions per prompt with a greedy eval .* give eval_temperature > 0"),
+    (dict(eval_n=0, eval_temperature=1.0), r"run\.eval_n: expected >= 1, got 0"),
+    (dict(eval_temperature=-0.5), r"run\.eval_temperature: expected >= 0"),
+    (dict(eval_top_p=0.0, eval_temperature=1.0), r"run\.eval_top_p: expected in \(0, 1\]"),
+    (dict(eval_top_k=-1, eval_temperature=1.0), r"run\.eval_top_k: expected >= 0")])
+def test_eval_sampling_errors_name_the_field(trained, tmp_path, extra, pattern):
+    from mindrlhf.configs.errors import ConfigError
+    from mindrlhf.configs.grpo_load import load_grpo_config
+    with pytest.raises(ConfigError, match=pattern):
+        load_grpo_config(None, grpo_overrides(trained["assets"], str(tmp_path), **extra))
 
 
 @pytest.mark.slow       # ~17 s; the converted files' completions and report stay in the default run

@@ -235,7 +235,7 @@ def test_eval_at_start_decides_the_eval_before_the_first_step(assets, tmp_path, 
     trainer = _trainer(assets, tmp_path, total_steps=1, eval_steps=1, eval_dataset=assets["mind_dataset_dir"],
                        eval_at_start=at_start)
     steps = []
-    trainer.evaluate = lambda: steps.append(trainer.step) or 0.5
+    trainer.evaluate = lambda: steps.append(trainer.step) or {"eval_accuracy": 0.5}
     trainer.fit()
     assert steps == evaluated_at
     rows = read_metrics(str(tmp_path / "metrics.jsonl"))

@@ -222,6 +222,30 @@ def test_val_before_train_decides_the_eval_before_the_first_step():
     assert "not evaluated" in said and "validate once" not in said
 
 
+def test_val_kwargs_do_sample_gives_a_sampled_eval():
+    """verl's rollout.val_kwargs: do_sample true samples validation with its temperature / top_p / top_k, n per
+    prompt (run.eval_*); do_sample false (its default) is greedy whatever the sampling keys say, and n equal greedy
+    answers are evaluated once, said at conversion; a bad n or top_k is named."""
+    v = "actor_rollout_ref.rollout.val_kwargs."
+    sampled = _translate(QUICKSTART + [v + "do_sample=True", v + "temperature=0.6", v + "top_p=0.95", v + "top_k=-1",
+                                       v + "n=4"]).sections["run"]
+    assert (sampled["eval_temperature"], sampled["eval_top_p"], sampled["eval_top_k"], sampled["eval_n"]) == \
+        (0.6, 0.95, 0, 4)
+    assert _translate(QUICKSTART + [v + "do_sample=True", v + "temperature=1", v + "top_k=20"]).sections["run"][
+        "eval_top_k"] == 20
+    for greedy in ([v + "do_sample=False", v + "temperature=0.6", v + "n=3"],
+                   [v + "do_sample=True", v + "temperature=0", v + "n=3"]):
+        tr = _translate(QUICKSTART + greedy)
+        assert not {"eval_temperature", "eval_n", "eval_top_p"} & set(tr.sections["run"])
+        assert any("run.eval_n: 1" in d and "mean@3 is the greedy accuracy" in d for d in tr.derived)
+    assert not any("eval_n" in d for d in _translate(QUICKSTART).derived)
+    for bad, pattern in (([v + "temperature=1", v + "n=0"], r"val_kwargs\.n: expected >= 1"),
+                         ([v + "temperature=1", v + "top_k=-2"], r"val_kwargs\.top_k: expected -1 \(off\) or >= 0"),
+                         ([v + "temperature=-1"], r"val_kwargs\.temperature: expected >= 0")):
+        with pytest.raises(ConfigError, match=pattern):
+            _translate(QUICKSTART + [v + "do_sample=True"] + bad)
+
+
 def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
     tr = _translate(["algorithm.adv_estimator=grpo", "data.train_files=t.parquet", "actor_rollout_ref.model.path=m",
                      "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
@@ -542,21 +566,21 @@ def test_verls_megatron_example_gives_its_train_layout():
 
 
 def test_verls_qwen3_moe_megatron_example_is_refused_key_by_key_then_laid_out_over_experts():
-    """verl's Qwen3-30B-A3B Megatron script: refused at the two things it asks that we do not do (a model
-    override, a sampled eval), each named; without them, expert_model_parallel_size 8 is our train layout's ep,
+    """verl's Qwen3-30B-A3B Megatron script: refused at the one thing it asks that we do not do (a model
+    override), named; without it, its sampled validation is our sampled eval, expert_model_parallel_size 8 is our
+    train layout's ep,
     DAPO's reward manager with its overlong buffer is our overlong penalty, the Megatron offloads are our host swap,
     the optimizer's CPU-offload options inert, the warm-up Megatron's. With tensor 2, its expert_tensor_parallel_size 1 folds the 8 expert ranks onto the tensor
     ranks first, as Megatron does: whole experts over tp2 x ep4 (train_moe_tp_extend_ep); a tensor size that does
     not divide the expert ranks is refused."""
     argv = list(MOE_EXAMPLE)
-    for refused, pattern in (("+actor_rollout_ref.model.override_config.model_config.", r"config\.json is the model"),
-                             ("actor_rollout_ref.rollout.val_kwargs.", r"val_kwargs\.\w+: .* is not supported")):
-        with pytest.raises(ConfigError, match=pattern):
-            _translate_argv(argv)
-        argv = [a for a in argv if not a.startswith(refused)]
-    argv += ["actor_rollout_ref.rollout.val_kwargs.temperature=0"]
+    with pytest.raises(ConfigError, match=r"config\.json is the model"):
+        _translate_argv(argv)
+    argv = [a for a in argv if not a.startswith("+actor_rollout_ref.model.override_config.model_config.")]
     tr = _translate_argv(argv)
     s = tr.sections
+    assert {k: v for k, v in s["run"].items() if k.startswith("eval_") and k != "eval_at_start"} == \
+        {"eval_steps": 10, "eval_temperature": 1.0, "eval_n": 1, "eval_top_p": 0.7, "eval_top_k": 0}
     assert (s["rl"]["overlong_buffer_len"], s["rl"]["overlong_penalty_factor"]) == (4096, 1.0)   # DAPO's buffer
     assert s["parallel"] == {"train_expert_parallel": 8, "train_model_parallel": 1, "train_pipeline_stage": 1}
     assert s["rl"]["mini_batch_size"] == 128 * 16               # ep 8 of 8 ranks: one group of rows

@@ -44,7 +44,7 @@ class RunConfig(_Section):
                             "merges.txt or tokenizer.model")
     merges_file_path: str = _f("", "tokenizer merges.txt")
     mind_dataset_dir: str = _f("", "prompt MindRecord written by rlhf_data.py")
-    eval_dataset: str = _f("", "held-out prompt MindRecord for greedy-accuracy eval (optional)")
+    eval_dataset: str = _f("", "held-out prompt MindRecord for the accuracy eval (optional)")
     save_ckpt_dir: str = _f("./ckpt", "where checkpoints, metrics and the exported policy go")
     save_data_file: str = _f("", "write each step's experience to this MindRecord in MindRLHF's schema "
                              "(prompt_completion_ids, prompts_mask, responses_mask, ref_per_token_logps, "
@@ -88,10 +88,18 @@ class RunConfig(_Section):
                       "(prompts // prompts per step) steps, unless total_steps is given explicitly; 0: total_steps")
     save_steps: int = _f(50, "save a checkpoint every N steps (and at the end); 0 = only at the end")
     keep_checkpoints: int = _f(2, "keep the last K complete checkpoints")
-    eval_steps: int = _f(0, "greedy-accuracy eval on eval_dataset every N steps (and at start/end); 0 = off")
+    eval_steps: int = _f(0, "accuracy eval on eval_dataset every N steps (and at start/end); 0 = off")
     eval_at_start: bool = _f(True, "with eval_steps > 0: also evaluate before the first step (verl's "
                              "val_before_train); false: the first eval comes after step eval_steps")
     eval_prompts: int = _f(64, "how many eval prompts (per run, split over DP)")
+    eval_temperature: float = _f(0.0, "0: greedy eval (one answer per prompt); > 0: sampled (verl's val_kwargs "
+                                 "do_sample), eval_n completions per prompt, eval_accuracy their mean score "
+                                 "(verl's mean@n); the rest of sampling (max_tokens, min_p, repetition_penalty) is "
+                                 "the rollout's")
+    eval_top_p: float = _f(1.0, "nucleus sampling of a sampled eval")
+    eval_top_k: int = _f(0, "top-k of a sampled eval (0 = off)")
+    eval_n: int = _f(1, "completions per eval prompt (> 1 needs eval_temperature > 0); also reports eval_pass@n, the "
+                        "share of prompts with a correct one")
     log_dir: str = _f("", "metrics JSONL / TensorBoard directory (default: save_ckpt_dir)")
     tensorboard: bool = _f(True, "also write TensorBoard events when a writer is installed (torch's, else "
                                  "tensorboardX); torch's costs ~200 MB of memory on rank 0 for the import alone")
@@ -488,6 +496,7 @@ class GRPOConfig(_Section):
             raise ConfigError(f"run.max_num_seqs: {self.run.max_num_seqs} cannot hold one prompt's "
                               f"num_generations={self.rl.num_generations} samples")
         self.sampling.validate()
+        self._validate_eval()
         if len(self.reward.verifier_function) != len(self.reward.verifier_weight):
             raise ConfigError(f"reward.verifier_weight: {len(self.reward.verifier_weight)} weights for "
                               f"{len(self.reward.verifier_function)} verifier_function entries")
@@ -502,6 +511,16 @@ class GRPOConfig(_Section):
                               f"{self.reward.reward_model_batch_size}")
         return self
 
+
+    def _validate_eval(self):
+        run = self.run
+        dataclasses.replace(self.sampling, temperature=run.eval_temperature, top_p=run.eval_top_p,
+                            top_k=run.eval_top_k).validate("run.eval_")
+        if run.eval_n < 1:
+            raise ConfigError(f"run.eval_n: expected >= 1, got {run.eval_n}")
+        if run.eval_n > 1 and run.eval_temperature == 0:
+            raise ConfigError(f"run.eval_n: {run.eval_n} completions per prompt with a greedy eval "
+                              f"(run.eval_temperature 0) would all be equal; give eval_temperature > 0 to sample")
 
     def _validate_tools(self):
         t = self.tools

@@ -4,7 +4,11 @@ accuracy on the trainer's weights and prompts the trainer's exactly: the same pr
 calls of the same rows, the same decoding and scores, the same division.
 
 Prompt p of an eval set is sampled with key (p,) (rollout/sampling.row_uniforms): its samples are the same
-whichever replica generates it and in whichever chunk; greedy decoding draws nothing.
+whichever replica generates it and in whichever chunk, and at every eval of a run (the same random numbers each
+time, so two evals differ by the weights only); greedy decoding draws nothing.
+
+A completion is correct when its score is at least CORRECT_SCORE (accuracy_reward's 1.0 for a right answer);
+pass@k is the unbiased estimator of Chen et al. 2021 (1 - C(n-c, k) / C(n, k) per prompt, averaged).
 """
 from __future__ import annotations
 
@@ -19,6 +23,21 @@ from mindrlhf.rollout.sampling import SamplingParams
 
 # (completions, solutions, each completion's episode tool calls) -> one score each
 Scorer = Callable[[List[str], List[str], Sequence[int]], Sequence[float]]
+CORRECT_SCORE = 1.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k completions drawn without replacement from n, c of them correct,
+    is correct: 1 - C(n-c, k) / C(n, k), as the product 1 - prod_{i=n-c+1..n} (1 - k / i) (no huge
+    binomials)."""
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_ks(n: int) -> List[int]:
+    """The k reported for n completions per prompt: the powers of two below n, and n."""
+    return [k for k in (2 ** i for i in range(n.bit_length())) if k < n] + [n]
 
 
 def replica_prompts(count: int, replicas: int, replica: int) -> np.ndarray:
@@ -36,6 +55,24 @@ def accuracy_scores(time_limit: float) -> Scorer:
 def share(part: float, whole: float) -> float:
     """part / whole of counts (exact integers, also after a float32 all-reduce), 0 for an empty whole."""
     return float(part) / max(float(whole), 1.0)
+
+
+def tallies(scores: np.ndarray, n: int) -> List[float]:
+    """What a replica adds to a run's eval metrics, from its completions' scores in (prompt, sample) order: [sum
+    of scores, completions, prompts with a correct completion, prompts]: sums, so replicas all-reduce them."""
+    correct = (np.asarray(scores).reshape(-1, n) >= CORRECT_SCORE).any(1)
+    return [float(np.sum(scores)), float(len(scores)), float(correct.sum()), float(len(correct))]
+
+
+def eval_metrics(totals: Sequence[float], n: int) -> Dict[str, float]:
+    """The trainer's eval metrics from tallies summed over the replicas: eval_accuracy, the mean score of every
+    completion (greedy: the share answered right; sampled: verl's mean@n), and with n > 1 eval_pass@n, the share
+    of prompts with at least one correct completion."""
+    score_sum, completions, solved, prompts = totals
+    out = {"eval_accuracy": share(score_sum, completions)}
+    if n > 1:
+        out[f"eval_pass@{n}"] = share(solved, prompts)
+    return out
 
 
 @dataclass

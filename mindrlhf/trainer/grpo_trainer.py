@@ -228,20 +228,22 @@ class GRPOTrainer:
         return self.run.reference == "model" and self.cfg.rl.ref_sync_steps > 0
 
     # ---- evaluation, checkpoints, the loop ----------------------------------------------------------
-    def evaluate(self) -> float:
-        """Greedy accuracy on up to eval_prompts held-out prompts, split over infer-DP replicas, in chunks of
-        the rollout's rows per replica: the decode graphs the rollout compiled serve here too (a deep model's
-        decode graph costs seconds to compile and memory to keep). The eval command runs the same code
-        (trainer/evaluation.py)."""
+    def evaluate(self) -> Dict[str, float]:
+        """eval_accuracy (and eval_pass@n when sampling n > 1) on up to eval_prompts held-out prompts, greedy
+        unless run.eval_temperature > 0, split over infer-DP replicas, in chunks of the rollout's rows per replica:
+        the decode graphs the rollout compiled serve here too (a deep model's decode graph costs seconds to
+        compile and memory to keep). The eval command runs the same code (trainer/evaluation.py)."""
         watchdog.enter("eval")
         table, mesh = self.eval_dataset.table, self.infer_mesh
         idx = evaluation.replica_prompts(min(self.cfg.run.eval_prompts, len(table["prompt_ids"])), mesh.dp,
                                          mesh.dp_index)
-        done = evaluation.complete(self.engine, self.run.tokenizer, table, idx, self.run.sampling(greedy=True),
+        params = self.run.eval_sampling()
+        done = evaluation.complete(self.engine, self.run.tokenizer, table, idx, params,
                                    self.cfg.rl.batch_size * self.cfg.rl.num_generations,
                                    evaluation.accuracy_scores(self.cfg.reward.verifier_timeout),
                                    generating=lambda: self.swap.generating(self.engine))
-        return evaluation.share(*exchange.sum_over_replicas([done.scores.sum(), len(idx)], mesh))
+        totals = exchange.sum_over_replicas(evaluation.tallies(done.scores, params.n), mesh)
+        return evaluation.eval_metrics(totals, params.n)
 
     def save(self):
         watchdog.enter("save")
@@ -300,8 +302,7 @@ class GRPOTrainer:
         history = []
         self.log(f"{self.run.describe()}; steps {self.step}->{run.total_steps}")
         if self.eval_dataset is not None and self.step == 0 and run.eval_at_start:
-            acc = self.evaluate()
-            self.metrics.log(0, {"eval_accuracy": acc}, echo=self.log)
+            self.metrics.log(0, self.evaluate(), echo=self.log)
         progress, echo = None, self.log
         if run.progress and self.rank == 0:
             from tqdm import tqdm
@@ -310,7 +311,7 @@ class GRPOTrainer:
         while self.step < run.total_steps:
             metrics = self.train_one_step()
             if self.eval_dataset is not None and (self.step % run.eval_steps == 0 or self.step == run.total_steps):
-                metrics["eval_accuracy"] = self.evaluate()
+                metrics.update(self.evaluate())
             self.metrics.log(self.step, metrics, echo=echo)
             history.append(metrics)
             if progress:

@@ -55,6 +55,7 @@ class MetricsLogger:
             self._tb.flush()
         parts = [f"step {step}"] + [f"{label} {fmt.format(metrics[key])}" for label, key, fmt in _SHOWN
                                     if key in metrics]
+        parts += [f"{key} {metrics[key]:.3f}" for key in metrics if key.startswith("eval_pass@")]   # n varies
         if echo:
             echo(" | ".join(parts))
 

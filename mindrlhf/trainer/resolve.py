@@ -75,12 +75,16 @@ class ResolvedRun:
     reward_model: Optional[RewardModelSpec] = None
     episodes: Optional[object] = None   # rollout/episodes.EpisodeTools (tools.max_tool_calls > 0); None: one turn
 
-    def sampling(self, greedy: bool = False) -> SamplingParams:
-        fields = dict(dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
-                      eos_token_ids=self.eos_ids, seed=self.cfg.run.seed)
-        if greedy:
-            fields.update(temperature=0.0, n=1)
-        return SamplingParams(**fields)
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(**dataclasses.asdict(self.cfg.sampling), n=self.cfg.rl.num_generations,
+                              eos_token_ids=self.eos_ids, seed=self.cfg.run.seed)
+
+    def eval_sampling(self) -> SamplingParams:
+        """The in-training eval's sampling: the rollout's, with run.eval_temperature / eval_top_p / eval_top_k
+        and eval_n completions per prompt (greedy, one, by default)."""
+        run = self.cfg.run
+        return dataclasses.replace(self.sampling(), temperature=run.eval_temperature, top_p=run.eval_top_p,
+                                   top_k=run.eval_top_k, n=run.eval_n)
 
     @property
     def logprob_temperature(self) -> float:

@@ -120,7 +120,7 @@ _mapped({k: f"{s}.{f}" for k, (s, f) in RENAMES.items()})
 _mapped({
     "data.train_files": "converted at start-up (verl rows -> <default_local_dir>/verl_data/train.mindrecord, "
                         "rlhf_data.py --dataset_type verl) -> run.mind_dataset_dir; a list is read in order",
-    "data.val_files": "converted likewise -> run.eval_dataset (greedy accuracy, every row: run.eval_prompts)",
+    "data.val_files": "converted likewise -> run.eval_dataset (accuracy, every row: run.eval_prompts)",
     "data.max_prompt_length": "the prompt column's width in the converted file",
     "data.max_response_length": "sampling.max_tokens",
     "data.train_batch_size": "rl.batch_size = train_batch_size / rollout replicas (prompts per step over the "
@@ -198,9 +198,6 @@ _checked({
     R + "over_sample_rate": (lambda v, ns: float(v) == 0, "0", 0),
     R + "skip_rollout": (_false, "false", False),
     R + "multi_turn.enable": (_false, "false (single-turn rollouts)", False),
-    R + "val_kwargs.do_sample": (_false, "false (our eval is greedy)", False),
-    R + "val_kwargs.temperature": (lambda v, ns: float(v) == 0, "0 (greedy eval)", 0),
-    R + "val_kwargs.n": (lambda v, ns: int(v) == 1, "1 (one greedy answer per prompt)", 1),
     "actor_rollout_ref.hybrid_engine": (_true, "true (every rank holds the policy and the rollout model)", True),
     "data.reward_fn_key": (lambda v, ns: v == "data_source", "data_source", "data_source"),
     "data.custom_cls.path": (_null, "null (the verl row schema)", None),
@@ -280,7 +277,14 @@ _inert("gpu_memory_utilization enforce_eager cudagraph_capture_sizes free_cache_
        "inference-engine knob; same samples", R)
 _inert("dtype", "vLLM's weight dtype; the rollout here computes in the policy's float32 (bf16 approximates it)", R)
 _inert("prompt_length", "data.max_prompt_length is read (Hydra interpolates this from it)", R)
-_inert("val_kwargs.top_k val_kwargs.top_p val_kwargs._target_", "sampling of a greedy eval; unused", R)
+_mapped({R + "val_kwargs.do_sample": "true: a sampled eval (run.eval_temperature, eval_top_p, eval_top_k, eval_n "
+                                     "from val_kwargs; eval_accuracy is verl's mean@n); false (verl's default): "
+                                     "greedy, one answer per prompt (verl's n equal greedy answers score as one)",
+         R + "val_kwargs.temperature": "run.eval_temperature (with do_sample; 0: greedy)",
+         R + "val_kwargs.top_p": "run.eval_top_p (with do_sample)",
+         R + "val_kwargs.top_k": "run.eval_top_k (with do_sample; -1 = off -> 0)",
+         R + "val_kwargs.n": "run.eval_n (with do_sample and temperature > 0; also gives eval_pass@n)"})
+_inert("val_kwargs._target_", "config class name", R)
 _inert("multi_turn.*", "multi-turn rollouts; multi_turn.enable is false", R)
 _inert("enable_gradient_checkpointing enable_activation_offload use_remove_padding use_liger use_fused_kernels "
        "fused_kernel_options.* use_shm trust_remote_code", "memory / kernel / loading choice; same model", M)
@@ -507,6 +511,7 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
                               if flag("trainer.val_before_train", True) else ""))
     if "trainer.val_before_train" in ov:
         put("run", "eval_at_start", flag("trainer.val_before_train", True), "trainer.val_before_train")
+    _validation_sampling(ov, num, flag, put, derived)
     for key, fld in (("trainer.test_freq", "eval_steps"), ("trainer.save_freq", "save_steps")):
         if key in ov:
             put("run", fld, max(num(key, "integer"), 0), key)
@@ -635,6 +640,34 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
             sections.setdefault(sec, {})[fld] = coerce(value, field_of(sec, fld), why)
             derived.append(f"{sec}.{fld}: {value!r} ({why}; the command leaves it out)")
     return Translation(sections, mapped, ignored, derived, plan, world, infer_tp)
+
+
+def _validation_sampling(ov, num, flag, put, derived):
+    """verl's val_kwargs: do_sample true samples each validation prompt n times with its temperature / top_p /
+    top_k (verl's mean@n is our eval_accuracy); false, its default, decodes greedily, and its n answers of a
+    prompt, all equal, score as one."""
+    v = R + "val_kwargs."
+    n = num(v + "n", "integer", 1)
+    if n < 1:
+        raise ConfigError(f"{v}n: expected >= 1, got {n}")
+    sample = flag(v + "do_sample", False)
+    temperature = num(v + "temperature", "number", 0) if sample else 0.0
+    if temperature < 0:
+        raise ConfigError(f"{v}temperature: expected >= 0, got {temperature}")
+    if temperature == 0:
+        if n > 1:
+            derived.append(f"run.eval_n: 1 ({v}n {n} greedy answers of a prompt are all equal: verl's mean@{n} is "
+                           f"the greedy accuracy)")
+        return
+    put("run", "eval_temperature", temperature, v + "temperature")
+    put("run", "eval_n", n, v + "n")
+    if ov.get(v + "top_p") is not None:
+        put("run", "eval_top_p", ov[v + "top_p"], v + "top_p")
+    if ov.get(v + "top_k") is not None:
+        top_k = num(v + "top_k", "integer")
+        if top_k < -1:
+            raise ConfigError(f"{v}top_k: expected -1 (off) or >= 0, got {top_k}")
+        put("run", "eval_top_k", max(top_k, 0), v + "top_k")
 
 
 def _dapo_reward(ov, num, flag, put):
