@@ -208,7 +208,7 @@ def train(cfg: SFTConfig, log: Callable = print) -> Optional[List[dict]]:
     run = _Run(cfg, log)
     metrics = MetricsLogger(cfg.output_dir, enabled=run.rank == 0, tensorboard=False)
     rows_out, t0 = [], time.time()
-    layout = checkpointing.layout_record(run.mesh.world_size, run.mesh, run.mesh)       # as GRPO records it
+    layout = checkpointing.layout_record(run.mesh.world_size, run.mesh, run.mesh, run.model_cfg)   # as GRPO does
     for step in range(run.total):
         watchdog.enter("sft")
         rows = run.rows(step, cfg)

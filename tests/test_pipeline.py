@@ -160,6 +160,40 @@ def test_stage_models_hold_their_parameters_under_global_names():
     assert "model.layers.1.attention.wq.weight" in held[0] and "model.layers.2.attention.wq.weight" in held[2]
 
 
+def test_a_step_saved_with_an_offset_assembles_from_its_recorded_split(tmp_path):
+    """A pipelined run whose split comes from parallel.train_offset (not in the model YAML a loader is given)
+    records its stages' layer counts in trainer_state.json; the eval command's loader assembles the step from
+    them (3 layers as 1 + 2, where the YAML's offset 0 says 2 + 1); an even split records nothing, and a
+    resume under another split is refused naming both."""
+    import dataclasses
+    from mindrlhf.checkpoint.model_io import POLICY_FILE, rank_dir, save_params
+    from mindrlhf.configs.errors import CheckpointError
+    from mindrlhf.trainer import checkpointing
+    from mindrlhf.utils.atomic import write_json
+    plain = dataclasses.replace(_cfg(3), tie_word_embeddings=False)
+    shifted = dataclasses.replace(plain, offset=[0, 1])
+    meshes = [Mesh(1, 1, rank, pp=2) for rank in range(2)]
+    layout = checkpointing.layout_record(2, meshes[0], Mesh(2, 1, 0), shifted)
+    assert layout[checkpointing.STAGE_LAYERS] == [1, 2]
+    assert checkpointing.STAGE_LAYERS not in checkpointing.layout_record(2, meshes[0], Mesh(2, 1, 0), plain)
+    step = checkpointing.step_dir(str(tmp_path), 1)
+    want = {}
+    for rank, mesh in enumerate(meshes):
+        params = list(CausalLM(shifted, mesh).get_parameters())
+        want.update({p.name: p.asnumpy() for p in params})
+        os.makedirs(rank_dir(step, rank))
+        save_params(params, os.path.join(rank_dir(step, rank), POLICY_FILE))
+    write_json(os.path.join(step, "trainer_state.json"), {"step": 1, "layout": layout})
+    write_json(os.path.join(step, "COMPLETE"), {"step": 1})
+    got = dict(checkpointing.policy_tensors(step, plain))
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    with pytest.raises(CheckpointError, match=r"x pp2 \(layers per stage \[1, 2\]\).* but this run has .* x pp2, "):
+        checkpointing.load_training_checkpoint(str(tmp_path), 0, None, None, step=1, expect_layout=dict(
+            checkpointing.layout_record(2, meshes[0], Mesh(2, 1, 0), plain)))
+
+
 def test_plan_from_pipelined_layout_reads_each_stage():
     cfg = _cfg(3)
     src, dst = layouts_for(cfg, 1, 2, 2), layouts_for(cfg, 2, 2, 1)

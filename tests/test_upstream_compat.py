@@ -427,6 +427,35 @@ def test_the_layout_sizes_can_come_from_the_grpo_config_and_win_over_the_yaml(as
         load(None, {"infer_model_parallel": -1})
 
 
+def test_the_train_offset_splits_the_pipeline_stages_as_given(assets, tmp_path):
+    """parallel.train_offset (MindFormers' per-stage offset; verl's Megatron pipeline split gives it) replaces the
+    YAML's: 3 layers over 2 stages go 1 + 2 with [0, 1] instead of MindFormers' default 2 + 1, said at start-up,
+    and each stage's model builds those layers; offsets that do not add up to the depth are named with the flag."""
+    from mindrlhf.configs.model_config import layer_split
+    from mindrlhf.models.qwen2 import CausalLM
+    from mindrlhf.parallel.mesh import Mesh
+    from mindrlhf.trainer.resolve import resolve
+    from grpo_helpers import model_yaml
+    train = model_yaml(str(tmp_path / "train.yaml"), dp=2, num_layers=3, tie_word_embeddings=False)
+    base = ["--sft_path_train", train, "--vocab_path", assets["vocab_path"], "--merges_file_path",
+            assets["merges_file_path"], "--mind_dataset_dir", assets["mind_dataset_dir"], "--save_ckpt_dir",
+            str(tmp_path / "ck"), "--num_generations", "4", "--batch_size", "2", "--use_parallel", "True",
+            "--train_pipeline_stage", "2"]
+    plain = resolve(config_from_argv(base), 0, 2, lambda *a: None).model_cfg
+    assert [len(r) for r in layer_split(3, 2, plain.offset)] == [2, 1]
+    lines = []
+    cfg = resolve(config_from_argv(base + ["--train_offset", "0,1"]), 0, 2, lines.append).model_cfg
+    assert cfg.offset == [0, 1] and [len(r) for r in layer_split(3, 2, cfg.offset)] == [1, 2]
+    note = [line for line in lines if line.startswith("train layout from parallel.train_*")]
+    assert note and "offset 0 -> [0, 1] (layers per stage [1, 2])" in note[0] and "--train_offset" in note[0]
+    held = [{p.name for p in CausalLM(cfg, Mesh(1, 1, rank, pp=2)).get_parameters()} for rank in range(2)]
+    assert {n.split(".")[2] for n in held[0] if n.startswith("model.layers.")} == {"0"}
+    assert {n.split(".")[2] for n in held[1] if n.startswith("model.layers.")} == {"1", "2"}
+    with pytest.raises(ConfigError, match=r"parallel.train_offset \(--train_offset\): \[1, 1\] gives stages \[2, 2\] "
+                                          r"layers, 4 in all, but num_layers is 3"):
+        resolve(config_from_argv(base + ["--train_offset", "1,1"]), 0, 2, lambda *a: None)
+
+
 def test_a_model_path_that_is_not_there_or_not_a_model_says_what_was_expected(tmp_path):
     # --sft_path_train /nonexist used to say "model config file not found", a folder without config.json the
     # same, and `hf_config DIR` "not readable JSON ([Errno 2] ...)"

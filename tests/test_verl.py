@@ -565,18 +565,46 @@ def test_verls_megatron_example_gives_its_train_layout():
     assert "train layout: data_parallel 2 (of which expert 1) x tensor 2 x pipeline 2 (actor.megatron)" in tr.derived
 
 
-def test_verls_qwen3_moe_megatron_example_is_refused_key_by_key_then_laid_out_over_experts():
-    """verl's Qwen3-30B-A3B Megatron script: refused at the one thing it asks that we do not do (a model
-    override), named; without it, its sampled validation is our sampled eval, expert_model_parallel_size 8 is our
-    train layout's ep,
-    DAPO's reward manager with its overlong buffer is our overlong penalty, the Megatron offloads are our host swap,
-    the optimizer's CPU-offload options inert, the warm-up Megatron's. With tensor 2, its expert_tensor_parallel_size 1 folds the 8 expert ranks onto the tensor
-    ranks first, as Megatron does: whole experts over tp2 x ep4 (train_moe_tp_extend_ep); a tensor size that does
-    not divide the expert ranks is refused."""
+def test_megatrons_pipeline_split_counting_embedding_and_loss_is_our_train_offset():
+    """account_for_embedding / loss_in_pipeline_split (verl's Qwen3-235B-A22B script sets both, pp 8): each stage
+    holds (num_layers + counted) / pp layer slots, the first (last) one fewer: MindFormers' offset [1 - embedding,
+    1, ..., 1, 1 - loss], the same for every depth Megatron accepts (94 layers over 8 stages: 11, 12 x 6, 11); a
+    depth it refuses is refused when the folder's is read; one stage: no effect, said; null: off."""
+    from mindrlhf.configs.compat.verl_megatron import megatron_offset
+    from mindrlhf.configs.model_config import layer_split
+    key = "+actor_rollout_ref.actor.megatron.override_transformer_config.account_for_{}_in_pipeline_split="
+    both = _translate_argv(MEGATRON_EXAMPLE + [key.format("embedding") + "True", key.format("loss") + "True"])
+    assert both.sections["parallel"]["train_offset"] == [0, 0]        # pp 2: an even depth, halves (odd: refused)
+    assert any("train_offset [0, 0]: Megatron's pipeline split counting the embedding and loss" in d
+               for d in both.derived)
+    embedding = _translate_argv(MEGATRON_EXAMPLE + [key.format("embedding") + "True"])
+    assert embedding.sections["parallel"]["train_offset"] == [0, 1]
+    loss = _translate_argv(MEGATRON_EXAMPLE + [key.format("loss") + "True", key.format("embedding") + "null"])
+    assert loss.sections["parallel"]["train_offset"] == [1, 0]
+    assert [len(r) for r in layer_split(94, 8, megatron_offset(8, True, True))] == [11] + [12] * 6 + [11]
+    assert [len(r) for r in layer_split(7, 4, megatron_offset(4, True, False))] == [1, 2, 2, 2]
+    with pytest.raises(ConfigError, match="add up to num_layers"):
+        layer_split(95, 8, megatron_offset(8, True, True))             # 97 slots over 8: Megatron asserts too
+    one = [a.replace("pipeline_model_parallel_size=2", "pipeline_model_parallel_size=1") for a in MEGATRON_EXAMPLE]
+    tr = _translate_argv(one + [key.format("embedding") + "True"])
+    assert "train_offset" not in tr.sections["parallel"]
+    assert any("account_for_embedding_in_pipeline_split: no effect with one pipeline stage" in d for d in tr.derived)
+
+
+def test_verls_qwen3_moe_megatron_example_translates_as_shipped_laid_out_over_experts():
+    """verl's Qwen3-30B-A3B Megatron DAPO script as shipped: its one model override (max_position_embeddings, prompt
+    + response) is our max_model_len bound, any other model override is refused naming it; its sampled validation
+    is our sampled eval, expert_model_parallel_size 8 is our train layout's ep, DAPO's reward manager with its
+    overlong buffer is our overlong penalty, the Megatron offloads are our host swap, the optimizer's CPU-offload
+    options inert, the warm-up Megatron's. With tensor 2, its expert_tensor_parallel_size 1 folds the 8 expert
+    ranks onto the tensor ranks first, as Megatron does: whole experts over tp2 x ep4 (train_moe_tp_extend_ep); a
+    tensor size that does not divide the expert ranks is refused."""
     argv = list(MOE_EXAMPLE)
-    with pytest.raises(ConfigError, match=r"config\.json is the model"):
-        _translate_argv(argv)
-    argv = [a for a in argv if not a.startswith("+actor_rollout_ref.model.override_config.model_config.")]
+    with pytest.raises(ConfigError, match=r"override_config\.model_config\.num_hidden_layers: not supported \(the "
+                                          r"folder's config\.json is the model"):
+        _translate_argv(argv + ["+actor_rollout_ref.model.override_config.model_config.num_hidden_layers=2"])
+    assert _translate_argv(argv + ["actor_rollout_ref.rollout.max_model_len=9000"]).sections["run"][
+        "max_model_len"] == 9000                               # the smaller bound
     tr = _translate_argv(argv)
     s = tr.sections
     assert {k: v for k, v in s["run"].items() if k.startswith("eval_") and k != "eval_at_start"} == \
@@ -587,7 +615,7 @@ def test_verls_qwen3_moe_megatron_example_is_refused_key_by_key_then_laid_out_ov
     assert s["swap"] == {"offload_train_param": True, "offload_train_optimizer": True, "offload_ref_param": True}
     assert (s["optim"]["lr_schedule"], s["optim"]["warmup_steps"], s["optim"]["decay_steps"]) == \
         ("megatron_constant", 10 * 512 // 128, 0)               # 10 steps x 4 updates a step; decay: the run's
-    assert s["run"]["eval_at_start"] is False
+    assert s["run"]["eval_at_start"] is False and s["run"]["max_model_len"] == 10240
     assert "train layout: data_parallel 8 (of which expert 8) x tensor 1 x pipeline 1 (actor.megatron)" in tr.derived
     etp = [a.replace("megatron.tensor_model_parallel_size=1", "megatron.tensor_model_parallel_size=2") for a in argv]
     folded = _translate_argv(etp + ["trainer.n_gpus_per_node=16"])

@@ -338,6 +338,10 @@ class LayoutConfig(_Section):
                                   "sft_path_train)")
     train_model_parallel: int = _f(0, "train layout: tensor-parallel ranks (parallel_config.model_parallel)")
     train_pipeline_stage: int = _f(0, "train layout: pipeline stages (parallel_config.pipeline_stage)")
+    train_offset: List[int] = _f([], "train layout: decoder layers per pipeline stage beyond num_layers // "
+                                 "pipeline_stage, one integer per stage (MindFormers' model_config.offset as a list; "
+                                 "verl's Megatron account_for_embedding / loss_in_pipeline_split give it); empty: the "
+                                 "model YAML's")
     train_micro_batch_num: int = _f(0, "train layout: pipeline micro-batches per mini-batch "
                                     "(parallel_config.micro_batch_num; with pipeline stages)")
     train_expert_parallel: int = _f(0, "train layout, MoE models: expert-parallel ranks (parallel_config."
@@ -354,8 +358,9 @@ class LayoutConfig(_Section):
     infer_moe_tp_extend_ep: bool = _f(False, "infer (rollout) layout, MoE models: the model_parallel ranks hold "
                                       "other whole experts (parallel_config.moe_tp_extend_ep)")
 
-    def given(self, role: str) -> Dict[str, int]:
-        """The ParallelConfig fields set for `role` (train or infer), by their MindFormers names."""
+    def given(self, role: str) -> Dict[str, Any]:
+        """The fields set for `role` (train or infer) by their MindFormers names: ParallelConfig's, and the
+        model's pipeline `offset` (a list)."""
         prefix = role + "_"
         return {f.name[len(prefix):]: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name.startswith(prefix) and getattr(self, f.name)}
@@ -447,7 +452,7 @@ class GRPOConfig(_Section):
         if self.rl.beta < 0:
             raise ConfigError(f"rl.beta: expected >= 0, got {self.rl.beta}")
         for f in dataclasses.fields(self.parallel):
-            if getattr(self.parallel, f.name) < 0:
+            if f.name != "train_offset" and getattr(self.parallel, f.name) < 0:     # offsets may be negative
                 raise ConfigError(f"parallel.{f.name}: expected >= 0 (0: the model YAML's), got "
                                   f"{getattr(self.parallel, f.name)}")
         if not 0 <= self.rl.clip_low < 1 or self.rl.clip_high < 0:

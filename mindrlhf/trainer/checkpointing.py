@@ -15,6 +15,7 @@ shared storage, nodes that see different steps mean the directory is not shared:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from mindrlhf.checkpoint.model_io import (POLICY_FILE, load_sharded_weights, ran
 from mindrlhf.checkpoint.safetensors_io import require_float
 from mindrlhf.checkpoint.slicing import ShardedSource
 from mindrlhf.configs.errors import CheckpointError
+from mindrlhf.configs.model_config import layer_split
 from mindrlhf.models.lora import saved_names
 from mindrlhf.models.specs import layouts_for
 from mindrlhf.parallel.mesh import distributed_env
@@ -133,6 +135,8 @@ def load_training_checkpoint(root: str, rank: int, policy, optimizer, extra_mode
     saved_layout = trainer_state.get("layout")
     if saved_layout is None and expect_layout is not None:     # written before layouts were recorded
         saved_layout = dict(expect_layout, world_size=trainer_state.get("world_size"))
+    if expect_layout is not None and STAGE_LAYERS in expect_layout and STAGE_LAYERS not in saved_layout:
+        saved_layout = dict(saved_layout, **{STAGE_LAYERS: expect_layout[STAGE_LAYERS]})   # saved before it was
     if expect_layout is not None and saved_layout != expect_layout:
         raise CheckpointError(f"{target}: saved with layout {_describe(saved_layout)}, but this run has "
                               f"{_describe(expect_layout)}; resume with the same world size and layouts, or "
@@ -183,19 +187,39 @@ def policy_tensors(step_path: str, model_cfg) -> Iterator[Tuple[str, np.ndarray]
                               f"run's export (run.export_hf, lora.lora_export merged or both), or load its base "
                               f"model with the adapter through PEFT")
     (dp, tp), pp = layout["train"], layout.get("train_pipeline_stage", 1)
-    layouts = layouts_for(model_cfg, dp, tp, pp, ep=layout.get("train_expert_parallel", 1),
+    layouts = layouts_for(with_recorded_split(model_cfg, layout), dp, tp, pp,
+                          ep=layout.get("train_expert_parallel", 1),
                           experts_over_tp=layout.get("train_moe_tp_extend_ep", False))
     source = ShardedSource(step_path, {n: StrategyEntry.of(lay) for n, lay in layouts.items()}, POLICY_FILE)
     return ((name, source.assemble(name, lay)) for name, lay in layouts.items())
 
 
-def layout_record(world: int, train, infer) -> Dict:
+STAGE_LAYERS = "train_stage_layers"
+
+
+def _stage_layers(model_cfg, pp: int) -> List[int]:
+    return [len(r) for r in layer_split(model_cfg.num_layers, pp, model_cfg.offset)]
+
+
+def with_recorded_split(model_cfg, layout: Dict):
+    """`model_cfg` with the offset that gives the stages the layer counts `layout` records, when it records them."""
+    counts = layout.get(STAGE_LAYERS)
+    if counts is None:
+        return model_cfg
+    return dataclasses.replace(model_cfg, offset=[c - model_cfg.num_layers // len(counts) for c in counts])
+
+
+def layout_record(world: int, train, infer, model_cfg=None) -> Dict:
     """What a checkpoint records of the train and infer meshes (resume refuses another; the loaders assemble the
     train one): data_parallel as parallel_config counts it (EP ranks in it), the EP and experts-over-tp settings
-    only where they are on."""
+    only where they are on, and the train stages' layer counts where `model_cfg`'s offset makes them other than
+    MindFormers' even split (a run's parallel.train_offset is not in the model YAML the loaders are given)."""
     state = {"world_size": world, "train": [train.data_parallel, train.tp], "infer": [infer.data_parallel, infer.tp]}
     if train.pp > 1:
         state["train_pipeline_stage"] = train.pp
+        counts = _stage_layers(model_cfg, train.pp) if model_cfg is not None else None
+        if counts is not None and counts != _stage_layers(dataclasses.replace(model_cfg, offset=0), train.pp):
+            state[STAGE_LAYERS] = counts
     for role, m in (("train", train), ("infer", infer)):
         if m.ep > 1:
             state[f"{role}_expert_parallel"] = m.ep
@@ -212,4 +236,7 @@ def _describe(layout: Optional[Dict]) -> str:
         (dp, tp), ep = layout[name], layout.get(f"{name}_expert_parallel", 1)
         return f"{name} dp{dp}" + (f" x ep{ep}" if ep > 1 else "") + f" x tp{tp}" + \
             (" (experts over tp)" if layout.get(f"{name}_moe_tp_extend_ep") else "")
-    return f"world_size={layout['world_size']}, {role('train')}, {role('infer')}"
+    stages = layout.get("train_pipeline_stage", 1)
+    split = f" (layers per stage {layout[STAGE_LAYERS]})" if STAGE_LAYERS in layout else ""
+    return f"world_size={layout['world_size']}, {role('train')}" + (f" x pp{stages}{split}" if stages > 1 else "") + \
+        f", {role('infer')}"

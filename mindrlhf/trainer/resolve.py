@@ -22,7 +22,7 @@ from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.configs.grpo_load import describe_fields
 from mindrlhf.configs.compat.hf import is_hf_folder
 from mindrlhf.configs.lora import LoraSpec, parse_targets
-from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig
+from mindrlhf.configs.model_config import ModelConfig, ModelYaml, ParallelConfig, layer_split
 from mindrlhf.configs.compat.sources import load_model_yaml
 from mindrlhf.data.dataset import PromptDataset
 from mindrlhf.data.tokenizer import load_tokenizer
@@ -107,7 +107,7 @@ class ResolvedRun:
 
     def layout_state(self) -> dict:
         """What a checkpoint records of the layout (resume refuses another)."""
-        state = layout_record(self.world, self.train_mesh, self.infer_mesh)
+        state = layout_record(self.world, self.train_mesh, self.infer_mesh, self.model_cfg)
         if self.lora:
             state["lora"] = self.lora.state()
         return state
@@ -284,22 +284,30 @@ def _layout_from_config(cfg: GRPOConfig, role: str, yaml_cfg: ModelYaml, world: 
     given = cfg.parallel.given(role)
     if not given:
         return yaml_cfg
-    par = yaml_cfg.parallel
+    par, model = yaml_cfg.parallel, yaml_cfg.model
     sizes = dict(given)
-    if "data_parallel" not in sizes:
+    offset = sizes.pop("offset", None)
+    if sizes and "data_parallel" not in sizes:
         tp, pp = sizes.get("model_parallel", par.model_parallel), sizes.get("pipeline_stage", par.pipeline_stage)
         if world % (tp * pp):
             raise ConfigError(f"parallel.{role}_model_parallel x {role}_pipeline_stage = {tp} x {pp} does not divide "
                               f"the {world} rank(s)")
         sizes["data_parallel"] = world // (tp * pp)
     changed = [f"{k} {getattr(par, k)} -> {v}" for k, v in sizes.items() if getattr(par, k) != v]
+    if offset is not None:
+        pp = sizes.get("pipeline_stage", par.pipeline_stage)
+        origin = cfg.origin.get(f"parallel.{role}_offset", "the config")
+        stages = layer_split(model.num_layers, pp, list(offset), f"parallel.{role}_offset ({origin})")
+        model = dataclasses.replace(model, offset=list(offset))
+        changed.append(f"offset {yaml_cfg.model.offset} -> {list(offset)} (layers per stage "
+                       f"{[len(s) for s in stages]})")
     if changed:
         origins = sorted({cfg.origin.get(f"parallel.{role}_{k}", "the config") for k in given})
         log(f"{role} layout from parallel.{role}_* ({', '.join(origins)}): {', '.join(changed)} in place of "
             f"{yaml_cfg.path}'s parallel_config")
     new = dataclasses.replace(par, **sizes)
-    new.check_model(yaml_cfg.model, f"parallel ({role})")
-    return dataclasses.replace(yaml_cfg, parallel=new, ignored=list(yaml_cfg.ignored))
+    new.check_model(model, f"parallel ({role})")
+    return dataclasses.replace(yaml_cfg, parallel=new, model=model, ignored=list(yaml_cfg.ignored))
 
 
 def _episodes(cfg: GRPOConfig, tokenizer, log):

@@ -595,8 +595,13 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
         if top_k < -1:
             raise ConfigError(f"{R}top_k: expected -1 (off) or >= 0, got {top_k}")
         put("sampling", "top_k", max(top_k, 0), R + "top_k")
-    if ov.get(R + "max_model_len") not in (None, ""):
-        put("run", "max_model_len", ov[R + "max_model_len"], R + "max_model_len")
+    bounds = [(num(k, "integer"), k) for k in (R + "max_model_len", verl_megatron.MAX_POSITIONS)
+              if ov.get(k) not in (None, "")]
+    for bound, key in bounds:
+        if bound <= 0:
+            raise ConfigError(f"{key}: expected a positive number of tokens, got {bound}")
+    if bounds:
+        put("run", "max_model_len", *min(bounds))
 
     # the learning-rate schedule: verl steps it once per step, we once per optimizer update
     if megatron:

@@ -114,9 +114,10 @@ _rows(INERT, "override_transformer_config.attention_backend override_transformer
       "kernel, fusion or token-dispatch choice (GPU / Ascend); the same routing and math", AM)
 _rows(INERT, "override_transformer_config.moe_router_dtype", "the router's dtype: its logits are float32 here "
       "(transformers' Qwen3-MoE)", AM)
-for _name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
-    _check(AM + "override_transformer_config." + _name, lambda v, ns: _null(v, ns) or _false(v, ns),
-           "false (pipeline stages split the layers as MindFormers does: parallel_config / offset)", ABSENT)
+_rows(MAPPED, "override_transformer_config.account_for_embedding_in_pipeline_split "
+      "override_transformer_config.account_for_loss_in_pipeline_split", "true: the embedding (loss) counts as a "
+      "layer of the first (last) pipeline stage, as Megatron splits them: parallel.train_offset (num_layers + the "
+      "counted ones must divide over the stages, checked once the model's depth is read; one stage: no effect)", AM)
 for _name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
     _check(AM + "override_transformer_config." + _name, _null, "null (pipeline stages split the layers as "
            "MindFormers does: give the model YAML's offset instead)", ABSENT)
@@ -154,6 +155,11 @@ _rows(INERT, "lora.*", "Megatron's LoRA setting; model.lora.rank is 0", MODEL)
 _check(MODEL + "override_config.moe_config.freeze_moe_router", _false, "false (the routers train)", False)
 _check(MODEL + "override_config.model_config", _no_overrides,
        "{} (the folder's config.json is the model: edit it there)", {})
+# the one model override verl's scripts give (its Qwen3-30B-A3B script: prompt + response length)
+MAX_POSITIONS = MODEL + "override_config.model_config.max_position_embeddings"
+ROWS[MAX_POSITIONS] = Key(MAX_POSITIONS, MAPPED, "run.max_model_len (the smaller with rollout.max_model_len): the "
+                          "bound it sets on prompt + response; no logit depends on it here (the RoPE kinds "
+                          "implemented, default and Llama 3 scaling, read their own fields)")
 
 
 @dataclass
@@ -182,7 +188,7 @@ def check_backend(keys, name: str):
     ppo_megatron_trainer. A key under model.override_config.model_config would change the model here."""
     megatron = name == "ppo_megatron_trainer"
     for key in keys:
-        if key.startswith(MODEL + "override_config.model_config."):
+        if key.startswith(MODEL + "override_config.model_config.") and key != MAX_POSITIONS:
             raise ConfigError(f"{key}: not supported (the folder's config.json is the model: edit it there)")
         if not megatron and key.startswith(MEGATRON_ONLY):
             raise ConfigError(f"{key}: a key of verl's ppo_megatron_trainer.yaml (its Megatron backend): give "
@@ -233,6 +239,7 @@ def train_layout(ov: Dict[str, Any], num: Callable, flag: Callable, put: Callabl
                           "; give more ranks or smaller sizes")
     if tp > 1 and flag(AM + "sequence_parallel", True):
         put("parallel", "train_use_seq_parallel", True, AM + "sequence_parallel")
+    _pipeline_split(ov, flag, put, derived, pp)
     derived.append(f"train layout: data_parallel {world // (tp * pp)} (of which expert {layout.ep}) x tensor {tp}"
                    f"{' (whole experts over them)' if layout.experts_over_tp else ''} x pipeline {pp} "
                    f"(actor.megatron)")
@@ -242,6 +249,35 @@ def train_layout(ov: Dict[str, Any], num: Callable, flag: Callable, put: Callabl
         if ov.get(key) is not None:
             put("swap", fld, flag(key, False), key)
     return layout
+
+
+def megatron_offset(pp: int, embedding: bool, loss: bool) -> List[int]:
+    """Megatron's split with the embedding (loss) counted as a layer of the first (last) stage, as MindFormers'
+    per-stage offset: each stage holds (num_layers + counted) / pp layer slots, the first one fewer with the
+    embedding, the last one fewer with the loss. Megatron requires num_layers + counted divisible by pp, and then
+    num_layers // pp is that quotient minus 1 (counted is 1 or 2 <= pp), so the offset is the same for every depth:
+    [1 - embedding, 1, ..., 1, 1 - loss]; a depth Megatron refuses leaves offsets that do not add up, which
+    configs.model_config.layer_split refuses."""
+    offset = [1] * pp
+    offset[0] -= int(embedding)
+    offset[-1] -= int(loss)
+    return offset
+
+
+def _pipeline_split(ov: Dict[str, Any], flag: Callable, put: Callable, derived: List[str], pp: int):
+    """account_for_embedding / loss_in_pipeline_split (null: false) -> parallel.train_offset (megatron_offset)."""
+    keys = [AM + "override_transformer_config.account_for_" + k + "_in_pipeline_split" for k in ("embedding", "loss")]
+    embedding, loss = (not _null(ov.get(k), ov) and flag(k, False) for k in keys)
+    if not (embedding or loss):
+        return
+    if pp == 1:
+        derived.append(f"{keys[0 if embedding else 1]}: no effect with one pipeline stage (it holds every layer)")
+        return
+    offset = megatron_offset(pp, embedding, loss)
+    put("parallel", "train_offset", offset, keys[0] if embedding else keys[1])
+    derived.append(f"parallel.train_offset {offset}: Megatron's pipeline split counting the "
+                   f"{' and '.join(n for n, on in (('embedding', embedding), ('loss', loss)) if on)} as a layer "
+                   f"(num_layers + {int(embedding) + int(loss)} must divide over the {pp} stages)")
 
 
 def schedule(ov: Dict[str, Any], num: Callable, put: Callable, derived: List[str], per_step: int):
