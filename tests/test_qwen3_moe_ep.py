@@ -139,7 +139,7 @@ def _grpo_flags(tmp_path, assets, folder, name, **extra):
                      "progress": False, "export_hf": True, **extra})
 
 
-def _grpo_runs(tmp_path, layouts, single=None, aux_coef=0.5, workers=2):
+def _grpo_runs(tmp_path, layouts, single=None, aux_coef=0.5, workers=2, layers=2):
     """A single process, then each {name: flags} under 2 msrun workers, on one Qwen3-MoE folder whose
     router_aux_loss_coef (0.5) makes the load-balancing loss a large share of every gradient (trainer/aux_loss.py:
     its counts are summed over the train-DP replicas and its gradient scaled by dp). `single`: the one process's
@@ -148,7 +148,7 @@ def _grpo_runs(tmp_path, layouts, single=None, aux_coef=0.5, workers=2):
     from mindrlhf.trainer.metrics import read_metrics
     assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
     folder = str(tmp_path / "Qwen3-MoE-tiny")
-    make_qwen3_moe_model(folder, vocab=416, mlp_only=(0,), aux_coef=aux_coef)
+    make_qwen3_moe_model(folder, layers=layers, vocab=416, mlp_only=(0,), aux_coef=aux_coef)
     proc = subprocess.run([sys.executable, WORKER] + _grpo_flags(tmp_path, assets, folder, "single", **(single or {})),
                           env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=900)
@@ -268,6 +268,23 @@ def test_grpo_train_pp2_with_the_aux_loss_and_r3_follows_one_process(tmp_path):
                                          "router_replay": "r3"}}, single={"router_replay": "r3"})
     _same_trajectory(runs["single"], runs["pp2"])
     assert all(r["moe/routing_agreement"] == 1.0 for r in runs["pp2"])
+
+
+@pytest.mark.slow       # ~60 s; the split itself, its save and its load are in the default run (test_pipeline.py)
+def test_grpo_train_pp2_with_an_offset_follows_one_process(tmp_path):
+    """The stages split by parallel.train_offset (what verl's Megatron split counting the embedding gives): 3
+    layers (the dense layer 0, sparse 1 and 2) over 2 stages as 1 + 2 ([0, 1]; MindFormers' default is 2 + 1),
+    r3 and the aux loss at 0.5: the same trajectory as one process, every exported weight within 1e-5."""
+    runs = _grpo_runs(tmp_path, {"pp2_offset": {"train_pipeline_stage": 2, "train_micro_batch_num": 2,
+                                                "batch_size": 2, "router_replay": "r3", "train_offset": "0,1"}},
+                      single={"router_replay": "r3"}, layers=3)
+    _same_trajectory(runs["single"], runs["pp2_offset"])
+    log = open(tmp_path / "pp2_offset" / "log" / "worker_0.log").read()
+    assert "offset 0 -> [0, 1] (layers per stage [1, 2])" in log
+    ref, got = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "pp2_offset" / "hf_policy"))
+    assert sorted(ref) == sorted(got) and any("layers.2.mlp.experts" in n for n in ref)
+    for name, w in ref.items():
+        assert np.abs(got[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
 
 
 @pytest.mark.slow       # ~70 s on 4 workers
