@@ -246,6 +246,26 @@ def test_val_kwargs_do_sample_gives_a_sampled_eval():
             _translate(QUICKSTART + [v + "do_sample=True"] + bad)
 
 
+def test_ulysses_sequence_parallelism_is_tensor_parallelism_with_sequence_parallelism():
+    """actor.ulysses_sequence_parallel_size N (verl's FSDP actor; three of its NPU scripts set 2 or 4): a group of
+    N ranks shares each row's tokens, here as tensor parallelism N with Megatron sequence parallelism (another
+    split of the same math, said at conversion); the data-parallel groups, and so the per-rank batch sizes, are
+    verl's world / N. A size that does not divide the ranks, or under the Megatron backend, is refused."""
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size="
+    tr = _translate(QUICKSTART + [key + "4"])                      # QUICKSTART: 8 ranks
+    assert {k: v for k, v in tr.sections["parallel"].items() if k.startswith("train_")} == \
+        {"train_model_parallel": 4, "train_use_seq_parallel": True}
+    assert tr.sections["rl"]["mini_batch_size"] == 256 * 5 // 2          # 8 ranks / 4: two groups of rows
+    assert any("ulysses_sequence_parallel_size 4: train layout tensor 4 with sequence parallelism" in d
+               for d in tr.derived)
+    assert "train_model_parallel" not in _translate(QUICKSTART + [key + "1"]).sections.get("parallel", {})
+    with pytest.raises(ConfigError, match=r"ulysses_sequence_parallel_size: 3 must be a positive size dividing the "
+                                          r"8 rank"):
+        _translate(QUICKSTART + [key + "3"])
+    with pytest.raises(ConfigError, match=r"ulysses_sequence_parallel_size: read with the FSDP backend only"):
+        _translate_argv(MEGATRON_EXAMPLE + [key + "2"])
+
+
 def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
     tr = _translate(["algorithm.adv_estimator=grpo", "data.train_files=t.parquet", "actor_rollout_ref.model.path=m",
                      "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",

@@ -184,8 +184,6 @@ _checked({
     A + "shuffle": (_false, "false (mini-batches in rollout order)", False),
     A + "router_replay.record_file": (_null, "null (the recorded routing stays in memory)", None),
     A + "router_replay.replay_file": (_null, "null (the routing replayed is this run's own)", None),
-    A + "ulysses_sequence_parallel_size": (lambda v, ns: int(v) == 1, "1 (engine.sequence_packing and the model "
-                                                                      "YAML's use_seq_parallel instead)", 1),
     A + "optim.num_cycles": (lambda v, ns: float(v) == 0.5, "0.5 (one half-cosine)", 0.5),
     A + "optim.total_training_steps": (lambda v, ns: int(v) == -1, "-1 (verl's trainer fills it in)", -1),
     M + "custom_chat_template": (_null, "null (the model folder's chat template renders the prompts)", None),
@@ -235,6 +233,11 @@ _checked({
     M + "lora_adapter_path": (_null, "null (LoRA starts from zero adapters on the base; merge a trained adapter "
                                      "into the folder to start from it)", None),
 })
+_mapped({A + "ulysses_sequence_parallel_size": "N > 1 (FSDP backend): the train layout's tensor parallelism N with "
+                                              "Megatron sequence parallelism (parallel.train_model_parallel, "
+                                              "train_use_seq_parallel): a group of N ranks shares each row's tokens "
+                                              "as Ulysses' does, another split of the same math; the batch sizes "
+                                              "divide by world / N, as verl's"})
 _mapped({RC + "rollout_is_threshold": "rl.tis_cap (with rollout_is token; unused without it)",
          OVERLONG + "enable": "with reward_manager dapo, true: DAPO's overlong penalty (rl.overlong_buffer_len = "
                               "len, rl.overlong_penalty_factor = penalty_factor)",
@@ -458,8 +461,11 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
     replicas = world // infer_tp
     if world > 1:
         put("run", "use_parallel", True, "trainer.n_gpus_per_node")
+    if megatron and num(A + "ulysses_sequence_parallel_size", "integer", 1) != 1:
+        raise ConfigError(f"{A}ulysses_sequence_parallel_size: read with the FSDP backend only (under "
+                          f"ppo_megatron_trainer give actor.megatron.tensor_model_parallel_size and sequence_parallel)")
     layout = verl_megatron.train_layout(ov, num, flag, put, derived, world) if megatron else \
-        verl_megatron.TrainLayout()
+        _ulysses_layout(num, put, derived, world)
     train_dp = world // layout.cell          # train replicas holding distinct rows
     if "trainer.n_gpus_per_node" not in ov:
         derived.append("ranks: 1 (trainer.n_gpus_per_node not given; verl's default is 8 GPUs, the job's size is "
@@ -645,6 +651,25 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
             sections.setdefault(sec, {})[fld] = coerce(value, field_of(sec, fld), why)
             derived.append(f"{sec}.{fld}: {value!r} ({why}; the command leaves it out)")
     return Translation(sections, mapped, ignored, derived, plan, world, infer_tp)
+
+
+def _ulysses_layout(num, put, derived, world: int) -> "verl_megatron.TrainLayout":
+    """verl's FSDP actor with Ulysses sequence parallelism N (a group of N ranks splits each row's sequence, its
+    attention all-to-all over heads) as our train layout: tensor parallelism N with Megatron sequence parallelism,
+    whose N ranks also share each row's tokens (the sequence split between the attention and MLP, the heads and MLP
+    width inside them). The same math; the data-parallel groups, world / N, are verl's."""
+    key = A + "ulysses_sequence_parallel_size"
+    sp = num(key, "integer", 1)
+    if sp < 1 or world % sp:
+        raise ConfigError(f"{key}: {sp} must be a positive size dividing the {world} rank(s) (nnodes x "
+                          f"n_gpus_per_node)")
+    if sp == 1:
+        return verl_megatron.TrainLayout()
+    put("parallel", "train_model_parallel", sp, key)
+    put("parallel", "train_use_seq_parallel", True, key)
+    derived.append(f"{key} {sp}: train layout tensor {sp} with sequence parallelism (each row's tokens shared by "
+                   f"{sp} ranks, as Ulysses shares them; data_parallel {world // sp})")
+    return verl_megatron.TrainLayout(tp=sp)
 
 
 def _validation_sampling(ov, num, flag, put, derived):
