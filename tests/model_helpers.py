@@ -25,17 +25,20 @@ def model_inputs(ids: np.ndarray, attention_mask: np.ndarray = None):
     return Tensor(ids.astype(np.int32)), Tensor(pos), causal_bias(Tensor(mask))
 
 
-def token_loss_and_grads(model: CausalLM, ids: np.ndarray, names):
-    """Mean next-token NLL and its gradients w.r.t. the named parameters (our model)."""
+def token_loss_and_grads(model: CausalLM, ids: np.ndarray, names, entropy_coeff: float = 0.0):
+    """Mean next-token NLL (minus entropy_coeff x the mean token entropy: an entropy bonus) and its gradients
+    w.r.t. the named parameters (our model)."""
     import mindspore as ms
     inputs = model_inputs(ids[:, :-1])
     labels = Tensor(ids[:, 1:].astype(np.int32))
     params = [p for p in model.get_parameters() if p.name in names]
     assert len(params) == len(names), names
+    if entropy_coeff:
+        model.differentiate_entropy()
 
     def loss_fn(input_ids, pos, bias, lab):
-        logprob, _ = model.token_logprobs(input_ids, pos, bias, lab)
-        return -logprob.mean()
+        logprob, entropy = model.token_logprobs(input_ids, pos, bias, lab)
+        return -logprob.mean() - entropy_coeff * entropy.mean()
 
     loss, grads = ms.value_and_grad(loss_fn, None, params)(*inputs, labels)
     return float(loss.asnumpy()), {p.name: g.asnumpy() for p, g in zip(params, grads)}

@@ -33,10 +33,13 @@ ENT = (RS.rand(N, R) * 4).astype(np.float32)
 TOKEN_NORM = float(MASK.sum() + 3)          # the global mini-batch's count (other ranks' tokens too)
 
 
-def _reference(logp, c):
-    """The loss and statistics as the papers define them, in torch, from `logp` (a leaf tensor)."""
+def _reference(logp, c, ent=None):
+    """The loss and statistics as the papers define them, in torch, from `logp` (a leaf tensor) and the token
+    entropies `ent` (default ENT)."""
     t = {k: torch.tensor(v, dtype=torch.float64) for k, v in
          dict(old=OLD, rollout=ROLLOUT, ref=REF, mask=MASK, ent=ENT).items()}
+    if ent is not None:
+        t["ent"] = ent
     mask, adv = t["mask"], torch.tensor(ADV, dtype=torch.float64)[:, None]
     old = logp.detach() if c["on_policy"] else t["old"]
     lo, hi = c["clip_low"], c["clip_high"]
@@ -82,9 +85,10 @@ def _reference(logp, c):
     kl_token = {"k1": -log_r, "k2": 0.5 * log_r ** 2, "k3": torch.exp(log_r) - log_r - 1}[c["kl_estimator"]]
     kl = agg(kl_token) if c["beta"] > 0 else torch.zeros(())
     scale = 1.0 if c["loss_agg"] == "token-mean" else 1.0 / c["micro_batches"]   # micro-batches' share
-    loss = (pg_loss + c["beta"] * kl) * scale
+    # verl's / MindSpeed-RL's entropy bonus: the entropy aggregated as the loss, with its gradient
+    loss = (pg_loss + c["beta"] * kl - c["entropy_coeff"] * agg(t["ent"])) * scale
     stats = {"pg_loss": pg_loss * scale, "kl": kl * scale, "clip_frac": (flags * mask).sum() / TOKEN_NORM,
-             "entropy": (t["ent"] * mask).sum() / TOKEN_NORM}
+             "entropy": (t["ent"].detach() * mask).sum() / TOKEN_NORM}
     if c["on_policy"]:
         stats["on_policy_gap"] = (torch.abs(logp.detach() - t["rollout"]) * mask).sum() / TOKEN_NORM
     if c["tis"]:
@@ -96,7 +100,7 @@ def _reference(logp, c):
 
 BASE = dict(loss_mode="vanilla", loss_agg="token-mean", clip_low=0.2, clip_high=0.28, beta=0.0, kl_estimator="k3",
             tis=False, tis_cap=2.0, top_entropy_quantile=1.0, kl_cov_ratio=0.2, ppo_kl_coef=1.0, on_policy=False,
-            micro_batches=1)
+            micro_batches=1, entropy_coeff=0.0)
 CASES = {
     "grpo_token_mean_k3": dict(beta=0.04),
     "grpo_seq_mean_k1": dict(loss_agg="seq-mean-token-mean", beta=0.1, kl_estimator="k1"),
@@ -108,6 +112,8 @@ CASES = {
     "cispo": dict(loss_mode="cispo", clip_high=0.3, beta=0.04),
     "kl_cov": dict(loss_mode="kl_cov", kl_cov_ratio=0.2, ppo_kl_coef=0.7),
     "top_entropy_quantile": dict(top_entropy_quantile=0.4, beta=0.04, loss_agg="seq-mean-token-mean"),
+    "entropy_bonus": dict(entropy_coeff=0.3, beta=0.04),
+    "entropy_bonus_seq_mean_80_20": dict(entropy_coeff=0.3, loss_agg="seq-mean-token-mean", top_entropy_quantile=0.4),
 }
 STATS = ("pg_loss", "kl", "clip_frac", "entropy", "on_policy_gap", "tis_ratio_mean", "tis_ratio_max",
          "tis_clipped_frac")
@@ -116,7 +122,7 @@ STATS = ("pg_loss", "kl", "clip_frac", "entropy", "on_policy_gap", "tis_ratio_me
 def _loss_cell(model, c, response_len=R):
     rl = GRPOConfig().rl
     for key in ("loss_mode", "loss_agg", "clip_low", "clip_high", "beta", "kl_estimator", "tis", "tis_cap",
-                "top_entropy_quantile", "kl_cov_ratio", "ppo_kl_coef"):
+                "top_entropy_quantile", "kl_cov_ratio", "ppo_kl_coef", "entropy_coeff"):
         setattr(rl, key, c[key])
     return GRPOLossCell(model, rl, response_len, 1.0, c["on_policy"], c["micro_batches"])
 
@@ -138,12 +144,16 @@ def test_the_loss_cell_equals_the_reference(tiny, name):
     cell = _loss_cell(tiny[1], c)
     loss_inputs = _inputs().args()
 
-    def f(logp):
-        return cell.terms(logp, Tensor(ENT), loss_inputs)
-    (loss, aux), grad = ms.value_and_grad(f, has_aux=True)(Tensor(LOGP))
+    def f(logp, ent):
+        return cell.terms(logp, ent, loss_inputs)
+    (loss, aux), (grad, ent_grad) = ms.value_and_grad(f, (0, 1), has_aux=True)(Tensor(LOGP), Tensor(ENT))
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
-    ref_loss, ref_stats = _reference(logp, c)
+    ent = torch.tensor(ENT, dtype=torch.float64, requires_grad=True)
+    ref_loss, ref_stats = _reference(logp, c, ent)
     ref_loss.backward()
+    want_ent = ent.grad.numpy()                 # the bonus's share; zero without it (80/20 reads no gradient)
+    assert (np.abs(want_ent).max() > 1e-3) == (c["entropy_coeff"] != 0), name
+    np.testing.assert_allclose(ent_grad.asnumpy(), want_ent, rtol=0, atol=1e-6 + 1e-5 * np.abs(want_ent).max())
     assert abs(float(loss.asnumpy()) - float(ref_loss)) <= 1e-5 * max(1.0, abs(float(ref_loss))), name
     for key, value in zip(STATS, aux):
         want = float(ref_stats.get(key, 0.0))
@@ -153,11 +163,12 @@ def test_the_loss_cell_equals_the_reference(tiny, name):
     np.testing.assert_allclose(grad.asnumpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("name", ["dapo_clip_higher_tis", "gspo"])
+@pytest.mark.parametrize("name", ["dapo_clip_higher_tis", "gspo", "entropy_bonus"])
 def test_the_loss_cell_through_the_model_equals_transformers_and_the_reference(tiny, name):
-    """The whole loss cell (forward, log-probs, loss) against transformers' model feeding the torch reference:
-    loss and every parameter's gradient (the model's float32 noise bounds these at 1e-4 relative, as the
-    model parity tests)."""
+    """The whole loss cell (forward, log-probs, entropies, loss) against transformers' model feeding the torch
+    reference: loss and every parameter's gradient (the model's float32 noise bounds these at 1e-4 relative, as
+    the model parity tests); with the entropy bonus, its gradient through every logit (the head's written-out
+    backward) against torch autograd's."""
     hf, ours = tiny
     c = {**BASE, **CASES[name]}
     rs = np.random.RandomState(5)
@@ -166,12 +177,16 @@ def test_the_loss_cell_through_the_model_equals_transformers_and_the_reference(t
     params = list(ours.trainable_params())
     from model_helpers import model_inputs
     ids, pos, bias = model_inputs(seq[:, :-1])
-    (loss, _), grads = ms.value_and_grad(cell, None, params, has_aux=True)(
-        ids, pos, bias, Tensor(seq[:, 1:].astype(np.int32)), *_inputs().args())
+    try:
+        (loss, _), grads = ms.value_and_grad(cell, None, params, has_aux=True)(
+            ids, pos, bias, Tensor(seq[:, 1:].astype(np.int32)), *_inputs().args())
+    finally:
+        ours.logprob_fn.entropy_grad = False            # the module's model serves the other cases as a metric
     hf.zero_grad()
     logits = hf(torch.tensor(seq[:, :-1])).logits.double()[:, prompt - 1:]
-    logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq[:, prompt:])[..., None])[..., 0]
-    ref_loss, _ = _reference(logp, c)
+    log_probs = torch.log_softmax(logits, -1)
+    logp = log_probs.gather(-1, torch.tensor(seq[:, prompt:])[..., None])[..., 0]
+    ref_loss, _ = _reference(logp, c, -(log_probs.exp() * log_probs).sum(-1))
     ref_loss.backward()
     assert abs(float(loss.asnumpy()) - float(ref_loss)) <= 1e-5 * max(1.0, abs(float(ref_loss)))
     named = dict(hf.named_parameters())

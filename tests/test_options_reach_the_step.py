@@ -93,3 +93,18 @@ def test_the_loss_mode_and_entropy_quantile_reach_the_step(assets, tmp_path):
         if name != "vanilla":
             assert abs(metrics["grad_norm"] - vanilla["grad_norm"]) > 1e-4 * vanilla["grad_norm"], name
             assert abs(metrics["pg_loss"] - vanilla["pg_loss"]) > 1e-6, name
+
+
+@pytest.mark.parametrize("engine", ["one_graph", pytest.param("layerwise", marks=pytest.mark.slow)])
+def test_the_entropy_bonus_reaches_the_step(assets, tmp_path, engine):
+    """rl.entropy_coeff on the same rollout (same seed and weights): the step's loss is the bonus-free one minus
+    entropy_coeff x its token-mean entropy (one update: the same policy and tokens), and the gradient differs; each
+    update engine (the layerwise one computes the head in its own graph)."""
+    layerwise = dict(layerwise_update=True) if engine == "layerwise" else {}
+    plain, rewards, _, _ = _one_step(assets, tmp_path / "plain", **layerwise)
+    bonus, rewards_b, _, _ = _one_step(assets, tmp_path / "bonus", entropy_coeff=0.5, **layerwise)
+    np.testing.assert_array_equal(rewards, rewards_b)                     # the same samples
+    assert plain["entropy"] == pytest.approx(bonus["entropy"], rel=1e-6) and plain["entropy"] > 0.1
+    assert bonus["loss"] == pytest.approx(plain["loss"] - 0.5 * plain["entropy"], rel=1e-5, abs=1e-6)
+    assert bonus["pg_loss"] == pytest.approx(plain["pg_loss"], rel=1e-6, abs=1e-7)
+    assert abs(bonus["grad_norm"] - plain["grad_norm"]) > 1e-3 * plain["grad_norm"]

@@ -33,14 +33,23 @@ def test_tp2_logits_equal_tp1(worker_results):
     assert np.array_equal(worker_results[0]["tp_logprob"], worker_results[1]["tp_logprob"])
 
 
-def test_tp2_gradients_equal_tp1(worker_results):
+@pytest.mark.parametrize("what", ["grad", "ent_grad"])
+def test_tp2_gradients_equal_tp1(worker_results, what):
+    """The next-token loss's gradients, and with an entropy bonus (ent_grad: the vocabulary-parallel entropy's
+    autodiff against the whole-vocabulary head's written-out backward, itself checked against torch in
+    test_loss_reference.py)."""
     layouts = role_layouts(param_specs(ModelConfig(**tiny_model_kwargs(True, False, 2))), Mesh(dp=1, tp=2))
     for rank, res in enumerate(worker_results):
+        if what == "ent_grad":
+            assert abs(float(res["tp_ent_loss"]) - float(res["ref_ent_loss"])) <= 1e-5
+            diff = max(np.abs(res["ref_ent_grad/" + n] - res["ref_grad/" + n]).max() for n in
+                       (k[len("ref_grad/"):] for k in res if k.startswith("ref_grad/")))
+            assert diff > 1e-3                     # the bonus moves the gradients
         for key in res:
-            if not key.startswith("tp_grad/"):
+            if not key.startswith(f"tp_{what}/"):
                 continue
-            name = key[len("tp_grad/"):]
-            expected = layouts[name].shard(res["ref_grad/" + name], rank)
+            name = key[len(f"tp_{what}/"):]
+            expected = layouts[name].shard(res[f"ref_{what}/" + name], rank)
             assert res[key].shape == expected.shape, name
             assert np.abs(res[key] - expected).max() <= 1e-5 * max(1.0, np.abs(expected).max()), name
 

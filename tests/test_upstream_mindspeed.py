@@ -228,7 +228,6 @@ def test_an_unknown_key_in_a_model_file_names_that_file(tmp_path):
 @pytest.mark.parametrize("dotted,value,message", [
     ("rl_config.adv_estimator", "gae", r"rl_config.adv_estimator: 'gae' is not supported \(we implement group_norm"),
     ("rl_config.kl_ctrl_type", "adaptive", r"kl_ctrl_type: 'adaptive' is not supported \(we implement fixed"),
-    ("rl_config.entropy_coeff", 0.01, r"entropy_coeff: 0.01 is not supported \(we implement 0.0"),
     ("rl_config.kl_penalty", "abs", r"kl_penalty: 'abs' is not supported \(we implement kl, mse, low_var_kl"),
     ("rl_config.rule_reward", False, r"rule_reward: False is not supported"),
     ("megatron_training.stage", "ray_ppo", r"megatron_training.stage: 'ray_ppo' is not supported"),
@@ -244,6 +243,12 @@ def test_a_value_we_cannot_honour_is_refused(tmp_path, dotted, value, message):
         dotted, value, message = "ref_config", {"load": "/x"}, "ref_config: given while rl_config.use_integrated_worker"
     with pytest.raises(ConfigError, match=message):
         load_grpo_config(_write(tmp_path, _edited(**{dotted: value})))
+
+
+def test_the_entropy_bonus_is_ours(tmp_path):
+    """rl_config.entropy_coeff: grpo_actor_loss_func subtracts it times the masked-mean token entropy, as
+    rl.entropy_coeff does (the loss itself: tests/test_loss_reference.py)."""
+    assert load_grpo_config(_write(tmp_path, _edited(**{"rl_config.entropy_coeff": 0.01}))).rl.entropy_coeff == 0.01
 
 
 def test_a_model_default_we_do_not_implement_is_refused_when_absent(tmp_path):

@@ -266,6 +266,13 @@ def test_ulysses_sequence_parallelism_is_tensor_parallelism_with_sequence_parall
         _translate_argv(MEGATRON_EXAMPLE + [key + "2"])
 
 
+def test_the_entropy_bonus_is_ours():
+    """actor.entropy_coeff: verl's actor subtracts it times the token entropy aggregated as loss_agg_mode says, as
+    rl.entropy_coeff does (the loss itself: tests/test_loss_reference.py)."""
+    base = [a for a in QUICKSTART if not a.startswith("actor_rollout_ref.actor.entropy_coeff=")]
+    assert _translate(base + ["actor_rollout_ref.actor.entropy_coeff=0.001"]).sections["rl"]["entropy_coeff"] == 0.001
+
+
 def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
     tr = _translate(["algorithm.adv_estimator=grpo", "data.train_files=t.parquet", "actor_rollout_ref.model.path=m",
                      "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
@@ -280,7 +287,6 @@ def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
 
 @pytest.mark.parametrize("extra,pattern", [
     (["trainer.not_a_key=1"], r"trainer\.not_a_key: unknown verl key"),
-    (["actor_rollout_ref.actor.entropy_coeff=0.01"], r"actor_rollout_ref\.actor\.entropy_coeff: 0\.01 is not supported"),
     (["reward_model.enable=True"], r"reward_model\.model\.path: missing with reward_model\.enable=True"),
     (["algorithm.adv_estimator=gae"], r"algorithm\.adv_estimator: 'gae' is not supported"),
     (["algorithm.use_kl_in_reward=True"], r"algorithm\.use_kl_in_reward: True is not supported"),

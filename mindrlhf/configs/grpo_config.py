@@ -198,6 +198,9 @@ class RLConfig(_Section):
                                      "top quantile of the micro-batch's (this rank's) tokens: 0.2 = the 80/20 rule "
                                      "(Wang et al. 2025, TRL's name); 1 = every token, 0 = the highest only. The KL "
                                      "term keeps every token")
+    entropy_coeff: float = _f(0.0, "entropy bonus: the loss subtracts entropy_coeff x the token entropy of "
+                              "softmax(logits / temperature), aggregated as loss_agg says (verl's and MindSpeed-RL's "
+                              "entropy_coeff; its gradient flows through every logit); 0 = none")
     kl_cov_ratio: float = _f(2e-4, "loss_mode kl_cov: share of the micro-batch's tokens that get the KL penalty "
                              "(verl's policy_loss.kl_cov_ratio)")
     ppo_kl_coef: float = _f(1.0, "loss_mode kl_cov: coefficient of abs(log-prob - old log-prob) on those tokens "

@@ -456,6 +456,12 @@ class CausalLM(nn.Cell):
             hidden = self.model(input_ids, position_ids, bias, routing, router_grad)
         return self.logprobs_of_hidden(hidden, labels, last_n, temperature)
 
+    def differentiate_entropy(self):
+        """Let the entropy token_logprobs returns carry its gradient (an entropy bonus in the loss); otherwise it is
+        a metric and the whole-vocabulary head's backward skips its vocabulary-sized terms (HeadLogProb)."""
+        if self.head_in_logprob:
+            self.logprob_fn.entropy_grad = True
+
     def logprobs_of_hidden(self, hidden, labels, last_n: int = 0, temperature: float = 1.0):
         """token_logprobs from the final (normed) hidden states: the last pipeline stage's part."""
         hidden = self.whole_sequence(hidden, labels.shape[1])

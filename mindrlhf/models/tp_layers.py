@@ -171,7 +171,8 @@ class HeadLogProb(nn.Cell):
     Here d logp[label] / d logits = onehot - softmax is a scatter into the softmax the forward already took
     for the entropy (one exp over the logits for both), and each token's incoming gradient scales the
     hidden-sized rows around the two head matmuls instead of the vocabulary-sized ones. The entropy is a
-    metric: no gradient flows through it.
+    metric (no gradient) unless `entropy_grad` is set (CausalLM.differentiate_entropy: an entropy bonus): then
+    d H / d logits = -p (log p + H) joins, per vocabulary entry.
 
     hidden (..., H), weight (V, H) as stored, labels (...). Returns (logprob, entropy, softmax (N, V)); the
     third output is for the backward only (its incoming gradient is ignored).
@@ -181,6 +182,7 @@ class HeadLogProb(nn.Cell):
         super().__init__()
         self.compute_dtype = compute_dtype
         self.matmul_tn = ops.MatMul(transpose_a=True)
+        self.entropy_grad = False
 
     def construct(self, hidden, weight, labels):
         h, w = _rows_and_weight(hidden, weight, self.compute_dtype)
@@ -195,8 +197,19 @@ class HeadLogProb(nn.Cell):
         idx = ops.reshape(labels, (-1, 1))
         # softmax - onehot = -(d logp[label] / d logits)
         grad = ops.tensor_scatter_elements(out[2], idx, -ops.ones(idx.shape, ms.float32), -1, "add")
+        neg_dy = ops.reshape(-dout[0], (-1, 1))
+        if self.entropy_grad:
+            # d loss / d logits = -dy (softmax - onehot) + d_ent (-p (log p + H)): vocabulary-sized, formed once
+            probs = out[2]
+            p_log_p = probs * ops.log(ops.maximum(probs, 1e-30))            # p = 0 gives 0, not 0 x -inf
+            ent = ops.reshape(out[1], (-1, 1))
+            d_ent = ops.reshape(dout[1], (-1, 1))
+            grad = grad * expand_as(neg_dy, grad) - (p_log_p + probs * expand_as(ent, probs)) * expand_as(d_ent, grad)
+            grad = ops.cast(grad, self.compute_dtype)
+            return (ops.cast(ops.reshape(ops.matmul(grad, w), hidden.shape), hidden.dtype),
+                    ops.cast(self.matmul_tn(grad, h), weight.dtype), ops.zeros_like(labels))
         grad = ops.cast(grad, self.compute_dtype)
-        neg_dy = ops.cast(ops.reshape(-dout[0], (-1, 1)), self.compute_dtype)
+        neg_dy = ops.cast(neg_dy, self.compute_dtype)
         dh = ops.matmul(grad, w)
         dh = dh * expand_as(neg_dy, dh)
         dw = self.matmul_tn(grad, h * expand_as(neg_dy, h))

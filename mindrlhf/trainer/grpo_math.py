@@ -333,12 +333,15 @@ def tis_weights(old_logp, rollout_logp, cap: float):
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float, clip_high: float, beta: float,
               kl_estimator: str, agg: str, max_len: int, token_norm=None, pg_weight=None, loss_mode: str = "vanilla",
-              entropy=None, top_entropy_quantile: float = 1.0, cov: CovOptions = CovOptions()):
+              entropy=None, top_entropy_quantile: float = 1.0, cov: CovOptions = CovOptions(),
+              entropy_coeff: float = 0.0):
     """Total loss and its parts: (loss, policy_loss, kl, clip_fraction), each a scalar (see agg_token_mean
     for `token_norm`). `advantages` (N,) per sequence, or (N, R) per token (packed rows, trainer/packing.py).
     The policy term is POLICY_LOSSES[loss_mode]; `pg_weight` (N, R) multiplies it (TIS),
     and with top_entropy_quantile < 1 only the tokens of highest `entropy` (N, R) keep it (top_entropy_mask;
-    the aggregation still counts every masked token, as TRL). Neither touches the KL term."""
+    the aggregation still counts every masked token, as TRL). Neither touches the KL term. `entropy_coeff` != 0
+    subtracts that times the aggregated `entropy` (verl's and MindSpeed-RL's entropy bonus; `entropy` must then
+    carry its gradient)."""
     mask = ops.cast(mask, ms.float32)
     adv = advantages if advantages.ndim == 2 else ops.expand_dims(advantages, -1)
     pg, clipped = POLICY_LOSSES[loss_mode](logp, old_logp, adv, mask, clip_low, clip_high, cov)
@@ -354,5 +357,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float, clip_
     else:
         kl = ops.zeros((), ms.float32)
         loss = pg_loss
+    if entropy_coeff != 0:
+        loss = loss - entropy_coeff * aggregate(entropy, mask, max_len, token_norm)
     clip_frac = agg_token_mean(clipped, mask, max_len, token_norm)
     return loss, pg_loss, kl, clip_frac

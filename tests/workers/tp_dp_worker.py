@@ -64,6 +64,10 @@ def main():
     lp, _ = tp_model.token_logprobs(*model_inputs(ids[:, :-1]), Tensor(ids[:, 1:].astype(np.int32)))
     result["tp_logprob"] = lp.asnumpy()
     result["tp_loss"], tp_grads = token_loss_and_grads(tp_model, ids, NAMES)
+    # an entropy bonus: the vocabulary-parallel entropy's autodiff against the whole head's written-out backward
+    ent_model, ent_tp_model = load_ours(hf_dir, cfg), load_ours(hf_dir, cfg, tp_mesh)
+    result["ref_ent_loss"], ref_ent = token_loss_and_grads(ent_model, ids, NAMES, entropy_coeff=0.3)
+    result["tp_ent_loss"], tp_ent = token_loss_and_grads(ent_tp_model, ids, NAMES, entropy_coeff=0.3)
 
     # DP=2: each rank its half of the batch, gradients averaged over the DP group.
     dp_mesh = Mesh(dp=2, tp=1, rank=rank)
@@ -74,6 +78,7 @@ def main():
     for n, g in zip(NAMES, reduced):
         result["ref_grad/" + n] = ref_grads[n]
         result["tp_grad/" + n] = tp_grads[n]
+        result["ref_ent_grad/" + n], result["tp_ent_grad/" + n] = ref_ent[n], tp_ent[n]
         result["dp_grad/" + n] = g.asnumpy()
     # rollout: TP=2 samples the same tokens as TP=1 with the same seed
     from mindrlhf.rollout.engine import GenerationEngine

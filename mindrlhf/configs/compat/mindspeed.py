@@ -227,6 +227,7 @@ RL_RENAMES: Dict[str, Tuple[str, str]] = {
     "n_samples_per_prompt": ("rl", "num_generations"), "epochs": ("rl", "num_iterations"),
     "init_kl_coef": ("rl", "beta"), "verifier_function": ("reward", "verifier_function"),
     "verifier_weight": ("reward", "verifier_weight"), "use_tensorboard": ("run", "tensorboard"),
+    "entropy_coeff": ("rl", "entropy_coeff"),
 }
 KL_PENALTIES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 RL: Dict[str, Key] = {k: Key(k, MAPPED, f"{s}.{f}") for k, (s, f) in RL_RENAMES.items()}
@@ -256,7 +257,6 @@ for _k, _v in {
 RL_CHECKS: Dict[str, Tuple[Callable[[Any, Dict[str, Any]], bool], str, Any]] = {
     "adv_estimator": (lambda v, c: v == "group_norm", "group_norm (GRPO's group advantages)", "group_norm"),
     "kl_ctrl_type": (lambda v, c: v == "fixed", "fixed (init_kl_coef throughout)", "fixed"),
-    "entropy_coeff": (lambda v, c: float(v) == 0.0, "0.0 (no entropy bonus)", 0.0),
     "use_kl_in_reward": (lambda v, c: v is False, "false (the KL term is in the loss)", False),
     "rule_reward": (lambda v, c: v is True or bool(c.get("reward_resource")),
                     "true (the verifiers), or false with reward_resource (the reward model alone: no verifier)", True),

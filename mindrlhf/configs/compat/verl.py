@@ -99,7 +99,7 @@ def _checked(rows: Dict[str, tuple]):
 RENAMES: Dict[str, Tuple[str, str]] = {
     A + "optim.lr": ("optim", "lr"), A + "optim.weight_decay": ("optim", "weight_decay"),
     A + "grad_clip": ("optim", "max_grad_norm"), A + "optim.clip_grad": ("optim", "max_grad_norm"),
-    A + "ppo_epochs": ("rl", "num_iterations"), A + "ppo_micro_batch_size_per_gpu": ("engine", "micro_batch_size"),
+    A + "ppo_epochs": ("rl", "num_iterations"), A + "entropy_coeff": ("rl", "entropy_coeff"), A + "ppo_micro_batch_size_per_gpu": ("engine", "micro_batch_size"),
     A + "use_dynamic_bsz": ("engine", "sequence_packing"),
     A + "policy_loss.loss_mode": ("rl", "loss_mode"), A + "policy_loss.clip_cov_ratio": ("rl", "clip_cov_ratio"),
     A + "policy_loss.clip_cov_lb": ("rl", "clip_cov_lb"), A + "policy_loss.clip_cov_ub": ("rl", "clip_cov_ub"),
@@ -180,7 +180,6 @@ _mapped({
 
 # ---- checked: only the value we implement (verl's default, when absent, is checked too) ---------------------
 _checked({
-    A + "entropy_coeff": (lambda v, ns: float(v) == 0.0, "0 (no entropy bonus)", 0),
     A + "shuffle": (_false, "false (mini-batches in rollout order)", False),
     A + "router_replay.record_file": (_null, "null (the recorded routing stays in memory)", None),
     A + "router_replay.replay_file": (_null, "null (the routing replayed is this run's own)", None),

@@ -33,7 +33,8 @@ class GRPOLossCell(nn.Cell):
     min(exp(old - rollout), tis_cap) (grpo_math.tis_weights); its mean, max and clipped share come back.
     `rl.loss_mode` picks the policy term (grpo_math.POLICY_LOSSES; clip_frac is that variant's clipped or
     selected share) and `rl.top_entropy_quantile` < 1 keeps it on this call's highest-entropy tokens only: the
-    quantile is over one micro-batch on one rank (TRL gathers the entropies of every rank's micro-batch first)."""
+    quantile is over one micro-batch on one rank (TRL gathers the entropies of every rank's micro-batch first).
+    `rl.entropy_coeff` subtracts that times the aggregated entropy (the entropy bonus)."""
 
     def __init__(self, model: CausalLM, rl, response_len: int, temperature: float = 1.0, on_policy: bool = False,
                  micro_batches: int = 1, shared_prompt=(0, 0), routed: bool = False):
@@ -52,6 +53,9 @@ class GRPOLossCell(nn.Cell):
         self.tis, self.tis_cap = rl.tis, rl.tis_cap
         self.loss_mode, self.top_entropy_quantile = rl.loss_mode, rl.top_entropy_quantile
         self.cov = CovOptions(rl.kl_cov_ratio, rl.ppo_kl_coef, rl.clip_cov_ratio, rl.clip_cov_lb, rl.clip_cov_ub)
+        self.entropy_coeff = rl.entropy_coeff
+        if self.entropy_coeff != 0:
+            model.differentiate_entropy()       # the bonus's gradient: through every logit
 
     def construct(self, input_ids, position_ids, bias, labels, *loss_inputs):
         if self.routed:
@@ -84,7 +88,7 @@ class GRPOLossCell(nn.Cell):
         loss, pg_loss, kl, clip_frac = grpo_loss(logp, old_logp, ref_logp, advantages, mask, self.clip_low,
                                                  self.clip_high, self.beta, self.kl_estimator, self.agg,
                                                  self.response_len, token_norm, weight, self.loss_mode, ent,
-                                                 self.top_entropy_quantile, self.cov)
+                                                 self.top_entropy_quantile, self.cov, self.entropy_coeff)
         entropy = agg_token_mean(ops.stop_gradient(ent), fmask, self.response_len, token_norm)
         if self.seq_scale != 1.0:
             loss, pg_loss, kl = loss * self.seq_scale, pg_loss * self.seq_scale, kl * self.seq_scale
