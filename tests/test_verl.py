@@ -273,6 +273,17 @@ def test_the_entropy_bonus_is_ours():
     assert _translate(base + ["actor_rollout_ref.actor.entropy_coeff=0.001"]).sections["rl"]["entropy_coeff"] == 0.001
 
 
+def test_resume_from_path_is_read_only_under_resume_path():
+    """verl reads trainer.resume_from_path only with resume_mode resume_path (refused here); with auto (its
+    default, as its Qwen3-32B NPU script leaves it) or disable the path is not read: accepted and said."""
+    tr = _translate(QUICKSTART + ["trainer.resume_from_path=checkpoints/"])
+    assert any(k == "trainer.resume_from_path" and "checked" in v for k, v in tr.mapped)
+    with pytest.raises(ConfigError, match=r"trainer\.resume_from_path: 'checkpoints/global_step_5' is not supported "
+                                          r"\(we implement null, or a path verl does not read \(resume_mode auto"):
+        _translate(QUICKSTART + ["trainer.resume_from_path=checkpoints/global_step_5",
+                                 "trainer.resume_mode=resume_path"])
+
+
 def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
     tr = _translate(["algorithm.adv_estimator=grpo", "data.train_files=t.parquet", "actor_rollout_ref.model.path=m",
                      "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",

@@ -234,10 +234,9 @@ class GRPOTrainer:
         the decode graphs the rollout compiled serve here too (a deep model's decode graph costs seconds to
         compile and memory to keep). The eval command runs the same code (trainer/evaluation.py)."""
         watchdog.enter("eval")
-        table, mesh = self.eval_dataset.table, self.infer_mesh
+        table, mesh, params = self.eval_dataset.table, self.infer_mesh, self.run.eval_sampling()
         idx = evaluation.replica_prompts(min(self.cfg.run.eval_prompts, len(table["prompt_ids"])), mesh.dp,
                                          mesh.dp_index)
-        params = self.run.eval_sampling()
         done = evaluation.complete(self.engine, self.run.tokenizer, table, idx, params,
                                    self.cfg.rl.batch_size * self.cfg.rl.num_generations,
                                    evaluation.accuracy_scores(self.cfg.reward.verifier_timeout),

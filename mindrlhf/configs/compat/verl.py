@@ -214,8 +214,10 @@ _checked({
     "algorithm.use_kl_in_reward": (_false, "false (the KL term is in the loss: actor.use_kl_loss)", False),
     "algorithm.use_pf_ppo": (_false, "false", False),
     "trainer.default_hdfs_dir": (_null, "null (checkpoints stay in default_local_dir)", None),
-    "trainer.resume_from_path": (_null, "null (--resume continues from default_local_dir's newest checkpoint)",
-                                 None),
+    "trainer.resume_from_path": (lambda v, ns: _null(v, ns) or
+                                 ns.get("trainer.resume_mode", "auto") != "resume_path",
+                                 "null, or a path verl does not read (resume_mode auto or disable); --resume "
+                                 "continues from default_local_dir's newest checkpoint", None),
     "trainer.val_only": (_false, "false (mindrlhf.eval evaluates a policy)", False),
     RC + "rollout_is": (lambda v, ns: _null(v, ns) or v == "token", "null (off) or token: verl's decoupled "
                         "Token-TIS, min(pi_old / pi_rollout, rollout_is_threshold) per token, is rl.tis (sequence "
