@@ -237,7 +237,7 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log, tools=()
     if not rows:
         raise ConfigError(f"--dataset {path}: no prompt left (every one longer than --max_prompt_length="
                           f"{args.max_prompt_length}, and --on_long_prompt skip)")
-    blank = [i for i, (_, _, solution) in enumerate(rows) if not solution.strip()]
+    blank = [i for i, (_, _, ex) in enumerate(rows) if not ex.solution.strip()]
     if blank:
         raise ConfigError(f"--dataset {path}: {len(blank)} of {len(rows)} rows have no reference answer (first: "
                           f"row {blank[0]}; {source.spec.describe()}): a completion cannot be scored without one")
@@ -248,7 +248,7 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log, tools=()
     for i, (prompt, _, _) in enumerate(rows):
         ids[i, :len(prompt)] = prompt
     columns = {"prompt_ids": ids, "prompt_length": np.array([len(r[0]) for r in rows], np.int64),
-               "solution": np.array([r[2] for r in rows], dtype=object)}
+               "solution": np.array([r[2].solution for r in rows], dtype=object)}
     return PromptDataset(path, 1, pad_token_id=pad_id, shuffle=False, columns=columns).table
 
 

@@ -174,6 +174,9 @@ def build_config_file(overrides: List[str], ours: List[str], hydra: Dict[str, st
         print(upstream_verl.data_source_line(name, rows), flush=True)
     if any(flag in ours for flag in ("--verifier_function", "--reward_funcs")):
         print("verl data: scored by your --verifier_function (the data_source lines above say what verl runs)")
+    elif sections.get("reward", {}).get("custom_reward_function"):
+        print(f"verl data: scored by custom_reward_function {sections['reward']['custom_reward_function']} on every "
+              f"row, as verl scores it")
     elif sections.get("reward", {}).get("reward_model"):
         print("verl data: scored by the reward model alone (reward_model.enable), as verl scores it")
     else:

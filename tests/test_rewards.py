@@ -1,6 +1,7 @@
 """Rule-based verifiers: extraction, numeric equivalence, format, weighted combination."""
 import os
 
+import numpy as np
 import pytest
 
 from mindrlhf.configs import ConfigError
@@ -147,3 +148,51 @@ def test_loading_a_reward_module_twice_names_its_verifiers_both_times(tmp_path, 
     for spec in (str(tmp_path / "twice_rewards.py"), str(tmp_path / "twice_rewards.py"), "twice_rewards",
                  "twice_rewards"):
         assert load_reward_module(spec) == ["twice_test"], spec
+
+
+CUSTOM_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    """verl's signature: 1 for the right answer, + bonus on an odd row index, as a dict on the 'math' source."""
+    score = float(solution_str.strip().endswith(ground_truth)) + (bonus if extra_info and extra_info["index"] % 2 else 0)
+    return {"score": score, "acc": score > 0} if data_source == "math" else score
+
+async def async_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.5
+
+def broken(data_source, solution_str, ground_truth, extra_info=None):
+    return extra_info["missing"]
+'''
+
+
+def test_a_verl_style_reward_function_scores_with_the_rows_fields(tmp_path):
+    """reward.custom_reward_function: verl's compute_score(data_source, solution_str, ground_truth, extra_info,
+    **reward_kwargs) registered as a verifier, called with each row's data_source and extra_info (carried by
+    its Reference); a dict's 'score' is the reward, an async function is awaited, one that raises scores 0 and
+    counts in reward/errors; bad specs are named."""
+    from mindrlhf.reward.custom_function import Reference, load_custom_reward_function, references
+    from mindrlhf.reward.verifiers import RewardFn, VERIFIERS
+    path = tmp_path / "my_reward.py"
+    path.write_text(CUSTOM_REWARD)
+    assert load_custom_reward_function(str(path), '{"bonus": 0.25}') == "compute_score"
+    assert load_custom_reward_function(f"{path}:async_score") == "async_score"
+    assert load_custom_reward_function(f"{path}:broken") == "broken"
+    rows = references({"solution": ["7", "8", "9"], "data_source": ["math", "gsm8k", "math"],
+                       "extra_info": ['{"index": 0}', '{"index": 1}', ""]})
+    assert rows == ["7", "8", "9"] and rows[1].extra_info == {"index": 1} and rows[2].extra_info is None
+    fn = RewardFn(["compute_score", "async_score", "broken"], [1.0, 2.0, 1.0], 5.0)
+    table = fn.score_rows(["it is 7", "it is 8", "no"], rows)
+    np.testing.assert_allclose(table[:, 1], [1.0, 1.25, 0.0])      # row 1: odd index, its bonus
+    np.testing.assert_allclose(table[:, 2], [0.5, 0.5, 0.5])
+    np.testing.assert_allclose(table[:, 0], table[:, 1] + 2 * table[:, 2])
+    np.testing.assert_allclose(table[:, 4], [1 / 3] * 3)           # reward/errors: `broken` raised on each
+    assert VERIFIERS["compute_score"]("7", Reference("7")) == 1.0   # a plain solution: data_source '' and no info
+    for spec, kwargs, pattern in ((str(tmp_path / "none.py"), "", r"no such file: .*none\.py"),
+                                  (f"{path}:nope", "", r"has no function 'nope' \(its functions: async_score, broken"),
+                                  (str(path), "[1]", r"custom_reward_kwargs: expected a JSON object"),
+                                  (str(path), "{bad", r"custom_reward_kwargs: not JSON")):
+        with pytest.raises(ConfigError, match=pattern):
+            load_custom_reward_function(spec, kwargs)
+    clash = tmp_path / "clash.py"
+    clash.write_text("def accuracy_reward(data_source, solution_str, ground_truth, extra_info=None):\n    return 1\n")
+    with pytest.raises(ConfigError, match="'accuracy_reward' is a verifier of ours already"):
+        load_custom_reward_function(f"{clash}:accuracy_reward")

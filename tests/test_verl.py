@@ -304,7 +304,6 @@ def test_verl_defaults_apply_when_the_command_leaves_a_key_out():
     (["actor_rollout_ref.actor.kl_loss_type=abs"], r"actor_rollout_ref\.actor\.kl_loss_type: 'abs' is not supported"),
     (["actor_rollout_ref.actor.router_replay.mode=record"], r"router_replay\.mode: 'record' is not supported"),
     (["actor_rollout_ref.actor.router_replay.record_file=/r.pt"], r"router_replay\.record_file: '/r\.pt' is not"),
-    (["custom_reward_function.path=my_reward.py"], r"custom_reward_function\.path: 'my_reward\.py' is not supported"),
     (["data.truncation=right"], r"data\.truncation: 'right' is not supported"),
     (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"], r"loss_agg_mode: 'seq-mean-token-sum' is not"),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=300"], r"ppo_mini_batch_size: 300 must divide data\.train_batch"),
@@ -342,6 +341,16 @@ def test_gae_by_default_is_refused_naming_the_key():
         _translate([a for a in QUICKSTART if not a.startswith("algorithm.adv_estimator")])
 
 
+def _verl_main(cwd, args) -> str:
+    """python -m mindrlhf.verl_main args in `cwd`, which must succeed: its output."""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "mindrlhf.verl_main", *args], cwd=str(cwd), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    log = proc.stdout.decode(errors="replace")
+    assert proc.returncode == 0, log[-4000:]
+    return log
+
+
 def test_verl_main_runs_two_grpo_steps(tmp_path):
     model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
     train = write_parquet(tmp_path / "train.parquet", verl_rows(4))
@@ -358,11 +367,7 @@ def test_verl_main_runs_two_grpo_steps(tmp_path):
             "trainer.total_epochs=1", "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.logger=['console']",
             f"trainer.default_local_dir={out}",
             "--progress", "False", "--export_hf", "False", "--share_prompt", "False", "--tensorboard", "False"]
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "mindrlhf.verl_main", *args], cwd=str(tmp_path), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
-    log = proc.stdout.decode(errors="replace")
-    assert proc.returncode == 0, log[-4000:]
+    log = _verl_main(tmp_path, args)
     assert "verl actor_rollout_ref.actor: mapped" in log and "ppo_mini_batch_size -> rl.mini_batch_size = 8" in log
     assert "verl actor_rollout_ref.rollout: mapped n -> rl.num_generations = 4" in log and "vLLM" in log
     assert "data_source openai/gsm8k: 4 rows, scored by accuracy_reward" in log
@@ -374,6 +379,43 @@ def test_verl_main_runs_two_grpo_steps(tmp_path):
     cfg = yaml.safe_load(open(out / "verl_config.yaml"))
     assert cfg["rl"]["beta"] == 0.001 and cfg["reward"]["verifier_function"] == ["accuracy_reward"]
     assert cfg["run"]["mind_dataset_dir"] == str(out / "verl_data" / "train.mindrecord")
+
+
+VERL_REWARD = """
+import json
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, log_path=None, weight=1.0):
+    with open(log_path, "a") as fh:
+        fh.write(json.dumps([data_source, solution_str, ground_truth, extra_info]) + "\\n")
+    return {"score": weight * (extra_info["index"] + len(solution_str) / 100.0)}
+"""
+
+
+def test_verl_main_scores_with_a_custom_reward_function(tmp_path):
+    """custom_reward_function.path / name / reward_kwargs, as verl calls it: every row (here of a data_source no
+    verifier of ours stands for) goes to the file's function with its data_source, ground truth and extra_info
+    (kept by the conversion), the keyword arguments given; the step's reward_mean is the mean of its scores."""
+    model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
+    train = write_parquet(tmp_path / "train.parquet", verl_rows(2, source="my/custom"))
+    (tmp_path / "my_reward.py").write_text(VERL_REWARD)
+    calls, out = tmp_path / "calls.jsonl", tmp_path / "ckpt"
+    args = ["algorithm.adv_estimator=grpo", f"data.train_files={train}", "data.train_batch_size=2",
+            "data.max_prompt_length=40", "data.max_response_length=8", "data.truncation=left",
+            f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.n=2", "trainer.total_epochs=1", f"trainer.default_local_dir={out}",
+            f"custom_reward_function.path={tmp_path / 'my_reward.py'}", "custom_reward_function.name=compute_score",
+            f"+custom_reward_function.reward_kwargs.log_path={calls}", "+custom_reward_function.reward_kwargs.weight=2",
+            "--progress", "False", "--export_hf", "False", "--share_prompt", "False", "--tensorboard", "False"]
+    log = _verl_main(tmp_path, args)
+    assert "scored by custom_reward_function" in log and "verifier compute_score:" in log
+    rows = [json.loads(line) for line in open(calls)]
+    assert len(rows) == 4                                        # 2 prompts x 2 samples, each scored once
+    truths = {r["extra_info"]["index"]: r["reward_model"]["ground_truth"] for r in verl_rows(2, source="my/custom")}
+    for source, text, truth, info in rows:
+        assert source == "my/custom" and info["split"] == "train" and truth == truths[info["index"]]
+    want = np.mean([2 * (info["index"] + len(text) / 100.0) for _, text, _, info in rows])
+    step = [json.loads(line) for line in open(out / "metrics.jsonl")][0]
+    assert step["reward_mean"] == pytest.approx(want, rel=1e-6)
 
 
 def test_rollout_tensor_parallel_writes_both_layouts_from_the_folder(tmp_path):

@@ -286,6 +286,14 @@ class RewardConfig(_Section):
     verifier_weight: List[float] = _f([1.0, 1.0], "one weight per verifier_function")
     reward_module: str = _f("", "your verifiers: a .py file or an importable module whose @register_verifier "
                             "functions (mindrlhf.reward.verifiers) become names for verifier_function")
+    custom_reward_function: str = _f("", "a verl-style reward function, file.py or file.py:name (default name "
+                                     "compute_score), called as verl calls it: (data_source, solution_str, "
+                                     "ground_truth, extra_info, **custom_reward_kwargs) -> float, or a dict with "
+                                     "'score'; registered as a verifier under its name, for verifier_function "
+                                     "(verl's custom_reward_function; data_source and extra_info come from a file "
+                                     "converted from verl's parquet)")
+    custom_reward_kwargs: str = _f("", "custom_reward_function's keyword arguments, a JSON object (verl's "
+                                   "custom_reward_function.reward_kwargs)")
     verifier_timeout: float = _f(5.0, "seconds one verifier may spend on one completion (timer signal, main "
                                  "thread); past it the completion scores 0 for that verifier, counted in "
                                  "reward/errors. Each completion is scored once, on one rank, and shared. 0: no "

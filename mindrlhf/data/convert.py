@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES, SCHEMA, WRITE_BATCH_ROWS, MindRecordWriter
+from mindrlhf.data.mindrecord_io import PROMPT_TEMPLATES, SCHEMA, VERL_SCHEMA, WRITE_BATCH_ROWS, MindRecordWriter
 from mindrlhf.data.sources import DATASET_TYPES, Example, Source, parse_map_keys
 from mindrlhf.data.tokenizer import load_tokenizer
 
@@ -293,11 +294,13 @@ def convert(args) -> ConvertSummary:
     if not args.no_progress:
         from tqdm import tqdm
         progress = tqdm(total=source.count(), desc="tokenize", unit="rows")
-    batch = _WriteBatch(WRITE_BATCH_ROWS, args.max_prompt_length, args.seq_length, pad)
-    with MindRecordWriter(args.output_path, SCHEMA, index_fields=["prompt_length"]) as out:
-        for p_ids, full, solution in tokenized_rows(source.examples(), template, tok, args.max_prompt_length,
-                                                    args.on_long_prompt, args.seq_length, summary, progress):
-            batch.add(p_ids, full, solution)
+    verl = source.spec.kind.name == "verl"       # its rows keep data_source and extra_info (VERL_SCHEMA)
+    batch = _WriteBatch(WRITE_BATCH_ROWS, args.max_prompt_length, args.seq_length, pad, verl)
+    schema = VERL_SCHEMA if verl else SCHEMA
+    with MindRecordWriter(args.output_path, schema, index_fields=["prompt_length"]) as out:
+        for p_ids, full, ex in tokenized_rows(source.examples(), template, tok, args.max_prompt_length,
+                                              args.on_long_prompt, args.seq_length, summary, progress):
+            batch.add(p_ids, full, ex)
             summary.rows_written += 1
             if batch.rows == WRITE_BATCH_ROWS:
                 batch.write_to(out)
@@ -315,8 +318,8 @@ def convert(args) -> ConvertSummary:
 
 def tokenized_rows(examples: Iterator[Example], template: Callable[[str], str], tok, max_prompt_length: int,
                    on_long_prompt: str, seq_length: Optional[int], summary: ConvertSummary,
-                   progress=None) -> Iterator[Tuple[List[int], List[int], str]]:
-    """(prompt ids, prompt + answer + EOS ids, solution) of each kept row, as rlhf_data.py writes them: a
+                   progress=None) -> Iterator[Tuple[List[int], List[int], Example]]:
+    """(prompt ids, prompt + answer + EOS ids, the row) of each kept row, as rlhf_data.py writes them: a
     prompt longer than max_prompt_length cut to its end or skipped (`on_long_prompt`), the whole row cut at
     seq_length (None: never). The eval command reads jsonl/JSON/parquet through this too, so its prompts are
     the ones a converted file would hold."""
@@ -345,7 +348,7 @@ def tokenized_rows(examples: Iterator[Example], template: Callable[[str], str], 
                 full = full[:seq_length]
             if ex.data_source:
                 summary.data_sources[ex.data_source] = summary.data_sources.get(ex.data_source, 0) + 1
-            yield p_ids, full, ex.solution
+            yield p_ids, full, ex
         if progress:
             progress.update(len(part))
 
@@ -354,20 +357,24 @@ class _WriteBatch:
     """One MindRecord write call's rows, filled in place and reused: the same calls (so the same file
     bytes) as writing the whole table with write_mindrecord, without holding it."""
 
-    def __init__(self, size: int, prompt_len: int, seq_len: int, pad: int):
+    def __init__(self, size: int, prompt_len: int, seq_len: int, pad: int, verl: bool = False):
         self.pad, self.rows = pad, 0
+        self.strings = ("solution", "data_source", "extra_info") if verl else ("solution",)
         self.cols = {"prompt_ids": np.full((size, prompt_len), pad, np.int64),
                      "pretrain_ids": np.full((size, seq_len), pad, np.int64),
                      "loss_mask": np.zeros((size, seq_len), np.int64), "prompt_length": np.zeros(size, np.int64),
-                     "solution": []}
+                     **{name: [] for name in self.strings}}
 
-    def add(self, prompt_ids: List[int], full: List[int], solution: str):
+    def add(self, prompt_ids: List[int], full: List[int], ex: Example):
         row, cols = self.rows, self.cols
         cols["prompt_ids"][row, :len(prompt_ids)] = prompt_ids
         cols["pretrain_ids"][row, :len(full)] = full
         cols["loss_mask"][row, len(prompt_ids):len(full)] = 1
         cols["prompt_length"][row] = len(prompt_ids)
-        cols["solution"].append(solution)
+        cols["solution"].append(ex.solution)
+        if "data_source" in cols:
+            cols["data_source"].append(ex.data_source)
+            cols["extra_info"].append(json.dumps(ex.extra_info, ensure_ascii=False) if ex.extra_info else "")
         self.rows += 1
 
     def write_to(self, out: MindRecordWriter):
@@ -377,7 +384,9 @@ class _WriteBatch:
         for name in ("prompt_ids", "pretrain_ids"):
             self.cols[name][:self.rows] = self.pad
         self.cols["loss_mask"][:self.rows] = 0
-        self.cols["solution"], self.rows = [], 0
+        for name in self.strings:
+            self.cols[name] = []
+        self.rows = 0
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

@@ -17,7 +17,8 @@ import numpy as np
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.data.mindrecord_io import iter_chunks, read_mindrecord
 
-PROMPT_COLUMNS = ("prompt_ids", "prompt_length", "solution")    # all GRPO reads of a prompt file
+# all GRPO reads of a prompt file; verl's rows add data_source and extra_info (data/mindrecord_io.py)
+PROMPT_COLUMNS = ("prompt_ids", "prompt_length", "solution", "data_source", "extra_info")
 ANSWER_CHUNK_ROWS = 1024    # rows of pretrain_ids/loss_mask recover_solutions holds at a time
 
 

@@ -8,6 +8,12 @@ Columns (all int64 arrays right-padded with `pad_token_id`, as MindRLHF writes t
     prompt_length  int64                number of real tokens in prompt_ids          (mindrlhf)
     solution       string               the reference final answer for the verifier  (mindrlhf)
 
+verl's rows (--dataset_type verl) add two more, what verl's reward function gets besides the completion and the
+ground truth (a verl-style custom reward function reads them: reward/custom_function.py):
+
+    data_source    string               the row's data_source
+    extra_info     string               the row's extra_info mapping as JSON ("" when the row has none)
+
 Files holding only MindRLHF's three columns load too (prompt_length is then recovered from the padding).
 """
 from __future__ import annotations
@@ -29,6 +35,7 @@ SCHEMA = {
     "prompt_length": {"type": "int64"},
     "solution": {"type": "string"},
 }
+VERL_SCHEMA = dict(SCHEMA, data_source={"type": "string"}, extra_info={"type": "string"})
 MINDRLHF_COLUMNS = ("prompt_ids", "pretrain_ids", "loss_mask")
 WRITE_BATCH_ROWS = 8192    # rows per MindRecord write call (the page layout, so the file's bytes, depend on it)
 
@@ -198,7 +205,7 @@ def _read_mindrecord(path: str, columns: Optional[Sequence[str]]) -> Dict[str, n
         header_cols = set(reader.schema().keys()) if hasattr(reader, "schema") else None
     finally:
         reader.close()
-    present = [c for c in SCHEMA if header_cols is None or c in header_cols]
+    present = [c for c in VERL_SCHEMA if header_cols is None or c in header_cols]
     missing = [c for c in MINDRLHF_COLUMNS if c not in present]
     if missing:
         raise ConfigError(f"{path}: MindRecord lacks column(s) {missing}; expected at least {MINDRLHF_COLUMNS}")

@@ -30,6 +30,7 @@ class Example:
     solution: str      # the final answer the verifier compares against
     messages: Optional[List[Dict[str, str]]] = None   # verl: the prompt as chat messages (the chat template renders them)
     data_source: str = ""                             # verl: which scorer verl would pick (configs/compat/verl.py)
+    extra_info: Optional[dict] = None                 # verl: the row's extra_info (its reward function reads it)
     where: str = ""                                   # file and line/item/row, for errors found later (too long)
 
 
@@ -236,7 +237,8 @@ class RowSpec:
         worked = extra.get("answer") if isinstance(extra, dict) else None
         question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
         return Example(question, worked if isinstance(worked, str) and worked else truth, truth.strip(),
-                       messages=messages, data_source=source, where=where)
+                       messages=messages, data_source=source, extra_info=extra if isinstance(extra, dict) else None,
+                       where=where)
 
     def _math17k_example(self, obj: dict, where: str) -> Example:
         """As MindSpeed-RL's convert_math17k_to_intermediate: the question is the first message's content, the

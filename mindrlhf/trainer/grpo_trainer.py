@@ -24,6 +24,7 @@ from mindrlhf.checkpoint.hf_interop import export_hf, export_peft_adapter
 from mindrlhf.configs.grpo_config import GRPOConfig
 from mindrlhf.models.lora import adapter_weights, merged_weights
 from mindrlhf.parallel import watchdog
+from mindrlhf.reward.custom_function import references
 from mindrlhf.trainer import checkpointing, evaluation, exchange, run_dir, startup
 from mindrlhf.trainer.build import build_models, build_training, compile_train_step
 from mindrlhf.trainer.experience_file import write_step_experience
@@ -124,7 +125,7 @@ class GRPOTrainer:
         global_batch = self.dataset.next_global_batch()
         local = phase("rollout", self.rollout, self.dataset.local_part(global_batch), round_index)
         samples = phase("gather", exchange.gather_samples, local, self.infer_mesh)
-        solutions = [str(s) for s in global_batch["solution"]]
+        solutions = references(global_batch)         # each row's answer with verl's data_source / extra_info
         rewards, scores, texts = phase("reward", self.score, samples, solutions)
         rl = self.cfg.rl
         if rl.overlong_buffer_len:
@@ -297,8 +298,7 @@ class GRPOTrainer:
                 flag="save_ckpt_dir/" + run_dir.ADAPTER_EXPORT_DIR), adapter_weights(self.policy))
 
     def fit(self) -> List[Dict[str, float]]:
-        run = self.cfg.run
-        history = []
+        run, history = self.cfg.run, []
         self.log(f"{self.run.describe()}; steps {self.step}->{run.total_steps}")
         if self.eval_dataset is not None and self.step == 0 and run.eval_at_start:
             self.metrics.log(0, self.evaluate(), echo=self.log)

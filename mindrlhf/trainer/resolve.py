@@ -29,6 +29,7 @@ from mindrlhf.data.tokenizer import load_tokenizer
 from mindrlhf.parallel.mesh import Mesh, mesh_for
 from mindrlhf.parallel.pipeline import bubble_fraction
 from mindrlhf.parallel.swap import on_ascend
+from mindrlhf.reward.custom_function import load_custom_reward_function
 from mindrlhf.reward.verifiers import RewardFn, extract_answer, load_reward_module
 from mindrlhf.rollout.backends import check_backend
 from mindrlhf.rollout.sampling import SamplingParams
@@ -222,6 +223,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     added = load_reward_module(cfg.reward.reward_module)
     if added:
         log(f"verifiers from {cfg.reward.reward_module}: {', '.join(added)}")
+    _custom_reward_function(cfg.reward, dataset, log)
     reward_fn = RewardFn(cfg.reward.verifier_function, cfg.reward.verifier_weight, cfg.reward.verifier_timeout)
     reward_model = resolve_reward_model(cfg.reward, tokenizer, train_mesh, geometry.mini_batch, log)
     shared = _shared_prompt(cfg, train_mesh, geometry, micro_batches, prompt_width, log)
@@ -276,6 +278,24 @@ def _check_router_replay(run: ResolvedRun, log):
         f"reports moe/routing_agreement); the reference model routes itself" +
         ("; with one update per rollout r2 replays what that update would choose anyway" if mode == "r2" and
          run.on_policy else ""))
+
+
+def _custom_reward_function(reward, dataset: PromptDataset, log):
+    """reward.custom_reward_function registered as a verifier (reward/custom_function.py), said with where its
+    data_source and extra_info come from; a custom function not in verifier_function would never run: refused."""
+    name = load_custom_reward_function(reward.custom_reward_function, reward.custom_reward_kwargs)
+    if name is None:
+        if reward.custom_reward_kwargs:
+            raise ConfigError("reward.custom_reward_kwargs: given without reward.custom_reward_function")
+        return
+    if name not in reward.verifier_function:
+        raise ConfigError(f"reward.custom_reward_function {reward.custom_reward_function}: registers the verifier "
+                          f"{name!r}, which reward.verifier_function ({', '.join(reward.verifier_function)}) does "
+                          f"not name: add it there")
+    rows = ("the prompt file's data_source and extra_info columns" if "data_source" in dataset.table else
+            f"data_source '' and extra_info None ({dataset.path} was not converted from verl's parquet)")
+    log(f"verifier {name}: {reward.custom_reward_function}'s {name}(data_source, solution_str, ground_truth, "
+        f"extra_info{', **' + reward.custom_reward_kwargs if reward.custom_reward_kwargs else ''}) with {rows}")
 
 
 def _layout_from_config(cfg: GRPOConfig, role: str, yaml_cfg: ModelYaml, world: int, log) -> ModelYaml:

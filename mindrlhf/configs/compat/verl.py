@@ -27,6 +27,7 @@ sequences per train data-parallel rank (rl.mini_batch_size, engine.micro_batch_s
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Dict, List, Tuple
 
 from mindrlhf.configs.errors import ConfigError
@@ -208,9 +209,6 @@ _checked({
     DAPO_KW + "max_resp_len": (lambda v, ns: int(v) == int(ns.get("data.max_response_length", v)),
                                "data.max_response_length (the overlong penalty ends at sampling.max_tokens here)",
                                _ABSENT),
-    "custom_reward_function.path": (_null, "null: verl's compute_score(data_source, solution_str, ground_truth, "
-                                           "extra_info) is not called here; register a verifier (completion, "
-                                           "solution) and give --reward_module and --verifier_function", None),
     "algorithm.use_kl_in_reward": (_false, "false (the KL term is in the loss: actor.use_kl_loss)", False),
     "algorithm.use_pf_ppo": (_false, "false", False),
     "trainer.default_hdfs_dir": (_null, "null (checkpoints stay in default_local_dir)", None),
@@ -309,7 +307,14 @@ _mapped({"reward_model.enable": "true: reward.reward_model = reward_model.model.
 _inert("reward_model.*", "the reward-model worker's engine and placement (FSDP, offload, dynamic batching, its own "
        "tokenizer: ours scores the policy's tokens, in the train layout, and its tokenizer must equal the policy's, "
        "checked at start-up); unused when reward_model.enable is false")
-_inert("custom_reward_function.name", "custom_reward_function.path is null")
+_mapped({"custom_reward_function.path": "reward.custom_reward_function = path:name, and reward.verifier_function "
+                                        "that name alone: as in verl, the function scores every row (called with "
+                                        "the row's data_source, ground truth and extra_info, which the converted "
+                                        "files keep; reward/custom_function.py)",
+         "custom_reward_function.name": "the function in custom_reward_function.path (verl's default compute_score)",
+         "custom_reward_function.reward_kwargs": "reward.custom_reward_kwargs (JSON): the function's keyword "
+                                                 "arguments",
+         "custom_reward_function.reward_kwargs.*": "one keyword argument of the function (reward.custom_reward_kwargs)"})
 _inert("algorithm.gamma algorithm.lam", "GAE discounting; grpo-type estimators do not use it")
 _inert("algorithm.kl_penalty algorithm.kl_ctrl.*", "the in-reward KL; algorithm.use_kl_in_reward is false (the KL "
        "weight is actor.kl_loss_coef)")
@@ -637,6 +642,7 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
         put("rl", "tis", True, RC + "rollout_is")
         put("rl", "tis_cap", num(RC + "rollout_is_threshold", "number", 2.0), RC + "rollout_is_threshold")
 
+    _custom_reward_function(ov, put)
     if flag("reward_model.enable", False):
         _reward_model(ov, put, derived)
     ignored = [(k, row.ours) for k, row in rows.items() if row.status == INERT]
@@ -652,6 +658,24 @@ def translate(ov: Dict[str, Any], field_of: Callable[[str, str], dataclasses.Fie
             sections.setdefault(sec, {})[fld] = coerce(value, field_of(sec, fld), why)
             derived.append(f"{sec}.{fld}: {value!r} ({why}; the command leaves it out)")
     return Translation(sections, mapped, ignored, derived, plan, world, infer_tp)
+
+
+def _custom_reward_function(ov, put):
+    """custom_reward_function (path, name, reward_kwargs, or its reward_kwargs.<key> overrides) -> ours: the function
+    registered as a verifier and the only one, as verl's reward manager calls it for every row."""
+    key = "custom_reward_function."
+    if _null(ov.get(key + "path"), ov):
+        return
+    name = str(ov.get(key + "name") or "compute_score")
+    put("reward", "custom_reward_function", f"{ov[key + 'path']}:{name}", key + "path")
+    kwargs = ov.get(key + "reward_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{key}reward_kwargs: expected a mapping of keyword arguments, got {kwargs!r}")
+    kwargs = dict(kwargs, **{k[len(key + "reward_kwargs."):]: v for k, v in ov.items()
+                             if k.startswith(key + "reward_kwargs.")})
+    if kwargs:
+        put("reward", "custom_reward_kwargs", json.dumps(kwargs), key + "reward_kwargs")
+    put("reward", "verifier_function", [name], key + "path")
 
 
 def _ulysses_layout(num, put, derived, world: int) -> "verl_megatron.TrainLayout":
