@@ -68,7 +68,7 @@ class RolloutLog:
             self.rows["prompt"].append(prompts[i])
             self.rows["response"].append(text)
             self.rows["reward"].append(np.float32(rewards[i]))
-            self.rows["solution"].append(solutions[samples.solution_index[i]])
+            self.rows["solution"].append(str(solutions[samples.solution_index[i]]))
             self.rows["turns"].append(turns[i])
             self.rows["tool_calls"].append(np.int64(0 if calls is None else calls[i]))
 
