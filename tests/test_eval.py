@@ -234,6 +234,24 @@ def test_eval_sampling_errors_name_the_field(trained, tmp_path, extra, pattern):
         load_grpo_config(None, grpo_overrides(trained["assets"], str(tmp_path), **extra))
 
 
+def test_eval_sampling_that_nothing_reads_is_said(trained, tmp_path):
+    """Eval sampling settings with no evaluation, or top-p / top-k under a greedy eval, are said at start-up."""
+    from mindrlhf.configs.grpo_load import load_grpo_config
+    from mindrlhf.trainer.resolve import resolve
+    for extra, said in ((dict(eval_temperature=0.7, eval_n=2), "run.eval_temperature, run.eval_n: unused, there is "
+                                                               "no evaluation"),
+                        (dict(eval_top_p=0.9, eval_dataset=trained["eval_mr"], eval_steps=1),
+                         "run.eval_top_p / eval_top_k: unused by a greedy eval")):
+        lines = []
+        resolve(load_grpo_config(None, grpo_overrides(trained["assets"], str(tmp_path), **extra)), 0, 1, lines.append)
+        assert any(said in line for line in lines), lines
+    lines = []
+    resolve(load_grpo_config(None, grpo_overrides(trained["assets"], str(tmp_path), eval_dataset=trained["eval_mr"],
+                                                  eval_steps=1, eval_temperature=0.7, eval_top_p=0.9)), 0, 1,
+            lines.append)
+    assert not any("unused" in line and "eval_" in line for line in lines), lines
+
+
 @pytest.mark.slow       # ~17 s; the converted files' completions and report stay in the default run
 def test_a_jsonl_dataset_gives_the_converted_files_completions(trained, capsys):
     """The raw file goes through rlhf_data.py's tokenizing: the same prompts, so the same completions."""

@@ -18,7 +18,8 @@ from mindrlhf.checkpoint.hf_interop import peft_export_refusal
 from mindrlhf.configs.compat.keys import describe_ignored
 from mindrlhf.configs.coerce import coerce
 from mindrlhf.configs.errors import ConfigError
-from mindrlhf.configs.grpo_config import GRPOConfig
+from mindrlhf.configs.fields import default
+from mindrlhf.configs.grpo_config import GRPOConfig, RunConfig
 from mindrlhf.configs.grpo_load import describe_fields
 from mindrlhf.configs.compat.hf import is_hf_folder
 from mindrlhf.configs.lora import LoraSpec, parse_targets
@@ -497,6 +498,13 @@ def _eval_dataset(cfg: GRPOConfig, infer_mesh: Mesh, pad_id: int, tokenizer, log
     if run.eval_dataset and not run.eval_steps:
         log(f"run.eval_dataset {run.eval_dataset}: no evaluation, run.eval_steps is 0 (--eval_steps N evaluates "
             f"every N steps and at the start and end)")
+    given = [k for k in ("eval_temperature", "eval_top_p", "eval_top_k", "eval_n")
+             if getattr(run, k) != default(RunConfig, k)]
+    if given and not (run.eval_steps and run.eval_dataset):
+        log(f"{', '.join('run.' + k for k in given)}: unused, there is no evaluation (run.eval_dataset and "
+            f"eval_steps)")
+    elif not run.eval_temperature and {"eval_top_p", "eval_top_k"} & set(given):
+        log("run.eval_top_p / eval_top_k: unused by a greedy eval (run.eval_temperature 0)")
     if not (run.eval_steps and run.eval_dataset):
         return None
     data = with_solutions(PromptDataset(run.eval_dataset, 1, 1, 0, run.seed, pad_id, shuffle=False), tokenizer, log)
