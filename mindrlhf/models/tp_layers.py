@@ -195,19 +195,18 @@ class HeadLogProb(nn.Cell):
     def bprop(self, hidden, weight, labels, out, dout):
         h, w = _rows_and_weight(hidden, weight, self.compute_dtype)
         idx = ops.reshape(labels, (-1, 1))
-        # softmax - onehot = -(d logp[label] / d logits)
-        grad = ops.tensor_scatter_elements(out[2], idx, -ops.ones(idx.shape, ms.float32), -1, "add")
         neg_dy = ops.reshape(-dout[0], (-1, 1))
         if self.entropy_grad:
-            # d loss / d logits = -dy (softmax - onehot) + d_ent (-p (log p + H)): vocabulary-sized, formed once
-            probs = out[2]
-            p_log_p = probs * ops.log(ops.maximum(probs, 1e-30))            # p = 0 gives 0, not 0 x -inf
-            ent = ops.reshape(out[1], (-1, 1))
-            d_ent = ops.reshape(dout[1], (-1, 1))
-            grad = grad * expand_as(neg_dy, grad) - (p_log_p + probs * expand_as(ent, probs)) * expand_as(d_ent, grad)
-            grad = ops.cast(grad, self.compute_dtype)
+            # d loss / d logits = -dy (p - onehot) - d_ent p (log p + H) = p (-dy - d_ent H) - d_ent p log p + dy at
+            # the label: four vocabulary-sized passes (xlogy: p log p, 0 at p = 0), the label's term scattered
+            probs, d_ent = out[2], ops.reshape(dout[1], (-1, 1))
+            row = neg_dy - d_ent * ops.reshape(out[1], (-1, 1))
+            grad = probs * expand_as(row, probs) - ops.xlogy(probs, probs) * expand_as(d_ent, probs)
+            grad = ops.cast(ops.tensor_scatter_elements(grad, idx, -neg_dy, -1, "add"), self.compute_dtype)
             return (ops.cast(ops.reshape(ops.matmul(grad, w), hidden.shape), hidden.dtype),
                     ops.cast(self.matmul_tn(grad, h), weight.dtype), ops.zeros_like(labels))
+        # softmax - onehot = -(d logp[label] / d logits); each row's -dy scales the hidden-sized rows instead
+        grad = ops.tensor_scatter_elements(out[2], idx, -ops.ones(idx.shape, ms.float32), -1, "add")
         grad = ops.cast(grad, self.compute_dtype)
         neg_dy = ops.cast(neg_dy, self.compute_dtype)
         dh = ops.matmul(grad, w)
