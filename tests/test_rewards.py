@@ -153,7 +153,8 @@ def test_loading_a_reward_module_twice_names_its_verifiers_both_times(tmp_path, 
 CUSTOM_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
     """verl's signature: 1 for the right answer, + bonus on an odd row index, as a dict on the 'math' source."""
-    score = float(solution_str.strip().endswith(ground_truth)) + (bonus if extra_info and extra_info["index"] % 2 else 0)
+    right = float(solution_str.strip().endswith(ground_truth))
+    score = right + (bonus if extra_info and extra_info["index"] % 2 else 0)
     return {"score": score, "acc": score > 0} if data_source == "math" else score
 
 async def async_score(data_source, solution_str, ground_truth, extra_info=None):

@@ -100,7 +100,8 @@ def _checked(rows: Dict[str, tuple]):
 RENAMES: Dict[str, Tuple[str, str]] = {
     A + "optim.lr": ("optim", "lr"), A + "optim.weight_decay": ("optim", "weight_decay"),
     A + "grad_clip": ("optim", "max_grad_norm"), A + "optim.clip_grad": ("optim", "max_grad_norm"),
-    A + "ppo_epochs": ("rl", "num_iterations"), A + "entropy_coeff": ("rl", "entropy_coeff"), A + "ppo_micro_batch_size_per_gpu": ("engine", "micro_batch_size"),
+    A + "ppo_epochs": ("rl", "num_iterations"), A + "ppo_micro_batch_size_per_gpu": ("engine", "micro_batch_size"),
+    A + "entropy_coeff": ("rl", "entropy_coeff"),
     A + "use_dynamic_bsz": ("engine", "sequence_packing"),
     A + "policy_loss.loss_mode": ("rl", "loss_mode"), A + "policy_loss.clip_cov_ratio": ("rl", "clip_cov_ratio"),
     A + "policy_loss.clip_cov_lb": ("rl", "clip_cov_lb"), A + "policy_loss.clip_cov_ub": ("rl", "clip_cov_ub"),
@@ -314,7 +315,8 @@ _mapped({"custom_reward_function.path": "reward.custom_reward_function = path:na
          "custom_reward_function.name": "the function in custom_reward_function.path (verl's default compute_score)",
          "custom_reward_function.reward_kwargs": "reward.custom_reward_kwargs (JSON): the function's keyword "
                                                  "arguments",
-         "custom_reward_function.reward_kwargs.*": "one keyword argument of the function (reward.custom_reward_kwargs)"})
+         "custom_reward_function.reward_kwargs.*": "one keyword argument of the function "
+                                                   "(reward.custom_reward_kwargs)"})
 _inert("algorithm.gamma algorithm.lam", "GAE discounting; grpo-type estimators do not use it")
 _inert("algorithm.kl_penalty algorithm.kl_ctrl.*", "the in-reward KL; algorithm.use_kl_in_reward is false (the KL "
        "weight is actor.kl_loss_coef)")
