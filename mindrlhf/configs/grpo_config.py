@@ -527,7 +527,6 @@ class GRPOConfig(_Section):
                               f"{self.reward.reward_model_batch_size}")
         return self
 
-
     def _validate_eval(self):
         run = self.run
         dataclasses.replace(self.sampling, temperature=run.eval_temperature, top_p=run.eval_top_p,
