@@ -91,6 +91,11 @@ class EvalConfig:
                                       "(mindrlhf.reward.verifiers); space- or comma-separated")
     verifier_weight: List[float] = _f([], "one weight per verifier (default: 1 each)")
     reward_module: str = _f("", "a .py file or module registering more verifiers")
+    custom_reward_function: str = _f("", "a verl-style reward function, file.py or file.py:name (as the GRPO "
+                                     "config's reward.custom_reward_function; name it in --verifier_function); "
+                                     "a verl parquet --dataset or a file converted from one gives it each row's "
+                                     "data_source and extra_info")
+    custom_reward_kwargs: str = _f("", "its keyword arguments, a JSON object")
     verifier_timeout: float = _f(default(RewardConfig, "verifier_timeout"), "seconds one verifier may spend on "
                                  "one completion (0 scores it)")
     max_tool_calls: int = _f(default(ToolsConfig, "max_tool_calls"), "multi-turn: tool calls per completion "
@@ -249,6 +254,9 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log, tools=()
         ids[i, :len(prompt)] = prompt
     columns = {"prompt_ids": ids, "prompt_length": np.array([len(r[0]) for r in rows], np.int64),
                "solution": np.array([r[2].solution for r in rows], dtype=object)}
+    if source.spec.kind.name == "verl":       # what a verl-style reward function reads (reward/custom_function.py)
+        columns["data_source"] = np.array([r[2].data_source for r in rows], dtype=object)
+        columns["extra_info"] = np.array([r[2].extra_info_json for r in rows], dtype=object)
     return PromptDataset(path, 1, pad_token_id=pad_id, shuffle=False, columns=columns).table
 
 
@@ -285,6 +293,7 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
     """Run the eval; rank 0 returns the report (and writes --output), the other ranks None."""
     from mindrlhf.parallel import watchdog
     from mindrlhf.parallel.mesh import Mesh
+    from mindrlhf.reward.custom_function import load_custom_reward_function
     from mindrlhf.reward.verifiers import RewardFn, load_reward_module
     from mindrlhf.rollout.backends import make_engine
     from mindrlhf.trainer import evaluation, exchange
@@ -308,6 +317,7 @@ def evaluate(args, out: Callable = print) -> Optional[dict]:
     added = load_reward_module(args.reward_module)
     if added:
         log(f"verifiers from {args.reward_module}: {', '.join(added)}")
+    load_custom_reward_function(args.custom_reward_function, args.custom_reward_kwargs, verifiers(args)[0])
     reward_fn = RewardFn(*verifiers(args), args.verifier_timeout)
     params = sampling(args, eos_ids)
     if params.greedy and args.n > 1:

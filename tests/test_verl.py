@@ -418,6 +418,34 @@ def test_verl_main_scores_with_a_custom_reward_function(tmp_path):
     assert step["reward_mean"] == pytest.approx(want, rel=1e-6)
 
 
+def test_the_eval_command_scores_a_verl_parquet_with_its_custom_reward_function(tmp_path, capsys):
+    """mindrlhf.eval --custom_reward_function on verl's parquet: every completion's score is what the function
+    returns for it, called with the row's data_source, ground truth and extra_info (and the keyword arguments)."""
+    from mindrlhf import eval as eval_cmd
+    model = make_model_folder(tmp_path / "Qwen-tiny", weights=True)
+    data = write_parquet(tmp_path / "test.parquet", verl_rows(3, split="test", source="my/custom"))
+    (tmp_path / "my_reward.py").write_text(VERL_REWARD)
+    calls, out = tmp_path / "calls.jsonl", tmp_path / "completions.jsonl"
+    argv = ["--model", model, "--dataset", data, "--dataset_type", "verl", "--prompt_template", "chat",
+            "--max_prompt_length", "40", "--max_tokens", "6", "--progress", "False", "--output", str(out),
+            "--custom_reward_function", f"{tmp_path / 'my_reward.py'}:compute_score", "--verifier_function",
+            "compute_score", "--custom_reward_kwargs", json.dumps({"log_path": str(calls), "weight": 3}),
+            "--correct_threshold", "100"]
+    assert eval_cmd.main(argv) == 0
+    rows = [json.loads(line) for line in open(out)]
+    logged = [json.loads(line) for line in open(calls)]
+    assert len(rows) == len(logged) == 3
+    for row, (source, text, truth, info) in zip(rows, sorted(logged, key=lambda c: c[3]["index"])):
+        assert source == "my/custom" and info["split"] == "test" and info["index"] == row["index"]
+        assert text == row["completion"] and truth == row["solution"]
+        assert row["score"] == pytest.approx(3 * (info["index"] + len(text) / 100.0), rel=1e-6)
+    capsys.readouterr()
+    unnamed = argv[:-6] + ["--verifier_function", "accuracy_reward"] + argv[-4:-2]     # the function not listed
+    assert eval_cmd.main(unnamed) == 2
+    assert "registers the verifier 'compute_score', which verifier_function (accuracy_reward) does not name" in \
+        capsys.readouterr().err
+
+
 def test_rollout_tensor_parallel_writes_both_layouts_from_the_folder(tmp_path):
     from mindrlhf.configs.compat.sources import load_model_yaml
     from mindrlhf.verl_main import _layout_yamls

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -374,7 +373,7 @@ class _WriteBatch:
         cols["solution"].append(ex.solution)
         if "data_source" in cols:
             cols["data_source"].append(ex.data_source)
-            cols["extra_info"].append(json.dumps(ex.extra_info, ensure_ascii=False) if ex.extra_info else "")
+            cols["extra_info"].append(ex.extra_info_json)
         self.rows += 1
 
     def write_to(self, out: MindRecordWriter):

@@ -33,6 +33,11 @@ class Example:
     extra_info: Optional[dict] = None                 # verl: the row's extra_info (its reward function reads it)
     where: str = ""                                   # file and line/item/row, for errors found later (too long)
 
+    @property
+    def extra_info_json(self) -> str:
+        """extra_info as the MindRecord's extra_info column holds it: JSON, "" for none."""
+        return json.dumps(self.extra_info, ensure_ascii=False) if self.extra_info else ""
+
 
 # ---------------------------------------------------------------------------------------------- dataset types
 

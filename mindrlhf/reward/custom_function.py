@@ -38,13 +38,13 @@ class Reference(str):
         return ref
 
 
-def references(batch: Dict) -> List[Reference]:
-    """A prompt batch's solutions (PromptDataset columns) as References: with its data_source and extra_info
-    (JSON) columns when the file has them."""
-    solutions = batch["solution"]
-    sources = batch.get("data_source", [""] * len(solutions))
-    extras = batch.get("extra_info", [""] * len(solutions))
-    return [Reference.of(str(s), str(d), json.loads(e) if e else None) for s, d, e in zip(solutions, sources, extras)]
+def references(batch: Dict, rows=None) -> List[Reference]:
+    """A prompt batch's solutions (PromptDataset columns; `rows` of them, default all) as References: with its
+    data_source and extra_info (JSON) columns when the file has them."""
+    rows = range(len(batch["solution"])) if rows is None else rows
+    sources, extras = batch.get("data_source"), batch.get("extra_info")
+    return [Reference.of(str(batch["solution"][i]), "" if sources is None else str(sources[i]),
+                         json.loads(extras[i]) if extras is not None and extras[i] else None) for i in rows]
 
 
 class VerlScorer:
@@ -61,11 +61,14 @@ class VerlScorer:
         return float(out["score"] if isinstance(out, dict) else out)
 
 
-def load_custom_reward_function(spec: str, kwargs_json: str = "") -> Optional[str]:
+def load_custom_reward_function(spec: str, kwargs_json: str = "",
+                                verifier_function: Optional[List[str]] = None) -> Optional[str]:
     """Register `spec` ("file.py" or "file.py:function", the function compute_score by default) as a verifier
     under the function's name, called with `kwargs_json` (a JSON object) as verl's reward_kwargs; returns the
-    name (None for an empty spec)."""
+    name (None for an empty spec). `verifier_function`, when given, must name it (else it would never run)."""
     if not spec:
+        if kwargs_json:
+            raise ConfigError("reward.custom_reward_kwargs: given without reward.custom_reward_function")
         return None
     path, _, name = spec.partition(":")
     name = name or DEFAULT_NAME
@@ -94,4 +97,7 @@ def load_custom_reward_function(spec: str, kwargs_json: str = "") -> Optional[st
         raise ConfigError(f"{where}: {name!r} is a verifier of ours already; rename the function and give "
                           f"file.py:new_name")
     register_verifier(name)(VerlScorer(fn, kwargs))
+    if verifier_function is not None and name not in verifier_function:
+        raise ConfigError(f"{where}: registers the verifier {name!r}, which verifier_function "
+                          f"({', '.join(verifier_function)}) does not name: add it there")
     return name

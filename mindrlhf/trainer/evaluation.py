@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from mindrlhf.reward.custom_function import references
 from mindrlhf.reward.verifiers import accuracy_reward, score_each
 from mindrlhf.rollout.sampling import SamplingParams
 
@@ -103,7 +104,7 @@ def complete(engine, tokenizer, table: Dict[str, np.ndarray], idx: np.ndarray, p
             out = engine.generate(prompts[start:start + per_call], params, [(int(i),) for i in chunk])
         chunk_texts = tokenizer.decode_batch([r[m == 1].tolist() for r, m in zip(out.response_ids,
                                                                                  out.response_mask)])
-        scores += [float(s) for s in score(chunk_texts, [str(table["solution"][i]) for i in chunk[out.prompt_index]],
+        scores += [float(s) for s in score(chunk_texts, references(table, chunk[out.prompt_index]),
                                            out.tool_calls)]
         calls.append(out.tool_calls)
         ids.append(out.response_ids)

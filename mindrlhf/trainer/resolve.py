@@ -284,15 +284,10 @@ def _check_router_replay(run: ResolvedRun, log):
 def _custom_reward_function(reward, dataset: PromptDataset, log):
     """reward.custom_reward_function registered as a verifier (reward/custom_function.py), said with where its
     data_source and extra_info come from; a custom function not in verifier_function would never run: refused."""
-    name = load_custom_reward_function(reward.custom_reward_function, reward.custom_reward_kwargs)
+    name = load_custom_reward_function(reward.custom_reward_function, reward.custom_reward_kwargs,
+                                       reward.verifier_function)
     if name is None:
-        if reward.custom_reward_kwargs:
-            raise ConfigError("reward.custom_reward_kwargs: given without reward.custom_reward_function")
         return
-    if name not in reward.verifier_function:
-        raise ConfigError(f"reward.custom_reward_function {reward.custom_reward_function}: registers the verifier "
-                          f"{name!r}, which reward.verifier_function ({', '.join(reward.verifier_function)}) does "
-                          f"not name: add it there")
     rows = ("the prompt file's data_source and extra_info columns" if "data_source" in dataset.table else
             f"data_source '' and extra_info None ({dataset.path} was not converted from verl's parquet)")
     log(f"verifier {name}: {reward.custom_reward_function}'s {name}(data_source, solution_str, ground_truth, "
