@@ -171,6 +171,16 @@ def _same_trajectory(single, other):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=absolute), key
 
 
+def _same_export(tmp_path, name, expert_marker=".experts.") -> dict:
+    """Every weight of run `name`'s exported policy within 1e-5 of the single process's, experts among them; the
+    single process's weights."""
+    ref, got = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / name / "hf_policy"))
+    assert sorted(ref) == sorted(got) and any(expert_marker in n for n in ref)
+    for key, w in ref.items():
+        assert np.abs(got[key] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), key
+    return ref
+
+
 def _exported(path):
     from safetensors.numpy import load_file
     out = {}
@@ -189,10 +199,7 @@ def test_grpo_train_ep2_infer_dp2_follows_one_process(tmp_path):
     # infer dp2: 2 prompts per rank; train: the 2 ranks are one row group, so a mini-batch is 8 rows on each
     runs = _grpo_runs(tmp_path, {"ep2": {"train_expert_parallel": 2, "batch_size": 2}})
     _same_trajectory(runs["single"], runs["ep2"])
-    ref, ep2 = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "ep2" / "hf_policy"))
-    assert sorted(ref) == sorted(ep2) and any(".experts." in n for n in ref)
-    for name, w in ref.items():
-        assert np.abs(ep2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
+    _same_export(tmp_path, "ep2")
 
 
 @pytest.mark.slow       # ~50 s; the experts' adapters against PEFT and at ep2 / tp2 are tested in tests/test_lora.py
@@ -204,11 +211,9 @@ def test_grpo_lora_train_ep2_infer_dp2_follows_one_process(tmp_path):
     lora = {"lora_rank": 4, "lora_alpha": 8, "lora_export": "merged", "lr": 1e-2}
     runs = _grpo_runs(tmp_path, {"ep2": {"train_expert_parallel": 2, "batch_size": 2, **lora}}, single=lora)
     _same_trajectory(runs["single"], runs["ep2"])
-    ref, ep2 = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "ep2" / "hf_policy"))
+    ref = _same_export(tmp_path, "ep2")
     gate = "model.layers.1.mlp.experts.0.gate_proj.weight"               # the hub layout, per expert
     assert np.abs(ref[gate] - _exported(str(tmp_path / "Qwen3-MoE-tiny"))[gate]).max() > 1e-4   # the adapters moved it
-    for name, w in ref.items():
-        assert np.abs(ep2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
 
 
 @pytest.mark.slow       # ~45 s
@@ -232,9 +237,7 @@ def test_grpo_train_tp2_with_router_replay_follows_one_process(tmp_path):
                       single={"router_replay": "r3"})
     _same_trajectory(runs["single"], runs["tp2"])
     assert all(r["moe/routing_agreement"] == 1.0 for r in runs["tp2"])
-    ref, tp2 = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "tp2" / "hf_policy"))
-    for name, w in ref.items():
-        assert np.abs(tp2[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
+    _same_export(tmp_path, "tp2")
 
 
 @pytest.mark.slow       # ~50 s: the layout's logits and gradients are in the default run (tp2_whole_experts)
@@ -249,10 +252,7 @@ def test_grpo_train_whole_experts_over_tp2_infer_tp2_width_shares_follows_one_pr
     _same_trajectory(runs["single"], runs["tpx"])
     log = open(tmp_path / "tpx" / "log" / "worker_0.log").read()
     assert "(experts over tp)" in log
-    ref, tpx = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "tpx" / "hf_policy"))
-    assert sorted(ref) == sorted(tpx) and any(".experts." in n for n in ref)
-    for name, w in ref.items():
-        assert np.abs(tpx[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
+    _same_export(tmp_path, "tpx")
 
 
 # ~55 s: -m slow (the default run keeps the routing inputs of the one-graph update: test_router_replay.py,
@@ -281,10 +281,7 @@ def test_grpo_train_pp2_with_an_offset_follows_one_process(tmp_path):
     _same_trajectory(runs["single"], runs["pp2_offset"])
     log = open(tmp_path / "pp2_offset" / "log" / "worker_0.log").read()
     assert "offset 0 -> [0, 1] (layers per stage [1, 2])" in log
-    ref, got = _exported(str(tmp_path / "single" / "hf_policy")), _exported(str(tmp_path / "pp2_offset" / "hf_policy"))
-    assert sorted(ref) == sorted(got) and any("layers.2.mlp.experts" in n for n in ref)
-    for name, w in ref.items():
-        assert np.abs(got[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
+    _same_export(tmp_path, "pp2_offset", "layers.2.mlp.experts")
 
 
 @pytest.mark.slow       # ~70 s on 4 workers
@@ -298,8 +295,4 @@ def test_grpo_train_pp2_by_ep2_with_the_aux_loss_and_r2_follows_one_process(tmp_
                                              "train_micro_batch_num": 2, "batch_size": 1, "router_replay": "r2"}},
                       single={"router_replay": "r2"}, workers=4)
     _same_trajectory(runs["single"], runs["pp2_ep2"])
-    ref = _exported(str(tmp_path / "single" / "hf_policy"))
-    got = _exported(str(tmp_path / "pp2_ep2" / "hf_policy"))
-    assert sorted(ref) == sorted(got) and any(".experts." in n for n in ref)
-    for name, w in ref.items():
-        assert np.abs(got[name] - w).max() <= 1e-5 * max(1.0, np.abs(w).max()), name
+    _same_export(tmp_path, "pp2_ep2")
