@@ -318,18 +318,23 @@ def test_bad_input_is_named(trained, capsys, flags, pattern):
 
 @pytest.mark.slow       # ~20 s; the eval path is the trainer's (test_the_exported_policy_scores_...) and msrun runs elsewhere
 def test_two_msrun_workers_give_the_single_process_completions(trained, capsys, tmp_path):
-    """Rank r generates prompts r::2; rank 0 gathers and writes: the same file and accuracy as one process."""
-    report, rows = _run_eval(trained, capsys)
+    """Rank r generates prompts r::2; rank 0 gathers and writes: the same file and accuracy as one process, sampled
+    too (2 completions a prompt: each prompt draws from its own stream, whichever rank generates it; the
+    trainer's in-training eval runs this code over its infer replicas)."""
+    sampled = ["--n", "2", "--temperature", "1.0", "--seed", "3"]
+    report, rows = _run_eval(trained, capsys, *sampled)
+    assert any(len({r["completion"] for r in rows if r["index"] == i}) > 1 for i in range(EVAL_PROMPTS))  # sampled
     out = str(tmp_path / "msrun.jsonl")
     run_msrun(EVAL_SCRIPT, ["--use_parallel", "True", "--model", trained["hf"], *_tokenizer_flags(trained),
                             "--dataset", trained["eval_mr"], "--max_tokens", "8", "--chunk_rows", trained["chunk_rows"],
-                            "--progress", "False", "--output", out], 2, str(tmp_path / "log"))
+                            "--progress", "False", "--output", out, *sampled], 2, str(tmp_path / "log"))
     with open(out, encoding="utf-8") as fh:
         assert [json.loads(line) for line in fh] == rows
     with open(tmp_path / "log" / "worker_0.log", errors="replace") as fh:
         lines = [line for line in fh.read().splitlines() if line.startswith("{")]
     msrun_report = json.loads(lines[-1])
-    assert msrun_report["accuracy"] == report["accuracy"] and msrun_report["samples"] == EVAL_PROMPTS
+    assert msrun_report["accuracy"] == report["accuracy"] and msrun_report["samples"] == 2 * EVAL_PROMPTS
+    assert msrun_report["pass@2"] == report["pass@2"]
     assert "rank r takes prompts r::2" in open(tmp_path / "log" / "worker_0.log", errors="replace").read()
 
 
