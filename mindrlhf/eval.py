@@ -254,7 +254,7 @@ def prompt_table(args, tokenizer, tokenizer_dir: str, pad_id: int, log, tools=()
         ids[i, :len(prompt)] = prompt
     columns = {"prompt_ids": ids, "prompt_length": np.array([len(r[0]) for r in rows], np.int64),
                "solution": np.array([r[2].solution for r in rows], dtype=object)}
-    if source.spec.kind.name == "verl":       # what a verl-style reward function reads (reward/custom_function.py)
+    if source.spec.row_fields:                # what a verl-style reward function reads (reward/custom_function.py)
         columns["data_source"] = np.array([r[2].data_source for r in rows], dtype=object)
         columns["extra_info"] = np.array([r[2].extra_info_json for r in rows], dtype=object)
     return PromptDataset(path, 1, pad_token_id=pad_id, shuffle=False, columns=columns).table

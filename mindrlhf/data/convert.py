@@ -293,7 +293,7 @@ def convert(args) -> ConvertSummary:
     if not args.no_progress:
         from tqdm import tqdm
         progress = tqdm(total=source.count(), desc="tokenize", unit="rows")
-    verl = source.spec.kind.name == "verl"       # its rows keep data_source and extra_info (VERL_SCHEMA)
+    verl = source.spec.row_fields
     batch = _WriteBatch(WRITE_BATCH_ROWS, args.max_prompt_length, args.seq_length, pad, verl)
     schema = VERL_SCHEMA if verl else SCHEMA
     with MindRecordWriter(args.output_path, schema, index_fields=["prompt_length"]) as out:

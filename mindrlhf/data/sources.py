@@ -151,6 +151,12 @@ class RowSpec:
         return bool(self.kind.fallback) and self.kind.reference not in self.mapped
 
     @property
+    def row_fields(self) -> bool:
+        """Rows carry verl's data_source and extra_info (what a verl-style reward function reads), which the
+        converted files keep (data/mindrecord_io.VERL_SCHEMA)."""
+        return self.kind.source is not None
+
+    @property
     def columns(self) -> List[str]:
         """The file columns a row is read from (parquet reads only these)."""
         return list(dict.fromkeys(self.column[f] for f in self.kind.fields))
