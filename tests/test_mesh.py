@@ -66,6 +66,18 @@ def test_mesh_errors_name_the_axes():
         Mesh(dp=2, tp=1).rank_with(ep=0)
 
 
+def test_the_ep_dispatcher_decides_whether_ep_ranks_share_their_rows():
+    """The all-gather dispatcher's EP ranks hold one row group's rows; the all-to-all dispatcher's each their own
+    (models/moe.py), so ep leaves the row-replica axes; any other name is refused naming the choices."""
+    shared = Mesh(dp=1, tp=2, rank=3, extra_axes=(("ep", 2),))
+    distinct = Mesh(dp=1, tp=2, rank=3, extra_axes=(("ep", 2),), ep_dispatcher="alltoall")
+    assert shared.row_replica_axes == ("ep", "tp") and distinct.row_replica_axes == ("tp",)
+    assert not shared.is_row_leader and not distinct.is_row_leader           # rank 3: tp index 1
+    assert Mesh(dp=1, tp=2, rank=2, extra_axes=(("ep", 2),), ep_dispatcher="alltoall").is_row_leader
+    with pytest.raises(ConfigError, match=r"ep_dispatcher 'all_to_all': expected one of \['allgather', 'alltoall'\]"):
+        Mesh(dp=1, tp=1, extra_axes=(("ep", 2),), ep_dispatcher="all_to_all")
+
+
 @pytest.mark.parametrize("axes, dp, want", [((("ep", 2),), 1, [0]), ((("ep", 2),), 2, [0, 2]), ((), 2, [0, 1])])
 def test_gathered_samples_come_once_from_each_row_group(monkeypatch, axes, dp, want):
     """exchange.gather_samples keeps one rank per group of ranks holding the same rows: under an infer ep axis

@@ -62,6 +62,36 @@ def test_split_experts_equal_one_process(results, tag, ep, tp, over_tp):
     assert not np.allclose(results[0][w2], results[1][w2])             # the two ranks hold different shares
 
 
+@pytest.mark.parametrize("tag", ["a2a", "a2a_sorted"])
+def test_all_to_all_dispatcher_on_distinct_rows_equals_one_process(results, tag):
+    """ep2 with the all-to-all dispatcher (Mesh.ep_dispatcher "alltoall"; on CPU its exchange is composed from
+    AllReduce): rank r holds rows 2r, 2r + 1 of the batch and experts 2r, 2r + 1, and sends its tokens to the
+    other rank's experts and back. Each rank's logits are one process's on its rows, the mean of the ranks' losses
+    is one process's (equal token counts), the replicated parameters' gradients averaged over the ranks and each
+    rank's expert gradients halved (the exchange's backward already brought the other rank's tokens) are one
+    process's gradients, op by op and compiled (1e-5; a_sorted: each rank's experts sorted by expert, the peers'
+    tokens routed elsewhere holding zero weights)."""
+    layouts = layouts_for(ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,))), 2, 1, ep=2)
+    ref = results[0]
+    for rank, res in enumerate(results):
+        shapes = dict(eval(s) for s in res[tag + "_shapes"])        # noqa: S307 - our own repr of (name, shape)
+        assert shapes["model.layers.1.feed_forward.routed_experts.ffn.w1.weight"] == (2, 64, 32)
+        assert np.abs(res[tag + "_logits"] - ref["ref_logits"][2 * rank:2 * rank + 2]).max() <= 1e-5
+    assert abs((float(results[0][tag + "_loss"]) + float(results[1][tag + "_loss"])) / 2 - float(ref["ref_loss"])) \
+        <= 1e-5
+    router = "model.layers.1.feed_forward.routed_experts.router.dense.weight"
+    assert not np.allclose(results[0][f"{tag}_grad/{router}"], results[1][f"{tag}_grad/{router}"])   # own rows
+    for kind in ("_grad/", "_jitgrad/"):
+        for name, lay in layouts.items():
+            split = lay.shard_shape != lay.full_shape
+            for rank, res in enumerate(results):
+                got = res[tag + kind + name] / 2 if split else \
+                    (results[0][tag + kind + name] + results[1][tag + kind + name]) / 2
+                want = lay.shard(ref["ref_grad/" + name], rank)
+                assert np.abs(want).max() > 0, name
+                assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), (tag + kind + name, rank)
+
+
 @pytest.mark.slow       # ~40 s (its own 2-worker run); the experts' adapters against PEFT: tests/test_lora.py
 def test_expert_lora_adapters_split_with_their_experts_equal_one_process(tmp_path):
     """LoRA on every linear layer and expert projection: at ep2 each rank holds its experts' A and B, at tp2 the

@@ -35,9 +35,16 @@ experts split over ep x tp (rank share ep_index x tp + tp_index), each rank runs
 layer's tokens, and the same TP exit sums the ranks' outputs. This is how Megatron lays out EP larger than the
 data-parallel ranks (its EP folded onto the TP ranks).
 
-An all-to-all dispatcher (each EP rank's attention on its own rows, tokens sent only to the ranks of their experts)
-is what Ascend would use; it needs the data layout to give EP ranks distinct rows and an all-to-all this backend
-lacks, so it is not built (nothing here could verify it).
+The all-to-all dispatcher (Mesh.ep_dispatcher "alltoall", Megatron's moe_token_dispatcher_type of that name:
+AllToAllDispatcher) is the other way: the EP ranks hold distinct rows, so attention's work divides over them too;
+each rank routes its own tokens, sends them to its EP peers with the routing weights of each peer's experts, runs
+its experts on what every peer sent, and sends the outputs back, where each token's partial outputs are summed.
+Shapes are static, so every token goes to every peer (worst case, nothing dropped: the weights are zero off a
+peer's experts) and the exchange moves as many rows as an all-gather; sending only the routed rows needs an
+AlltoAllV with counts (dynamic shapes; not written). The exchange is MindSpore's AlltoAll on Ascend (written,
+unverified: this CPU backend has none) and the same exchange composed from AllReduce on CPU, where the model's
+values and gradients are checked against one process (tests/test_qwen3_moe_ep.py). The GRPO trainer's layouts use
+the all-gather dispatcher: its data layout gives EP ranks the same rows.
 
 Parameter names are MindFormers' (vllm-mindspore / MindFormers Qwen3-MoE and DeepSeek-V3 weight conversion):
 `feed_forward.routed_experts.router.dense.weight` (E, H) and `feed_forward.routed_experts.ffn.w1/w3.weight`
@@ -61,7 +68,8 @@ from mindrlhf.configs.model_config import ModelConfig
 from mindrlhf.models.cpu_cells import BMM, BMM_NT, BMM_TT
 from mindrlhf.models.lora import ADAPTER_A, ADAPTER_B
 from mindrlhf.models.graph_ops import expand_as, take
-from mindrlhf.models.tp_regions import CopyToTP, Identity, ReduceFromTP, ScaleGradient, copy_to_tp, leave_tp
+from mindrlhf.models.tp_regions import (CopyToTP, ExchangeDim0, Identity, ReduceFromTP, ScaleGradient, copy_to_tp,
+                                        leave_tp)
 from mindrlhf.parallel.mesh import Mesh
 
 PREFIX = "routed_experts"
@@ -364,6 +372,46 @@ class AllGatherDispatcher(nn.Cell):
         return self.leave(y)
 
 
+class AllToAllDispatcher(nn.Cell):
+    """The dispatcher when the EP ranks hold distinct rows (Mesh.ep_dispatcher "alltoall"; the module's
+    docstring). dispatch: this rank's N tokens and, for each EP peer j, the routing-weight columns of j's experts
+    go to j (exchange_dim0), so it returns every peer's tokens (ep x N, H) with the weights of its own experts;
+    combine sends each peer the outputs of its tokens and sums a token's ep partial outputs. The exchange is its
+    own transpose, so the tokens' and weights' gradients come back from the peers whose experts used them, and an
+    expert's weight gradient holds every EP rank's tokens: only the replicated parameters' gradients need a sum
+    over the EP ranks. With whole experts over the TP ranks (mesh.experts_over_tp) peer j's columns are those of
+    its share at this rank's TP index; the TP exit sums the TP ranks' outputs."""
+
+    def __init__(self, mesh: Mesh, num_experts: int):
+        super().__init__()
+        self.ep = mesh.ep
+        self.local = num_experts // mesh.expert_ranks
+        self.shares = mesh.tp if "tp" in mesh.expert_axes else 1        # TP ranks' shares inside an EP block
+        self.share = mesh.tp_index if self.shares > 1 else 0
+        self.exchange = ExchangeDim0(mesh.group("ep"), self.ep, mesh.index("ep"))
+
+    def dispatch(self, x, weights):
+        """x (N, H), weights (N, E) -> (every peer's tokens (ep x N, H), their weights of this rank's experts)."""
+        n, h = x.shape
+        w = take(ops.reshape(weights, (n, self.ep, self.shares, self.local)), 2, self.share, self.share + 1)
+        w = ops.transpose(ops.reshape(w, (n, self.ep, self.local)), (1, 0, 2))           # (ep, N, local)
+        xs = ops.broadcast_to(ops.expand_dims(x, 0), (self.ep, n, h))
+        return (ops.reshape(self.exchange(xs), (self.ep * n, h)),
+                ops.reshape(self.exchange(w), (self.ep * n, self.local)))
+
+    def combine(self, y):
+        """y (ep x N, H), this rank's experts' outputs for every peer's tokens -> (N, H) of its own tokens."""
+        back = self.exchange(ops.reshape(y, (self.ep, -1, y.shape[-1])))
+        return _SUM_AXIS0(back, 0)
+
+
+def dispatcher(mesh: Mesh, num_experts: int) -> nn.Cell:
+    """The dispatcher the mesh's rows call for: all-to-all where the EP ranks hold distinct rows."""
+    if mesh.ep > 1 and mesh.ep_dispatcher == "alltoall":
+        return AllToAllDispatcher(mesh, num_experts)
+    return AllGatherDispatcher(mesh, num_experts)
+
+
 class MoEFeedForward(nn.Cell):
     """A sparse layer's MLP: x (..., H) -> (..., H), token by token. Experts split over the mesh's `ep` axis, each
     expert's intermediate width over `tp` (see the module's docstring). Called inside the layer's TP region
@@ -378,7 +426,7 @@ class MoEFeedForward(nn.Cell):
             self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.expert_ranks, 1, lora)
         else:
             self.routed_experts = RoutedExperts(cfg, param_dtype, std, mesh.ep, mesh.tp, lora, mesh)
-        self.dispatcher = AllGatherDispatcher(mesh, cfg.num_experts)
+        self.dispatcher = dispatcher(mesh, cfg.num_experts)
         # Under TP every rank routes the same tokens alike and runs its share of each expert's width (or its own
         # experts): the routing weights' gradients are partial per rank (summed by enter_weights), the router's
         # input gradient then full on every rank, so it enters the region's sum scaled by 1 / tp (router_input)

@@ -19,9 +19,14 @@ With tp == 1 each is the identity and issues no collective. MindSpore's CPU back
 a subgroup nor ReduceScatter, so both sequence regions are composed from AllReduce(sum): a gather places the
 local part in a zero buffer and sums, a reduce-scatter sums and keeps this rank's part. Same values, more
 traffic (Ascend would use AllGather / ReduceScatter; not done here).
+
+One crossing between expert-parallel ranks that hold distinct rows (models/moe.AllToAllDispatcher):
+
+    exchange_dim0     forward all-to-all along dim 0, backward the same all-to-all of the gradient
 """
 from __future__ import annotations
 
+import mindspore as ms
 from mindspore import nn, ops
 
 from mindrlhf.models.graph_ops import take
@@ -203,6 +208,37 @@ class ReduceScatterSeq(nn.Cell):
 
     def bprop(self, x, out, dout):
         return (_gather_seq(self.all_reduce, dout, self.tp, self.index),)
+
+
+class ExchangeDim0(nn.Cell):
+    """All-to-all over a group of `size` ranks: x (size, ...) whose part [j] goes to rank j -> (size, ...) whose
+    part [j] came from rank j. The exchange is its own transpose, so its backward is the same exchange of the
+    gradient. On Ascend MindSpore's AlltoAll (written, unverified: this CPU backend has no all-to-all kernel); on
+    CPU composed from AllReduce(sum): each rank puts its buffer in row `index` of a (size, size, ...) zero block
+    and keeps column `index` of the sum (size times the traffic, the same values)."""
+
+    def __init__(self, group, size, index):
+        super().__init__()
+        self.size, self.index = size, index
+        self.use_all_to_all = ms.get_context("device_target") == "Ascend"
+        if self.use_all_to_all:
+            self.all_to_all = ops.AlltoAll(split_count=size, split_dim=0, concat_dim=0, group=group)
+        else:
+            self.all_reduce = ops.AllReduce(group=group)
+
+    def construct(self, x):
+        return self.exchange(x)
+
+    def bprop(self, x, out, dout):
+        return (self.exchange(dout),)
+
+    def exchange(self, x):
+        if self.use_all_to_all:
+            return self.all_to_all(x)
+        before = ops.zeros((self.index,) + x.shape, x.dtype)
+        after = ops.zeros((self.size - 1 - self.index,) + x.shape, x.dtype)
+        block = self.all_reduce(ops.concat((before, ops.expand_dims(x, 0), after), 0))      # [source, dest, ...]
+        return ops.reshape(take(block, 1, self.index, self.index + 1), x.shape)
 
 
 def copy_to_tp(mesh):

@@ -60,6 +60,9 @@ def group_for(ranks: Tuple[int, ...]) -> str:
     return _CREATED_GROUPS[ranks]
 
 
+EP_DISPATCHERS = ("allgather", "alltoall")     # Megatron's moe_token_dispatcher_type names (models/moe.py)
+
+
 @dataclass(frozen=True)
 class Mesh:
     """One role's arrangement of ranks over named axes and this rank's place in it.
@@ -74,11 +77,14 @@ class Mesh:
     seq_parallel: bool = False      # activations outside attention/MLP split along the sequence over TP ranks
     extra_axes: Tuple[Tuple[str, int], ...] = ()    # (name, size) between dp and tp, e.g. a context axis
     experts_over_tp: bool = False   # MoE: the TP ranks hold other whole experts, not a share of each one's width
+    ep_dispatcher: str = "allgather"    # MoE: "allgather", the EP ranks share their rows; "alltoall", distinct rows
 
     def __post_init__(self):
         names = [a for a, _ in self.axes]
         if len(set(names)) != len(names):
             raise ConfigError(f"mesh axes {names}: a name is used twice")
+        if self.ep_dispatcher not in EP_DISPATCHERS:
+            raise ConfigError(f"mesh ep_dispatcher {self.ep_dispatcher!r}: expected one of {list(EP_DISPATCHERS)}")
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside a mesh of " +
                               " x ".join(f"{_AXIS_KEYS.get(a, a)}={n}" for a, n in self.axes))
@@ -138,8 +144,10 @@ class Mesh:
     @property
     def row_replica_axes(self) -> Tuple[str, ...]:
         """The axes whose ranks hold the same rows of a batch (tp, and any extra axis such as ep: the all-gather
-        dispatcher replicates the tokens over the EP ranks); only pp and dp tell ranks' rows apart."""
-        return tuple(a for a, _ in self.axes if a not in ("pp", "dp"))
+        dispatcher replicates the tokens over the EP ranks); only pp and dp tell ranks' rows apart, and ep too
+        under the all-to-all dispatcher (models/moe.AllToAllDispatcher: each EP rank its own rows)."""
+        distinct = ("pp", "dp") + (("ep",) if self.ep_dispatcher == "alltoall" else ())
+        return tuple(a for a, _ in self.axes if a not in distinct)
 
     @property
     def is_row_leader(self) -> bool:

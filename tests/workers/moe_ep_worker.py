@@ -3,7 +3,8 @@ an `ep` axis of 2 ranks, each expert's width over a `tp` axis of 2, or whole exp
 (moe_tp_extend_ep), against one process on the same weights: logits, the loss and every parameter's gradient (op
 by op and in one compiled graph, as the train step takes them); with LoRA on every linear layer and expert (the experts' adapters
 split with their experts and widths), the adapters' gradients. With 4 workers: ep2 x tp2 with sequence
-parallelism, and ep2 x tp2 with the experts over both (a quarter of the experts, whole, on each rank).
+parallelism, and ep2 x tp2 with the experts over both (a quarter of the experts, whole, on each rank). With 2
+workers also ep2 under the all-to-all dispatcher, each rank on its own half of the rows.
 
 argv: hf_dir out_dir [lora] (and the worker count from msrun; `lora`: only the LoRA layouts, 2 workers). Writes
 out_dir/rank_{r}.npz with what tests/test_qwen3_moe_ep.py compares.
@@ -73,6 +74,20 @@ def lora_results(hf_dir, cfg, ids, meshes):
     return result
 
 
+def distinct_rows_results(hf_dir, cfg, ids, rank, tag):
+    """ep2 with the all-to-all dispatcher: rank r holds rows [2r, 2r + 2) of `ids` and half of the experts; its
+    logits, mean loss and gradients (op by op and compiled) on its own rows, which the test sums over the ranks."""
+    model = load_ours(hf_dir, cfg, Mesh(dp=1, tp=1, rank=rank, extra_axes=(("ep", 2),), ep_dispatcher="alltoall"))
+    mine = ids[2 * rank:2 * rank + 2]
+    names = [p.name for p in model.get_parameters()]
+    result = {tag + "_shapes": np.array([str((p.name, tuple(p.shape))) for p in model.get_parameters()]),
+              tag + "_logits": model.full_logits(*model_inputs(mine)).asnumpy()}
+    result[tag + "_loss"], grads = token_loss_and_grads(model, mine, names)
+    result.update({f"{tag}_grad/{n}": g for n, g in grads.items()})
+    result.update({f"{tag}_jitgrad/{n}": g for n, g in compiled_grads(model, mine).items()})
+    return result
+
+
 def main():
     hf_dir, out_dir = sys.argv[1], sys.argv[2]
     rank, world = init_distributed()
@@ -95,6 +110,9 @@ def main():
         {"eptp": (Mesh(dp=1, tp=2, rank=rank, seq_parallel=True, extra_axes=(("ep", 2),)), cfg),
          "eptpx": (Mesh(dp=1, tp=2, rank=rank, seq_parallel=True, extra_axes=(("ep", 2),), experts_over_tp=True),
                    cfg)}
+    if world == 2:
+        for tag, layout_cfg in (("a2a", cfg), ("a2a_sorted", sorted_cfg)):
+            result.update(distinct_rows_results(hf_dir, layout_cfg, ids, rank, tag))
     ref_routing = _routing(load_ours(hf_dir, cfg), ids) if world == 4 else None
     for tag, (mesh, layout_cfg) in layouts.items():
         model = load_ours(hf_dir, layout_cfg, mesh)
