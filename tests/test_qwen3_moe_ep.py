@@ -69,7 +69,7 @@ def test_all_to_all_dispatcher_on_distinct_rows_equals_one_process(results, tag)
     other rank's experts and back. Each rank's logits are one process's on its rows, the mean of the ranks' losses
     is one process's (equal token counts), the replicated parameters' gradients averaged over the ranks and each
     rank's expert gradients halved (the exchange's backward already brought the other rank's tokens) are one
-    process's gradients, op by op and compiled (1e-5; a_sorted: each rank's experts sorted by expert, the peers'
+    process's gradients, op by op and compiled (1e-5; a2a_sorted: each rank's experts sorted by expert, the peers'
     tokens routed elsewhere holding zero weights)."""
     layouts = layouts_for(ModelConfig(**qwen3_moe_model_kwargs(mlp_only=(0,))), 2, 1, ep=2)
     ref = results[0]
