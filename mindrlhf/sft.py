@@ -140,7 +140,7 @@ class _Run:
         self.train = tokenize_conversations(cfg.dataset, template, tokenizer, cfg.max_length, self.pad_id)
         self.eval = tokenize_conversations(cfg.eval_dataset, template, tokenizer, cfg.max_length, self.pad_id) \
             if cfg.eval_dataset else None
-        n, b, dp = len(self.train.ids), cfg.batch_size, self.mesh.dp
+        n, b, dp = len(self.train.ids), cfg.batch_size, self.mesh.row_ways
         if b % dp or b > n:
             rows = f"{dp} data-parallel group(s) of distinct rows" if self.mesh.ep > 1 else \
                 f"{dp} data-parallel rank(s)"
@@ -168,8 +168,8 @@ class _Run:
 
 
 def _my_rows(rows: np.ndarray, mesh) -> np.ndarray:
-    per = len(rows) // mesh.dp
-    return rows[mesh.dp_index * per:(mesh.dp_index + 1) * per]
+    per = len(rows) // mesh.row_ways
+    return rows[mesh.row_index * per:(mesh.row_index + 1) * per]
 
 
 def eval_loss(run: _Run, batch_size: int) -> float:
@@ -179,11 +179,12 @@ def eval_loss(run: _Run, batch_size: int) -> float:
     from mindrlhf.trainer import exchange
     from mindrlhf.trainer.sft import sft_inputs
     table, mesh = run.eval, run.mesh
-    chunk = batch_size // mesh.dp
-    mine = np.arange(mesh.dp_index, len(table.ids), mesh.dp)
-    count = -(-len(table.ids) // mesh.dp)              # every replica runs as many chunks (ceil)
+    ways, share = mesh.row_ways, mesh.row_index
+    chunk = batch_size // ways
+    mine = np.arange(share, len(table.ids), ways)
+    count = -(-len(table.ids) // ways)                 # every replica runs as many chunks (ceil)
     mine = np.concatenate([mine, np.zeros(count - len(mine), np.int64)])
-    weight = np.arange(count) < len(np.arange(mesh.dp_index, len(table.ids), mesh.dp))
+    weight = np.arange(count) < len(np.arange(share, len(table.ids), ways))
     total = 0.0
     for start in range(0, count, chunk):
         rows = np.resize(mine[start:start + chunk], chunk)
@@ -213,7 +214,7 @@ def train(cfg: SFTConfig, log: Callable = print) -> Optional[List[dict]]:
         watchdog.enter("sft")
         rows = run.rows(step, cfg)
         mine = _my_rows(rows, run.mesh)
-        token_norm = max(float(run.train.loss_mask[rows, 1:].sum()), 1.0) / run.mesh.dp
+        token_norm = max(float(run.train.loss_mask[rows, 1:].sum()), 1.0) / run.mesh.row_ways
         lr = lr_at(step, cfg.lr, cfg.warmup_steps, run.total, cfg.min_lr)
         inputs = sft_inputs(run.train.ids[mine], run.train.loss_mask[mine], run.train.lengths[mine])
         router, aux = (), None           # a Qwen3-MoE's aux loss: its gradient on the router probabilities
@@ -221,7 +222,7 @@ def train(cfg: SFTConfig, log: Callable = print) -> Optional[List[dict]]:
             grad, aux = aux_loss_gradient(run.routing, inputs, run.train.lengths[mine], run.aux_coef, run.mesh)
             router = (grad,)
         loss, grad_norm = run.step_fn(*inputs, Tensor(np.float32(token_norm)), Tensor(np.float32(lr)), *router)
-        loss = float(exchange.sum_over_replicas([float(loss.asnumpy())], run.mesh)[0]) / run.mesh.dp
+        loss = float(exchange.sum_over_replicas([float(loss.asnumpy())], run.mesh)[0]) / run.mesh.row_ways
         row = {"loss": loss, "grad_norm": float(grad_norm.asnumpy()), "lr": lr, "time_elapsed": time.time() - t0}
         if aux is not None:
             row["moe/aux_loss"] = aux

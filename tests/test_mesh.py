@@ -78,6 +78,31 @@ def test_the_ep_dispatcher_decides_whether_ep_ranks_share_their_rows():
         Mesh(dp=1, tp=1, extra_axes=(("ep", 2),), ep_dispatcher="all_to_all")
 
 
+def test_row_shares_count_the_ep_ranks_only_under_the_all_to_all_dispatcher():
+    """A stage's rows split over dp (all-gather: the EP ranks share theirs) or over dp x ep (all-to-all), dp outer:
+    what the trainer's row split, token-mean denominator and gradient mean read (Mesh.row_ways / row_index)."""
+    for rank, want in enumerate([(0, (0, 2)), (0, (1, 3)), (1, (0, 2)), (1, (1, 3))]):     # [dp, ep]
+        shared = Mesh(dp=2, tp=1, rank=rank, extra_axes=(("ep", 2),))
+        assert (shared.row_axes, shared.row_ways, shared.row_index) == (("dp",), 2, want[0])
+        assert shared.row_ranks() == tuple(r for r in range(4) if r % 2 == rank % 2)
+        distinct = Mesh(dp=2, tp=1, rank=rank, extra_axes=(("ep", 2),), ep_dispatcher="alltoall")
+        assert (distinct.row_axes, distinct.row_ways, distinct.row_index) == (("dp", "ep"), 4, rank)
+        assert distinct.row_ranks() == (0, 1, 2, 3)
+    tp = Mesh(dp=1, tp=2, rank=3, extra_axes=(("ep", 2),), ep_dispatcher="alltoall")          # [ep, tp]
+    assert (tp.row_ways, tp.row_index, tp.row_ranks()) == (2, 1, (1, 3))
+
+
+def test_one_model_serves_two_roles_only_on_the_same_layout():
+    """Mesh.same_layout (trainer/build.py: the policy serves the rollout only then): equal axes are not enough
+    when the experts split otherwise (moe_tp_extend_ep) or the EP ranks dispatch otherwise; a rollout on the train
+    model's all-to-all dispatcher would have its EP ranks exchange tokens while each decodes to its own end."""
+    base = Mesh(dp=1, tp=2, extra_axes=(("ep", 2),))
+    assert base.same_layout(Mesh(dp=1, tp=2, extra_axes=(("ep", 2),)))
+    assert not base.same_layout(Mesh(dp=1, tp=2, extra_axes=(("ep", 2),), experts_over_tp=True))
+    assert not base.same_layout(Mesh(dp=1, tp=2, extra_axes=(("ep", 2),), ep_dispatcher="alltoall"))
+    assert not base.same_layout(Mesh(dp=2, tp=2))
+
+
 @pytest.mark.parametrize("axes, dp, want", [((("ep", 2),), 1, [0]), ((("ep", 2),), 2, [0, 2]), ((), 2, [0, 1])])
 def test_gathered_samples_come_once_from_each_row_group(monkeypatch, axes, dp, want):
     """exchange.gather_samples keeps one rank per group of ranks holding the same rows: under an infer ep axis

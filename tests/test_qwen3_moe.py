@@ -629,3 +629,50 @@ def test_a_moe_models_graphs_compile_without_analyzer_warnings(tmp_path):
     assert "logp (2, 4)" in proc.stdout and "sft ()" in proc.stdout and "step 1" in proc.stdout
     warned = [line for line in proc.stdout.splitlines() if "ANALYZER" in line and "WARNING" in line]
     assert not warned, warned
+
+
+def test_the_all_to_all_dispatcher_is_refused_where_the_ep_ranks_could_not_keep_in_step(moe, tmp_path):
+    """parallel_config.moe_token_dispatcher_type alltoall (each EP rank its own rows, exchanged in every MoE
+    layer's pass): refused with pipeline stages or sequence parallelism (written for whole rows of one stage) and
+    with sequence packing (packed rows, and so forwards, differ in number from rank to rank); a name that is not a
+    dispatcher is refused by its field, naming the choices; a separate rollout YAML's alltoall is reported as
+    not applying to the rollout."""
+    import yaml
+    from grpo_helpers import grpo_overrides, make_grpo_assets
+    from mindrlhf.configs.compat.hf import main
+    from mindrlhf.configs.grpo_load import load_grpo_config
+    from mindrlhf.configs.model_config import ParallelConfig
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer
+    folder = moe[0]
+    cfg = load_model_yaml(folder).model
+    a2a = dict(data_parallel=2, expert_parallel=2, moe_token_dispatcher_type="alltoall")
+    ParallelConfig(**a2a).check_model(cfg)
+    with pytest.raises(ConfigError, match=r"moe_token_dispatcher_type: alltoall with parallel_config.pipeline_stage 2"):
+        ParallelConfig(**a2a, pipeline_stage=2).check_model(cfg)
+    with pytest.raises(ConfigError, match=r"alltoall with parallel_config.use_seq_parallel True"):
+        ParallelConfig(**a2a, model_parallel=2, use_seq_parallel=True).check_model(cfg)
+    out = tmp_path / "moe.yaml"
+    assert main([folder, "--data_parallel", "2", "--expert_parallel", "2", "-o", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    doc["parallel_config"]["moe_token_dispatcher_type"] = "all_to_all"
+    out.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"moe.yaml: parallel_config.moe_token_dispatcher_type: expected one of "
+                                          r"\['allgather', 'alltoall'\], got 'all_to_all'"):
+        load_model_yaml(str(out))
+    doc["parallel_config"]["moe_token_dispatcher_type"] = "alltoall"
+    out.write_text(yaml.safe_dump(doc))
+    assert load_model_yaml(str(out)).parallel.moe_token_dispatcher_type == "alltoall"
+    assets = make_grpo_assets(str(tmp_path / "assets"))
+    overrides = grpo_overrides(dict(assets, sft_path_train=folder), str(tmp_path / "run"), sequence_packing=True,
+                               train_data_parallel=2, train_expert_parallel=2,
+                               train_moe_token_dispatcher_type="alltoall")
+    with pytest.raises(ConfigError, match=r"engine.sequence_packing: the train layout's moe_token_dispatcher_type "
+                                          r"is alltoall"):
+        GRPOTrainer(load_grpo_config(None, overrides), log=lambda *a: None)
+    logs = []
+    overrides = grpo_overrides(dict(assets, sft_path_train=folder, sft_path_infer=str(out)), str(tmp_path / "run2"),
+                               use_parallel=False)
+    with pytest.raises(ConfigError):            # the infer YAML asks for 2 ranks; its alltoall is said first
+        GRPOTrainer(load_grpo_config(None, overrides), log=lambda *a, **k: logs.append(" ".join(map(str, a))))
+    assert any("parallel_config.moe_token_dispatcher_type" in line and "applies to the train layout" in line
+               for line in logs), logs

@@ -169,16 +169,16 @@ def _grpo_flags(tmp_path, assets, folder, name, **extra):
                      "progress": False, "export_hf": True, **extra})
 
 
-def _grpo_runs(tmp_path, layouts, single=None, aux_coef=0.5, workers=2, layers=2):
+def _grpo_runs(tmp_path, layouts, single=None, aux_coef=0.5, workers=2, layers=2, mlp_only=(0,)):
     """A single process, then each {name: flags} under 2 msrun workers, on one Qwen3-MoE folder whose
     router_aux_loss_coef (0.5) makes the load-balancing loss a large share of every gradient (trainer/aux_loss.py:
     its counts are summed over the train-DP replicas and its gradient scaled by dp). `single`: the one process's
-    extra flags."""
+    extra flags; `mlp_only`: the dense layers (engine.layerwise_update needs layers alike: none)."""
     from grpo_helpers import WORKER, make_grpo_assets
     from mindrlhf.trainer.metrics import read_metrics
     assets = make_grpo_assets(str(tmp_path / "assets"), rows=16)
     folder = str(tmp_path / "Qwen3-MoE-tiny")
-    make_qwen3_moe_model(folder, layers=layers, vocab=416, mlp_only=(0,), aux_coef=aux_coef)
+    make_qwen3_moe_model(folder, layers=layers, vocab=416, mlp_only=mlp_only, aux_coef=aux_coef)
     proc = subprocess.run([sys.executable, WORKER] + _grpo_flags(tmp_path, assets, folder, "single", **(single or {})),
                           env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=900)
@@ -230,6 +230,24 @@ def test_grpo_train_ep2_infer_dp2_follows_one_process(tmp_path):
     runs = _grpo_runs(tmp_path, {"ep2": {"train_expert_parallel": 2, "batch_size": 2}})
     _same_trajectory(runs["single"], runs["ep2"])
     _same_export(tmp_path, "ep2")
+
+
+A2A = {"train_expert_parallel": 2, "train_moe_token_dispatcher_type": "alltoall", "batch_size": 2,
+       "mini_batch_size": 4}
+
+
+def test_grpo_train_ep2_all_to_all_follows_one_process(tmp_path):
+    """Train data_parallel 2 as expert_parallel 2 with the all-to-all dispatcher (each rank its own 8 rows of a
+    step, 4 per update, and half the experts: its tokens go to the experts' rank and come back) / infer dp2: the
+    aux loss on (its counts over both ranks' rows, its gradient scaled by the 2 row shares) and KL to a reference
+    model on the train layout (its passes exchange tokens too). The same samples and per-step metrics as one
+    process, and the exported policy within 1e-5, experts included: the replicated parameters' gradients are
+    averaged over both ranks, each expert's, which already holds both ranks' tokens, only divided by 2."""
+    runs = _grpo_runs(tmp_path, {"a2a": A2A})
+    _same_trajectory(runs["single"], runs["a2a"])
+    _same_export(tmp_path, "a2a")
+    log = open(tmp_path / "a2a" / "log" / "worker_0.log").read()
+    assert "ep=2 (all-to-all: each EP rank its own rows)" in log
 
 
 @pytest.mark.slow       # ~50 s; the experts' adapters against PEFT and at ep2 / tp2 are tested in tests/test_lora.py
@@ -326,3 +344,14 @@ def test_grpo_train_pp2_by_ep2_with_the_aux_loss_and_r2_follows_one_process(tmp_
                       single={"router_replay": "r2"}, workers=4)
     _same_trajectory(runs["single"], runs["pp2_ep2"])
     _same_export(tmp_path, "pp2_ep2")
+
+
+@pytest.mark.slow       # ~75 s; the one-graph update's all-to-all run is in the default run
+def test_grpo_layerwise_update_with_the_all_to_all_dispatcher_follows_one_process(tmp_path):
+    """engine.layerwise_update (a graph per decoder layer, the gradients summed in buffers and averaged from the
+    host: update/accumulate.py) under the all-to-all dispatcher: the experts' buffers are averaged apart from the
+    others (grad_sync.DPMeanInPlace(experts=True)); the same trajectory and export as one process."""
+    runs = _grpo_runs(tmp_path, {"a2a_layerwise": dict(A2A, layerwise_update=True)}, single={"layerwise_update": True},
+                      mlp_only=())
+    _same_trajectory(runs["single"], runs["a2a_layerwise"])
+    _same_export(tmp_path, "a2a_layerwise")

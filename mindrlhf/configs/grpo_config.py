@@ -357,6 +357,10 @@ class LayoutConfig(_Section):
                                     "(parallel_config.micro_batch_num; with pipeline stages)")
     train_expert_parallel: int = _f(0, "train layout, MoE models: expert-parallel ranks (parallel_config."
                                     "expert_parallel; taken from data_parallel)")
+    train_moe_token_dispatcher_type: str = _f("", "train layout, MoE models with expert parallelism: allgather (the "
+                                              "EP ranks share their rows) or alltoall (each its own rows; parallel_"
+                                              "config.moe_token_dispatcher_type); empty: the model YAML's",
+                                              choices=("", "allgather", "alltoall"))
     train_use_seq_parallel: bool = _f(False, "train layout: Megatron sequence parallelism over the model_parallel "
                                       "ranks (parallel_config.use_seq_parallel; true turns it on)")
     train_moe_tp_extend_ep: bool = _f(False, "train layout, MoE models: the model_parallel ranks hold other whole "
@@ -463,7 +467,8 @@ class GRPOConfig(_Section):
         if self.rl.beta < 0:
             raise ConfigError(f"rl.beta: expected >= 0, got {self.rl.beta}")
         for f in dataclasses.fields(self.parallel):
-            if f.name != "train_offset" and getattr(self.parallel, f.name) < 0:     # offsets may be negative
+            value = getattr(self.parallel, f.name)      # offsets may be negative; the dispatcher is a name
+            if f.name != "train_offset" and isinstance(value, (int, float)) and value < 0:
                 raise ConfigError(f"parallel.{f.name}: expected >= 0 (0: the model YAML's), got "
                                   f"{getattr(self.parallel, f.name)}")
         if not 0 <= self.rl.clip_low < 1 or self.rl.clip_high < 0:

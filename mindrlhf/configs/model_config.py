@@ -17,6 +17,10 @@ import yaml
 from mindrlhf.configs.errors import ConfigError
 from mindrlhf.configs.fields import help_field as _f
 
+# Megatron's / MindSpeed's moe_token_dispatcher_type names for the two expert-parallel token dispatchers
+# (models/moe.py): the EP ranks share their rows, or hold distinct ones
+EP_DISPATCHERS = ("allgather", "alltoall")
+
 DTYPES = ("float32", "float16", "bfloat16")
 # how a sparse layer computes its experts (models/moe.ExpertsFFN): every expert on every token, or sorted by expert
 EXPERT_COMPUTE = ("auto", "dense", "sorted")
@@ -217,9 +221,14 @@ class ParallelConfig:
     micro_batch_interleave_num: int = _f(1, "each micro-batch cut in this many parts, run one after another, "
                                          "gradients summed (a smaller activation peak)")
     expert_parallel: int = _f(1, "MoE models: expert-parallel ranks, each holding num_experts / expert_parallel of "
-                              "every sparse layer's experts. As in MindFormers it divides data_parallel; here the "
-                              "EP ranks see the same tokens (all-gather dispatcher), so data_parallel / "
-                              "expert_parallel groups hold distinct rows")
+                              "every sparse layer's experts. As in MindFormers it divides data_parallel; with the "
+                              "all-gather dispatcher the EP ranks see the same tokens, so data_parallel / "
+                              "expert_parallel groups hold distinct rows; with all-to-all every rank does")
+    moe_token_dispatcher_type: str = _f("allgather", "MoE models with expert_parallel > 1 (Megatron's name): "
+                                        "allgather, the EP ranks share their rows and each runs its experts on "
+                                        "all of them; alltoall, every EP rank its own rows, sent to the ranks "
+                                        "holding their experts and back (the train layout only; the rollout "
+                                        "keeps allgather)", choices=EP_DISPATCHERS)
     moe_tp_extend_ep: bool = _f(False, "MoE models (MindSpeed's name; Megatron's expert_tensor_parallel_size 1): the "
                                 "model_parallel ranks hold other whole experts instead of a share of every "
                                 "expert's width, so experts split over expert_parallel x model_parallel ranks")
@@ -237,6 +246,9 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{where}.{name}: expected a positive integer, got {value!r}")
+        if self.moe_token_dispatcher_type not in EP_DISPATCHERS:
+            raise ConfigError(f"{where}.moe_token_dispatcher_type: expected one of {list(EP_DISPATCHERS)}, got "
+                              f"{self.moe_token_dispatcher_type!r}")
 
     def check_model(self, model: ModelConfig, where: str = "parallel_config",
                     names: Optional[Dict[str, str]] = None):
@@ -263,6 +275,13 @@ class ParallelConfig:
                               f"moe_intermediate_size={model.moe_intermediate_size} (each TP rank holds an equal "
                               f"share of every expert's intermediate width)")
         ep = self.expert_parallel
+        if self.moe_token_dispatcher_type == "alltoall" and ep > 1:
+            for key, on in (("pipeline_stage", self.pipeline_stage > 1),
+                            ("use_seq_parallel", self.use_seq_parallel and tp > 1)):
+                if on:
+                    raise ConfigError(f"{name('moe_token_dispatcher_type')}: alltoall with {name(key)} "
+                                      f"{getattr(self, key)} is not supported (the all-to-all dispatcher runs on "
+                                      f"whole rows of one stage); use allgather")
         if ep > 1:
             if not model.num_experts:
                 raise ConfigError(f"{name('expert_parallel')}={ep}: the model has no experts (model.model_config."

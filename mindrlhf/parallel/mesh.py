@@ -13,6 +13,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from mindrlhf.configs.errors import ConfigError
+from mindrlhf.configs.model_config import EP_DISPATCHERS
 
 _CREATED_GROUPS: Dict[Tuple[int, ...], str] = {}
 _INITIALIZED = False
@@ -60,7 +61,6 @@ def group_for(ranks: Tuple[int, ...]) -> str:
     return _CREATED_GROUPS[ranks]
 
 
-EP_DISPATCHERS = ("allgather", "alltoall")     # Megatron's moe_token_dispatcher_type names (models/moe.py)
 
 
 @dataclass(frozen=True)
@@ -150,9 +150,45 @@ class Mesh:
         return tuple(a for a, _ in self.axes if a not in distinct)
 
     @property
+    def row_axes(self) -> Tuple[str, ...]:
+        """The axes of a stage whose ranks hold distinct rows of a batch, outermost first: dp, and ep under the
+        all-to-all dispatcher."""
+        return tuple(a for a, _ in self.axes if a != "pp" and a not in self.row_replica_axes)
+
+    @property
+    def row_ways(self) -> int:
+        """How many distinct shares a stage's rows split into: dp, times ep under the all-to-all dispatcher.
+        What a batch's rows, its token-mean's denominator and the gradients' mean divide by."""
+        return int(np.prod([self.size(a) for a in self.row_axes]))
+
+    @property
+    def row_index(self) -> int:
+        """This rank's share of the rows, dp outer, ep inner: in [0, row_ways)."""
+        index = 0
+        for a in self.row_axes:
+            index = index * self.size(a) + self.index(a)
+        return index
+
+    def row_ranks(self) -> Tuple[int, ...]:
+        """The ranks of this stage at this rank's index on every row-replica axis: one per share of the rows."""
+        return self.ranks_where(pp=self.stage, **{a: self.index(a) for a in self.row_replica_axes})
+
+    @property
+    def row_group(self) -> Optional[str]:
+        """Communication group of row_ranks (the one a replicated parameter's gradient is averaged over); None
+        when the rows do not split."""
+        return group_for(self.row_ranks()) if self.row_ways > 1 else None
+
+    @property
     def is_row_leader(self) -> bool:
         """Whether this rank speaks for the ranks that hold its rows (index 0 of every row-replica axis)."""
         return self.is_leader(*self.row_replica_axes)
+
+    def same_layout(self, other: "Mesh") -> bool:
+        """Whether a model built on `other` is laid out and runs as one built on this mesh: the same axes, expert
+        split and token dispatcher (what lets one model serve two roles)."""
+        return (self.axes, self.experts_over_tp, self.ep_dispatcher) == \
+            (other.axes, other.experts_over_tp, other.ep_dispatcher)
 
     def axis_size(self, axis: str) -> int:
         """size(axis), and 1 for an axis this mesh does not have (a dense model's mesh has no ep)."""
@@ -186,7 +222,9 @@ class Mesh:
     def sizes(self) -> str:
         """"dp=.. ep=.. tp=..": the row and tensor axes' sizes as start-up lines say them (ep only when split;
         "experts over ep x tp" when the TP ranks hold whole experts)."""
-        return f"dp={self.dp}" + (f" ep={self.ep}" if self.ep > 1 else "") + f" tp={self.tp}" + \
+        return f"dp={self.dp}" + (f" ep={self.ep}" if self.ep > 1 else "") + \
+            (" (all-to-all: each EP rank its own rows)" if self.ep > 1 and self.ep_dispatcher == "alltoall" else "") + \
+            f" tp={self.tp}" + \
             (f" (experts over {' x '.join(self.expert_axes)})" if self.experts_over_tp and self.tp > 1 else "")
 
     @property
@@ -261,8 +299,9 @@ def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:
         raise ConfigError(f"{role} parallel_config: data_parallel={parallel.data_parallel} x "
                           f"model_parallel={parallel.model_parallel} x pipeline_stage={parallel.pipeline_stage} = "
                           f"{parallel.world_size} ranks, but the job has {world_size} (msrun --worker_num)")
-    ep = parallel.expert_parallel     # taken from data_parallel (MindFormers'): the EP ranks share their rows
+    ep = parallel.expert_parallel     # taken from data_parallel (MindFormers'): rows shared or not, by the dispatcher
     return Mesh(dp=parallel.data_parallel // ep, tp=parallel.model_parallel, rank=rank, pp=parallel.pipeline_stage,
                 seq_parallel=parallel.use_seq_parallel and parallel.model_parallel > 1,
                 extra_axes=(("ep", ep),) if ep > 1 else (),
-                experts_over_tp=parallel.moe_tp_extend_ep and parallel.model_parallel > 1)
+                experts_over_tp=parallel.moe_tp_extend_ep and parallel.model_parallel > 1,
+                ep_dispatcher=parallel.moe_token_dispatcher_type if ep > 1 else "allgather")

@@ -1,7 +1,7 @@
 """Qwen3-MoE's load-balancing loss in the GRPO update (router_aux_loss_coef; MindSpeed-RL's moe_aux_loss_coeff).
 
 transformers' form (load_balancing_loss_func; models/moe.load_balancing_loss) over one global mini-batch: the L
-sparse layers' routings of its N real input tokens (prompts and responses, padding out, on every train-DP replica)
+sparse layers' routings of its N real input tokens (prompts and responses, padding out, on every row share of the train layout)
 pooled,
 
     aux = E * sum_e f_e * P_e,    f_e = C_e / (L N),    P_e = S_e / (L N),
@@ -9,8 +9,9 @@ pooled,
 C_e the top-k slots that went to expert e and S_e the sum of the router probabilities of e. f is a count, so aux is
 linear in every token's router probabilities: d aux / d p[l, t, e] = E C_e / (L N)^2, the same for every layer and
 real token. The update therefore needs no forward of its own for it: `router_grad` computes that gradient per
-mini-batch from the counts of the whole global mini-batch (summed over the train-DP replicas), times the
-coefficient and the train dp (the update averages gradients over DP ranks), and the graphs add it to the router
+mini-batch from the counts of the whole global mini-batch (summed over the train layout's row shares), times the
+coefficient and the number of shares (Mesh.row_ways: the train dp, times ep under the all-to-all dispatcher; the
+update averages gradients over them), and the graphs add it to the router
 probabilities' gradient (models/moe.AuxLossGradient). Micro-batches and DP / EP / TP layouts so get the gradient
 one process gets with the whole mini-batch; TRL and Megatron take f and P per micro-batch instead.
 
@@ -42,7 +43,7 @@ def router_grad(ids: np.ndarray, prob_sums: np.ndarray, keep: np.ndarray, mini_b
 
     ids (N, T, L, k): the experts the update's forward uses per input token; prob_sums (N, T, E): the router
     probabilities summed over the sparse layers (the routing pass); keep (N, T) bool: the real tokens. Rows come
-    mini-batch by mini-batch, `mini_batch` each; the counts are summed over the train-DP replicas of `mesh`."""
+    mini-batch by mini-batch, `mini_batch` each; the counts are summed over the row shares of `mesh`."""
     rows, _, layers, _ = ids.shape
     batches = rows // mini_batch
     counts = np.zeros((batches, num_experts), np.float64)
@@ -58,6 +59,6 @@ def router_grad(ids: np.ndarray, prob_sums: np.ndarray, keep: np.ndarray, mini_b
     totals = totals.reshape(batches, 2 * num_experts + 1)
     counts, probs, slots = totals[:, :num_experts], totals[:, num_experts:-1], np.maximum(totals[:, -1:], 1) * layers
     aux = num_experts * (counts / slots * probs / slots).sum(1)
-    per_expert = coef * mesh.dp * num_experts * counts / slots ** 2                        # (batches, E)
+    per_expert = coef * mesh.row_ways * num_experts * counts / slots ** 2                  # (batches, E)
     grad = keep[:, :, None] * np.repeat(per_expert, mini_batch, 0)[:, None, :]
     return grad.astype(np.float32), float(aux.mean())

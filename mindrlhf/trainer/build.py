@@ -69,7 +69,7 @@ def build_models(run: ResolvedRun, log: Callable) -> Models:
     paths = run.cfg.run
     policy = model_with_weights(run.model_cfg, run.train_mesh, paths.load_sft_checkpoint_train, run.lora, log)
     t, i = run.train_mesh, run.infer_mesh
-    if t.axes == i.axes and run.infer_model_cfg.param_init_type == run.model_cfg.param_init_type:
+    if t.same_layout(i) and run.infer_model_cfg.param_init_type == run.model_cfg.param_init_type:
         rollout = policy                   # the seam: one model serves both roles
     else:
         rollout = CausalLM(run.infer_model_cfg, run.infer_mesh, random_init=False)

@@ -175,7 +175,7 @@ class GRPOTrainer:
         if rl.mask_truncated_completions:
             train_mask = train_mask * samples.finished[:, None]
         advantages = compute_advantages(rl.adv_estimator, rewards, rl.num_generations, rl.adv_norm_std, train_mask)
-        mine = self.geometry.rows_of(self.train_mesh.dp_index)
+        mine = self.geometry.rows_of(self.train_mesh.row_index)
         my_samples = samples.take(mine)
         if self.run.shared_prompt[0]:
             my_samples.check_groups(self.run.shared_prompt[0])

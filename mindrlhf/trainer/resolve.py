@@ -192,14 +192,22 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     if infer_yaml.parallel.use_seq_parallel and not one_file:
         infer_yaml.ignored.append(("parallel_config.use_seq_parallel", "sequence parallelism applies to the "
                                    "train layout; the rollout keeps whole activations"))
+    if infer_yaml.parallel.moe_token_dispatcher_type == "alltoall" and infer_yaml.parallel.expert_parallel > 1 \
+            and not one_file:
+        infer_yaml.ignored.append(("parallel_config.moe_token_dispatcher_type", "alltoall applies to the train "
+                                   "layout; the rollout's EP ranks decode the same prompts (allgather), as their "
+                                   "decode steps must run in lockstep"))
     _report_ignored(cfg, yamls, log)
     _check_layouts(cfg, train_yaml, infer_yaml)
     par = train_yaml.parallel
     # micro-batches per update: the pipeline's, each cut into micro_batch_interleave_num parts
     micro_batches = (par.micro_batch_num if par.pipeline_stage > 1 else 1) * par.micro_batch_interleave_num
     train_mesh = mesh_for(par, world, rank, "train (sft_path_train)")
-    # the rollout runs prefill/decode on whole sequences: sequence parallelism is a training layout's
-    infer_mesh = mesh_for(dataclasses.replace(infer_yaml.parallel, use_seq_parallel=False), world, rank,
+    # the rollout runs prefill/decode on whole sequences: sequence parallelism is a training layout's; and its EP
+    # ranks share their prompts (each rank's decode loop ends when its own rows do: all-to-all would leave a peer
+    # waiting in an exchange)
+    infer_mesh = mesh_for(dataclasses.replace(infer_yaml.parallel, use_seq_parallel=False,
+                                              moe_token_dispatcher_type="allgather"), world, rank,
                           "infer (sft_path_infer)")
     for path, what in ((run.load_sft_checkpoint_train, "load_sft_checkpoint_train"),
                        (run.load_sft_checkpoint_infer, "load_sft_checkpoint_infer"),
@@ -217,7 +225,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
                                            infer_mesh.dp_index, run.seed, pad_id, shuffle=run.shuffle), tokenizer, log)
     prompt_width = dataset.table["prompt_ids"].shape[1]
     _check_lengths(cfg, model_cfg, prompt_width)
-    geometry = StepGeometry.from_config(cfg.rl, infer_mesh.dp, train_mesh.dp)
+    geometry = StepGeometry.from_config(cfg.rl, infer_mesh.dp, train_mesh.row_ways)
     micro_batches = _micro_batches(cfg, geometry, train_mesh, micro_batches, run.sft_path_train, log)
     _steps_from_epochs(cfg, dataset.num_rows, infer_mesh.dp, log)
     eval_dataset = _eval_dataset(cfg, infer_mesh, pad_id, tokenizer, log)
@@ -401,6 +409,11 @@ def _check_layouts(cfg: GRPOConfig, train_yaml: ModelYaml, infer_yaml: ModelYaml
         setting = f"pipeline_stage {par.pipeline_stage}" if par.pipeline_stage > 1 else "use_seq_parallel True"
         raise ConfigError(f"engine.layerwise_update: runs the whole model on each train rank's whole sequence, and "
                           f"{train_yaml.path} sets parallel_config.{setting} (turn one of them off)")
+    if par.moe_token_dispatcher_type == "alltoall" and par.expert_parallel > 1 and cfg.engine.sequence_packing:
+        raise ConfigError("engine.sequence_packing: the train layout's moe_token_dispatcher_type is alltoall, whose "
+                          "EP ranks exchange tokens in every pass and so must run as many forwards of the same "
+                          "shapes; packed rows differ in number from rank to rank (use allgather, or "
+                          "sequence_packing false)")
     if not run.use_parallel and (train_yaml.parallel.world_size > 1 or infer_yaml.parallel.world_size > 1):
         raise ConfigError(f"use_parallel is False but {run.sft_path_train} asks for "
                           f"{train_yaml.parallel.world_size} ranks: launch with msrun and --use_parallel True")

@@ -59,8 +59,9 @@ class SFTStep(nn.Cell):
         self.loss = SFTLoss(model)
         self.optimizer = optimizer
         self.grad_fn = ms.value_and_grad(self.loss, None, optimizer.params)
-        self.dp_mean = DPGradMean(model.mesh)
-        self.norm_sum = SplitNormSum(split_axes(model, optimizer.params), model.mesh)
+        axes = split_axes(model, optimizer.params)
+        self.dp_mean = DPGradMean(model.mesh, axes)
+        self.norm_sum = SplitNormSum(axes, model.mesh)
         self.max_grad_norm = max_grad_norm
 
     @ms.jit

@@ -68,8 +68,10 @@ MAPPED_PARALLEL = {
     "model.model_config.offset": "decoder layers per pipeline stage, as MindFormers splits them (configs.model_config."
                                  "layer_split); reported as inert when pipeline_stage is 1",
     "parallel_config.expert_parallel": "MoE models: each EP rank holds num_experts / expert_parallel of every "
-                                       "sparse layer's experts; it divides data_parallel as in MindFormers (tokens "
-                                       "replicated over the EP ranks: all-gather dispatcher)",
+                                       "sparse layer's experts; it divides data_parallel as in MindFormers",
+    "parallel_config.moe_token_dispatcher_type": "MoE models (Megatron's key): allgather (default; the EP ranks "
+                                                 "share their rows) or alltoall (train layout: each EP rank its own "
+                                                 "rows; the rollout keeps allgather)",
     "parallel_config.pipeline_stage": "pipeline stages of the train layout (1F1B schedule); the infer layout must be 1",
     "parallel_config.micro_batch_num": "micro-batches per mini-batch through the pipeline; reported as inert when "
                                        "pipeline_stage is 1",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor
 
-from mindrlhf.parallel.grad_sync import DPMeanInPlace
+from mindrlhf.parallel.grad_sync import DPMeanInPlace, experts_hold_all_rows
 from mindrlhf.trainer import exchange
 from mindrlhf.trainer.optim import aliases, block_runs
 from mindrlhf.trainer.update.grad_norm import AddSquares, ClipScale, SplitNormSum
@@ -25,19 +25,26 @@ class ApplyAccumulated:
 
     def __init__(self, optimizer, acc, mesh, axes, max_grad_norm: float):
         self.optimizer, self.acc = optimizer, acc
-        self.dp_mean = DPMeanInPlace(mesh) if mesh.dp > 1 else None
-        norm_sum = SplitNormSum(axes, mesh)
         names = [p.name for p in optimizer.params]
-        self.all_runs = block_runs(names, range(len(acc)))
+        # (mean graph, its buffers' runs): every buffer over the row shares, or under the all-to-all dispatcher
+        # the experts' apart (grad_sync.experts_hold_all_rows)
+        self.means = []
+        if mesh.row_ways > 1:
+            split = experts_hold_all_rows(mesh)
+            for experts in ((False, True) if split else (False,)):
+                ids = [i for i, a in enumerate(axes) if not split or ("ep" in a) == experts]
+                if ids:
+                    self.means.append((DPMeanInPlace(mesh, experts), block_runs(names, ids)))
+        norm_sum = SplitNormSum(axes, mesh)
         self.norm_runs = tuple(block_runs(names, ids) for ids in norm_sum.id_groups)
         self.add_squares = AddSquares()
         self.clip = ClipScale(norm_sum, max_grad_norm)
 
     def __call__(self, lr):
         """One update; returns the global gradient norm (before clipping)."""
-        if self.dp_mean is not None:
-            for ids in self.all_runs:
-                self.dp_mean(aliases(self.acc, ids))
+        for mean, runs in self.means:
+            for ids in runs:
+                mean(aliases(self.acc, ids))
         totals = []
         for runs in self.norm_runs:
             total = Tensor(np.float32(0.0))

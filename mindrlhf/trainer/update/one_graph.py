@@ -59,8 +59,9 @@ class PolicyTrainStep(nn.Cell):
         self.loss_cell = loss_cell
         self.optimizer = optimizer
         self.grad_fn = ms.value_and_grad(loss_cell, None, optimizer.params, has_aux=True)
-        self.dp_mean = DPGradMean(mesh)
-        self.norm_sum = SplitNormSum(split_axes(loss_cell.model, optimizer.params), mesh)
+        axes = split_axes(loss_cell.model, optimizer.params)
+        self.dp_mean = DPGradMean(mesh, axes)
+        self.norm_sum = SplitNormSum(axes, mesh)
         self.max_grad_norm = max_grad_norm
 
     @ms.jit
