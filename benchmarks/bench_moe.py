@@ -24,6 +24,14 @@ experts, top-2, moe_intermediate_size 256, norm_topk_prob true, no load-balancin
    Parameters a model + optimizer actually hold: at ep2 on a Mesh with an `ep` axis of 2, built by 2 msrun
    workers (the larger rank's figure), against ep1 in one process. Also the whole model's weights + moments per
    rank, and the ratio the layouts predict (models/specs.layouts_for(cfg, 2, 1, ep=2) shard shapes) as a check.
+4. Ceilings: the highest train and rollout ratios any float32 implementation could reach on this CPU.
+   transformers' measured seconds over a floor that runs every matmul FLOP (step_flops, rollout_work: the routed
+   (token, expert) pairs only, attention over whole rows) at this CPU's best float32 matmul rate and reads every
+   byte a decode step must (its weights, the experts its tokens reach, the KV cache) at its best bandwidth. Both
+   figures are measured in the same run, in a child with our kernel threads (machine_rates: numpy, torch and
+   MindSpore at the step's shapes; STREAM-style copy and triad). Nothing else is charged: no softmax, norms,
+   optimizer, sampling or kernel launches. A bar above its ceiling cannot be met here; one below it can, in
+   principle.
 
 Same thread count: our side sets MindSpore's kernel threads as the trainer does (common.ours_kernel_threads:
 this process's cores, 1 rank); transformers' side sets torch.set_num_threads to the same count. Each
@@ -37,7 +45,8 @@ a grouped matmul; "eager" loops over the experts that received tokens). Both are
 picks another).
 
 Last line: {"bench": "moe_vs_transformers", "cpu", "train_ratio", "train_body_ratio", "rollout_ratio",
-"train_step_s": {side: {step, body, head}}, "ep2_expert_memory_ratio", ...} with ratio = ours / transformers
+"train_step_s": {side: {step, body, head}}, "train_ratio_ceiling", "rollout_ratio_ceiling", "floors", "machine",
+"ep2_expert_memory_ratio", ...} with ratio = ours / transformers
 tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1 per rank (bar: <= 0.55).
 """
 import argparse
@@ -174,6 +183,94 @@ def reference(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
     return {"tokens_per_s": tps, "threads": threads, "experts_implementation": implementation}
 
 
+def step_flops(s: dict) -> dict:
+    """Matmul FLOPs of one train step at shapes `s`, forward + backward (3 x the forward's 2 per weight per token):
+    the LM head, and the body: q/k/v/o, the router, each token's top-k experts (exactly the routed pairs, no
+    padding), attention's scores and values over the whole row (neither side skips the causal half)."""
+    m, t = s["model"], s["batch"] * s["seq"]
+    h, hd, heads, kv = m["hidden_size"], m["head_dim"], m["num_heads"], m["n_kv_heads"]
+    weights = 2 * h * heads * hd + 2 * h * kv * hd + h * m["num_experts"] \
+        + m["num_experts_per_tok"] * 3 * h * m["moe_intermediate_size"]
+    scores = 2 * 2 * s["seq"] * heads * hd                  # per token: q.k and p.v against the row's keys
+    return {"head": 6 * t * h * m["vocab_size"], "body": 3 * t * m["num_layers"] * (2 * weights + scores)}
+
+
+def rollout_work(s: dict) -> dict:
+    """The rollout's least work: the prefill's FLOPs (every prompt token through the body, the head at each
+    prompt's last position only) and, per decode step, the FLOPs and the bytes it must read, every weight it
+    uses once (attention's, the router's, the experts the step's tokens reach: E (1 - (1 - k / E)^rows) of them
+    in expectation, and the head) and the KV cache so far."""
+    m, rows = s["model"], s["prompts"]
+    h, hd, heads, kv, e, k = (m["hidden_size"], m["head_dim"], m["num_heads"], m["n_kv_heads"], m["num_experts"],
+                              m["num_experts_per_tok"])
+    expert = 3 * h * m["moe_intermediate_size"]
+    attention = 2 * h * heads * hd + 2 * h * kv * hd
+    layers, head = m["num_layers"], h * m["vocab_size"]
+    prefill = 2 * rows * s["prompt"] * layers * (attention + h * e + k * expert + 2 * s["prompt"] * heads * hd) \
+        + 2 * rows * head
+    reached = e * (1 - (1 - k / e) ** rows)
+    steps = []
+    for cached in range(s["prompt"], s["prompt"] + s["new"] - 1):       # the first new token is the prefill's
+        flops = 2 * rows * (layers * (attention + h * e + k * expert + 2 * cached * heads * hd) + head)
+        read = 4 * (layers * (attention + h * e + reached * expert) + head) + 4 * 2 * layers * kv * hd * rows * cached
+        steps.append((flops, read))
+    return {"prefill_flops": prefill, "decode_steps": steps}
+
+
+def machine_rates(s: dict) -> dict:
+    """This CPU's best float32 matmul rate (GFLOP/s) over numpy, torch and MindSpore (a graph, read back) at the
+    train step's shapes, and its best streaming bandwidth (GB/s, copy and triad over 512 MB, torch on every
+    core): what ceilings() divides by, measured in its own process with our kernel threads."""
+    from bench_floors import _best, bandwidth
+    import mindspore as ms
+    import torch
+    from mindspore import Tensor, nn, ops
+    threads = ours_kernel_threads()
+    torch.set_num_threads(threads)
+    m, t = s["model"], s["batch"] * s["seq"]
+    h = m["hidden_size"]
+    shapes = {"head": (t, h, m["vocab_size"]), "q": (t, h, m["num_heads"] * m["head_dim"]),
+              "expert": (t, h, m["moe_intermediate_size"]), "expert_down": (t, m["moe_intermediate_size"], h)}
+
+    class MatMulNT(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.mm = ops.MatMul(transpose_b=True)
+
+        @ms.jit
+        def construct(self, x, w):
+            return self.mm(x, w)
+
+    rng = np.random.default_rng(0)
+    rates = {}
+    for name, (rows, k, n) in shapes.items():
+        x, w = rng.standard_normal((rows, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
+        tx, tw, cell, mx, mw = torch.from_numpy(x), torch.from_numpy(w), MatMulNT(), Tensor(x), Tensor(w)
+        gflop = 2 * rows * k * n / 1e9
+        rates[name] = {"numpy": round(gflop / _best(lambda: x @ w.T), 1),
+                       "torch": round(gflop / _best(lambda: tx @ tw.T), 1),
+                       "mindspore": round(gflop / _best(lambda: cell(mx, mw).asnumpy()), 1)}
+    bw = bandwidth()
+    return {"matmul_gflops": rates, "best_gflops": max(max(r.values()) for r in rates.values()),
+            "bandwidth_gbs": bw, "best_gbs": max(bw["torch_copy"], bw["torch_triad"]), "threads": threads}
+
+
+def ceilings(s: dict, machine: dict, reference_s: dict) -> dict:
+    """The highest ratio against transformers any float32 implementation could reach on this CPU: transformers'
+    measured seconds over a floor that runs every FLOP at the best matmul rate measured here (any shape, any
+    library) and reads every byte a decode step must at the best bandwidth, nothing else costing time (no
+    softmax, norms, optimizer, sampling or launches). A bar above its ceiling cannot be met on this machine."""
+    rate, bw = machine["best_gflops"] * 1e9, machine["best_gbs"] * 1e9
+    train = step_flops(s)
+    train_floor = (train["head"] + train["body"]) / rate
+    work = rollout_work(s)
+    rollout_floor = work["prefill_flops"] / rate + sum(max(f / rate, b / bw) for f, b in work["decode_steps"])
+    return {"train_floor_s": round(train_floor, 3), "train_gflop": {k: round(v / 1e9, 1) for k, v in train.items()},
+            "train_ratio_ceiling": round(reference_s["train"] / train_floor, 3),
+            "rollout_floor_s": round(rollout_floor, 3),
+            "rollout_ratio_ceiling": round(reference_s["rollout"] / rollout_floor, 3)}
+
+
 def held_bytes(model, opt) -> dict:
     """Bytes of this rank's Parameters and AdamW moments, read back from the tensors themselves: the stacked
     experts', and the whole model's."""
@@ -254,6 +351,8 @@ def main():
         phase, side = args.child
         if phase == "memory":
             res = memory(args.quick)
+        elif phase == "machine":
+            res = machine_rates(shapes(args.quick))
         elif side == "ours":
             res = ours(phase, args.hf_dir, args.quick, args.experts)
         else:
@@ -284,6 +383,14 @@ def main():
               for side in ("ours", "transformers")}
     for side in step_s:
         step_s[side]["head"] = step_s[side]["step"] - step_s[side]["body"]
+    s_roll = shapes(args.quick, "rollout")
+    reference_s = {"train": step_tokens / med[("train", "transformers")],
+                   "rollout": s_roll["prompts"] * s_roll["new"] / med[("rollout", "transformers")]}
+    machine = run_child(script, "machine", "rates", *flags)
+    ceiling = ceilings(s, machine, reference_s)
+    print(f"this CPU's best float32 matmul {machine['best_gflops']} GFLOP/s, bandwidth {machine['best_gbs']} GB/s: "
+          f"train floor {ceiling['train_floor_s']} s a step (transformers {reference_s['train']:.3f} s), rollout "
+          f"floor {ceiling['rollout_floor_s']} s (transformers {reference_s['rollout']:.3f} s)", flush=True)
     ep1 = run_child(script, "memory", "ep1", *flags)
     ep2 = ep2_memory(args.quick)
     worst = max(ep2, key=lambda x: x["expert_param_bytes"] + x["expert_moment_bytes"])
@@ -310,6 +417,9 @@ def main():
         "train_body_ratio": round(med[("train_body", "ours")] / med[("train_body", "transformers")], 3),
         "rollout_ratio": round(med[("rollout", "ours")] / med[("rollout", "transformers")], 3),
         "train_step_s": {side: {k: round(v, 3) for k, v in parts.items()} for side, parts in step_s.items()},
+        "train_ratio_ceiling": ceiling["train_ratio_ceiling"], "rollout_ratio_ceiling": ceiling["rollout_ratio_ceiling"],
+        "floors": {k: v for k, v in ceiling.items() if not k.endswith("_ceiling")},
+        "machine": {k: machine[k] for k in ("matmul_gflops", "bandwidth_gbs", "best_gflops", "best_gbs")},
         "ep2_expert_memory_ratio": round(expert_ratio, 4),
         "ep2_model_memory_ratio": round(model_ratio, 4),
         "ep2_memory_measured": "bytes of the Parameters and AdamW moments held: ep2 by 2 msrun workers, ep1 in one "
