@@ -70,8 +70,9 @@ def _best(fn, repeats: int = 5) -> float:
     return best
 
 
-def matmul_rates() -> dict:
-    """GFLOP/s of x (m, k) @ w (n, k)^T for each shape: numpy, torch, MindSpore (graph, read back)."""
+def matmul_rates(shapes: dict = None) -> dict:
+    """GFLOP/s of x (m, k) @ w (n, k)^T for each {name: (m, k, n)} of `shapes` (default: the real model's hot
+    ones): numpy, torch, MindSpore (graph, read back)."""
     import mindspore as ms
     import numpy as np
     import torch
@@ -89,7 +90,7 @@ def matmul_rates() -> dict:
 
     rates = {}
     rng = np.random.default_rng(0)
-    for name, (m, k, n) in SMOLLM2_SHAPES.items():
+    for name, (m, k, n) in (shapes or SMOLLM2_SHAPES).items():
         x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
         tx, tw = torch.from_numpy(x), torch.from_numpy(w)
         cell, mx, mw = MatMulNT(), Tensor(x), Tensor(w)

@@ -221,35 +221,13 @@ def machine_rates(s: dict) -> dict:
     """This CPU's best float32 matmul rate (GFLOP/s) over numpy, torch and MindSpore (a graph, read back) at the
     train step's shapes, and its best streaming bandwidth (GB/s, copy and triad over 512 MB, torch on every
     core): what ceilings() divides by, measured in its own process with our kernel threads."""
-    from bench_floors import _best, bandwidth
-    import mindspore as ms
-    import torch
-    from mindspore import Tensor, nn, ops
+    from bench_floors import bandwidth, matmul_rates
     threads = ours_kernel_threads()
-    torch.set_num_threads(threads)
     m, t = s["model"], s["batch"] * s["seq"]
     h = m["hidden_size"]
-    shapes = {"head": (t, h, m["vocab_size"]), "q": (t, h, m["num_heads"] * m["head_dim"]),
-              "expert": (t, h, m["moe_intermediate_size"]), "expert_down": (t, m["moe_intermediate_size"], h)}
-
-    class MatMulNT(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.mm = ops.MatMul(transpose_b=True)
-
-        @ms.jit
-        def construct(self, x, w):
-            return self.mm(x, w)
-
-    rng = np.random.default_rng(0)
-    rates = {}
-    for name, (rows, k, n) in shapes.items():
-        x, w = rng.standard_normal((rows, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
-        tx, tw, cell, mx, mw = torch.from_numpy(x), torch.from_numpy(w), MatMulNT(), Tensor(x), Tensor(w)
-        gflop = 2 * rows * k * n / 1e9
-        rates[name] = {"numpy": round(gflop / _best(lambda: x @ w.T), 1),
-                       "torch": round(gflop / _best(lambda: tx @ tw.T), 1),
-                       "mindspore": round(gflop / _best(lambda: cell(mx, mw).asnumpy()), 1)}
+    rates = matmul_rates({"head": (t, h, m["vocab_size"]), "q": (t, h, m["num_heads"] * m["head_dim"]),
+                          "expert": (t, h, m["moe_intermediate_size"]),
+                          "expert_down": (t, m["moe_intermediate_size"], h)})
     bw = bandwidth()
     return {"matmul_gflops": rates, "best_gflops": max(max(r.values()) for r in rates.values()),
             "bandwidth_gbs": bw, "best_gbs": max(bw["torch_copy"], bw["torch_triad"]), "threads": threads}

@@ -134,10 +134,10 @@ def test_shared_prompts_and_micro_batches_get_the_same_aux_gradient(moe, samples
 
 
 def test_router_grad_counts_the_global_mini_batch():
-    """Per mini-batch: the aux gradient is coef x dp x E x C_e / (L N)^2 on every real token, with C and N over
+    """Per mini-batch: the aux gradient is coef x row shares x E x C_e / (L N)^2 on every real token, with C and N over
     the whole mini-batch; the value E sum_e f_e P_e (hand-computed here for two mini-batches of one row)."""
     class OneReplica:
-        dp, is_row_leader, is_first_stage = 1, True, True
+        row_ways, is_row_leader, is_first_stage = 1, True, True
     ids = np.array([[[[0, 1]], [[0, 2]], [[3, 1]]], [[[2, 3]], [[2, 3]], [[0, 1]]]])       # (2 rows, 3 tokens, 1, 2)
     keep = np.array([[1, 1, 0], [1, 1, 1]], bool)
     probs = np.full((2, 3, 4), 0.25)

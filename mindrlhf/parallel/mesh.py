@@ -164,8 +164,12 @@ class Mesh:
     @property
     def row_index(self) -> int:
         """This rank's share of the rows, dp outer, ep inner: in [0, row_ways)."""
+        return self.flat_index(self.row_axes)
+
+    def flat_index(self, axes: Tuple[str, ...]) -> int:
+        """This rank's position on the grid of `axes` (outermost first), counted row-major."""
         index = 0
-        for a in self.row_axes:
+        for a in axes:
             index = index * self.size(a) + self.index(a)
         return index
 
@@ -214,10 +218,7 @@ class Mesh:
     @property
     def expert_index(self) -> int:
         """This rank's share of the experts: [i E / expert_ranks, (i + 1) E / expert_ranks)."""
-        index = 0
-        for a in self.expert_axes:
-            index = index * self.size(a) + self.index(a)
-        return index
+        return self.flat_index(self.expert_axes)
 
     def sizes(self) -> str:
         """"dp=.. ep=.. tp=..": the row and tensor axes' sizes as start-up lines say them (ep only when split;
