@@ -469,8 +469,7 @@ class GRPOConfig(_Section):
         for f in dataclasses.fields(self.parallel):
             value = getattr(self.parallel, f.name)      # offsets may be negative; the dispatcher is a name
             if f.name != "train_offset" and isinstance(value, (int, float)) and value < 0:
-                raise ConfigError(f"parallel.{f.name}: expected >= 0 (0: the model YAML's), got "
-                                  f"{getattr(self.parallel, f.name)}")
+                raise ConfigError(f"parallel.{f.name}: expected >= 0 (0: the model YAML's), got {value}")
         if not 0 <= self.rl.clip_low < 1 or self.rl.clip_high < 0:
             raise ConfigError(f"rl.clip_low/clip_high: expected 0 <= clip_low < 1 and clip_high >= 0, got "
                               f"{self.rl.clip_low}/{self.rl.clip_high}")

@@ -240,6 +240,11 @@ class ParallelConfig:
     def world_size(self) -> int:
         return self.data_parallel * self.model_parallel * self.pipeline_stage
 
+    @property
+    def distinct_ep_rows(self) -> bool:
+        """Whether the EP ranks hold distinct rows: the all-to-all dispatcher with expert_parallel > 1."""
+        return self.moe_token_dispatcher_type == "alltoall" and self.expert_parallel > 1
+
     def validate(self, where: str = "parallel_config"):
         for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
                      "micro_batch_interleave_num", "expert_parallel"):
@@ -275,7 +280,7 @@ class ParallelConfig:
                               f"moe_intermediate_size={model.moe_intermediate_size} (each TP rank holds an equal "
                               f"share of every expert's intermediate width)")
         ep = self.expert_parallel
-        if self.moe_token_dispatcher_type == "alltoall" and ep > 1:
+        if self.distinct_ep_rows:
             for key, on in (("pipeline_stage", self.pipeline_stage > 1),
                             ("use_seq_parallel", self.use_seq_parallel and tp > 1)):
                 if on:

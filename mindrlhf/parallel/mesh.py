@@ -61,8 +61,6 @@ def group_for(ranks: Tuple[int, ...]) -> str:
     return _CREATED_GROUPS[ranks]
 
 
-
-
 @dataclass(frozen=True)
 class Mesh:
     """One role's arrangement of ranks over named axes and this rank's place in it.
@@ -305,4 +303,4 @@ def mesh_for(parallel, world_size: int, rank: int, role: str) -> Mesh:
                 seq_parallel=parallel.use_seq_parallel and parallel.model_parallel > 1,
                 extra_axes=(("ep", ep),) if ep > 1 else (),
                 experts_over_tp=parallel.moe_tp_extend_ep and parallel.model_parallel > 1,
-                ep_dispatcher=parallel.moe_token_dispatcher_type if ep > 1 else "allgather")
+                ep_dispatcher="alltoall" if parallel.distinct_ep_rows else "allgather")

@@ -192,8 +192,7 @@ def resolve(loaded: GRPOConfig, rank: int, world: int, log: Callable = print) ->
     if infer_yaml.parallel.use_seq_parallel and not one_file:
         infer_yaml.ignored.append(("parallel_config.use_seq_parallel", "sequence parallelism applies to the "
                                    "train layout; the rollout keeps whole activations"))
-    if infer_yaml.parallel.moe_token_dispatcher_type == "alltoall" and infer_yaml.parallel.expert_parallel > 1 \
-            and not one_file:
+    if infer_yaml.parallel.distinct_ep_rows and not one_file:
         infer_yaml.ignored.append(("parallel_config.moe_token_dispatcher_type", "alltoall applies to the train "
                                    "layout; the rollout's EP ranks decode the same prompts (allgather), as their "
                                    "decode steps must run in lockstep"))
@@ -409,7 +408,7 @@ def _check_layouts(cfg: GRPOConfig, train_yaml: ModelYaml, infer_yaml: ModelYaml
         setting = f"pipeline_stage {par.pipeline_stage}" if par.pipeline_stage > 1 else "use_seq_parallel True"
         raise ConfigError(f"engine.layerwise_update: runs the whole model on each train rank's whole sequence, and "
                           f"{train_yaml.path} sets parallel_config.{setting} (turn one of them off)")
-    if par.moe_token_dispatcher_type == "alltoall" and par.expert_parallel > 1 and cfg.engine.sequence_packing:
+    if par.distinct_ep_rows and cfg.engine.sequence_packing:
         raise ConfigError("engine.sequence_packing: the train layout's moe_token_dispatcher_type is alltoall, whose "
                           "EP ranks exchange tokens in every pass and so must run as many forwards of the same "
                           "shapes; packed rows differ in number from rank to rank (use allgather, or "
