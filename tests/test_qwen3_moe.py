@@ -203,9 +203,13 @@ def test_qwen3_moe_hf_folder_loads_and_exports_back_in_the_hub_layout(moe, tmp_p
         written = json.load(fh)
     assert written["architectures"] == ["Qwen3MoeForCausalLM"] and written["num_experts"] == 4
     assert load_model_yaml(str(out)).model == spec.model
+    # both loaded by from_pretrained: it picks its experts kernel (transformers 5.25: grouped_mm), which sums in
+    # another order than the eager experts of the model built in memory (4.8e-7 apart on AMD EPYC Zen 3)
     again = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    original = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     ids = np.arange(12).reshape(2, 6) % 160
-    assert np.abs(hf_logits(again, ids) - hf_logits(hf, ids)).max() == 0.0
+    assert np.abs(hf_logits(again, ids) - hf_logits(original, ids)).max() == 0.0
+    assert np.abs(hf_logits(again, ids) - hf_logits(hf, ids)).max() <= 1e-5
 
 
 def test_qwen3_moe_fused_expert_layout_loads(moe, tmp_path, rng):

@@ -59,7 +59,9 @@ def rollout(moe_model):
 def test_the_rollout_records_the_routing_its_own_passes_chose(moe_model, rollout):
     """The recorded experts are where the routers send every fed token (a training-side routing pass agrees on
     each), and replaying them gives the log-probs of the unreplayed forward bit for bit, whole rows and shared
-    prompts alike; a replay of other experts does not. Positions that were never fed hold the filler 0..k-1."""
+    prompts alike (each against its own unreplayed pass: the two paths' matmuls have other shapes, whose float32
+    sums oneDNN may order differently on another CPU); a replay of other experts does not. Positions that were
+    never fed hold the filler 0..k-1."""
     sparse, k = len(moe_model.config.sparse_layers), moe_model.config.num_experts_per_tok
     assert rollout.routing.shape == (6, P + R, sparse, k) and sparse == 2
     assert rollout.response_mask.sum(1).min() < R            # some rows stopped early
@@ -71,7 +73,9 @@ def test_the_rollout_records_the_routing_its_own_passes_chose(moe_model, rollout
     plain = _logprobs(moe_model, rollout)
     assert np.abs(plain - rollout.rollout_logp)[mask].max() <= 1e-5
     assert np.array_equal(_logprobs(moe_model, rollout, rollout.input_routing())[mask], plain[mask])
-    assert np.array_equal(_logprobs(moe_model, rollout, rollout.input_routing(), (2, P))[mask], plain[mask])
+    shared = _logprobs(moe_model, rollout, None, (2, P))
+    assert np.abs(shared - plain)[mask].max() <= 1e-5
+    assert np.array_equal(_logprobs(moe_model, rollout, rollout.input_routing(), (2, P))[mask], shared[mask])
     other = np.sort((rollout.input_routing() + 1) % moe_model.config.num_experts, -1)
     assert np.abs(_logprobs(moe_model, rollout, other) - plain)[mask].max() > 1e-3
     metrics = routing_metrics(rollout, 4, own, rollout, moe_model.mesh)
