@@ -70,30 +70,35 @@ def _best(fn, repeats: int = 5) -> float:
     return best
 
 
+def product_graph(op):
+    """A graph of the one product `op` (a Cell: MindSpore's jit parses a Cell's construct, not a closure)."""
+    import mindspore as ms
+    from mindspore import nn
+
+    class Product(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.op = op
+
+        @ms.jit
+        def construct(self, a, b):
+            return self.op(a, b)
+    return Product()
+
+
 def matmul_rates(shapes: dict = None) -> dict:
     """GFLOP/s of x (m, k) @ w (n, k)^T for each {name: (m, k, n)} of `shapes` (default: the real model's hot
     ones): numpy, torch, MindSpore (graph, read back)."""
-    import mindspore as ms
     import numpy as np
     import torch
-    from mindspore import Tensor, nn, ops
+    from mindspore import Tensor, ops
     torch.set_num_threads(os.cpu_count())
-
-    class MatMulNT(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.mm = ops.MatMul(transpose_b=True)
-
-        @ms.jit
-        def construct(self, x, w):
-            return self.mm(x, w)
-
     rates = {}
     rng = np.random.default_rng(0)
     for name, (m, k, n) in (shapes or SMOLLM2_SHAPES).items():
         x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
         tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-        cell, mx, mw = MatMulNT(), Tensor(x), Tensor(w)
+        cell, mx, mw = product_graph(ops.MatMul(transpose_b=True)), Tensor(x), Tensor(w)
         flop = 2 * m * k * n / 1e9
         rates[name] = {"numpy": flop / _best(lambda: x @ w.T), "torch": flop / _best(lambda: tx @ tw.T),
                        "mindspore": flop / _best(lambda: cell(mx, mw).asnumpy())}

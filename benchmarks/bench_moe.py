@@ -242,7 +242,7 @@ def sorted_block_rates(s: dict) -> dict:
     gradient x^T @ g. Where the body's expert time stands against the kernels transformers' side runs (a
     diagnosis, not part of the ceilings)."""
     import torch
-    from bench_floors import _best
+    from bench_floors import _best, product_graph
     from mindspore import Tensor, ops
     from mindrlhf.models.moe import expert_block, sorted_capacity
     m, t = s["model"], s["batch"] * s["seq"]
@@ -264,22 +264,6 @@ def sorted_block_rates(s: dict) -> dict:
         out[name] = {"mindspore": round(flop / _best(lambda: graph(*args).asnumpy()), 1),
                      "torch": round(flop / _best(ref), 1)}
     return out
-
-
-def product_graph(op):
-    """A graph of the one product `op` (a Cell: MindSpore's jit parses a Cell's construct, not a closure)."""
-    import mindspore as ms
-    from mindspore import nn
-
-    class Product(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.op = op
-
-        @ms.jit
-        def construct(self, a, b):
-            return self.op(a, b)
-    return Product()
 
 
 def ceilings(s: dict, machine: dict, reference_s: dict) -> dict:
