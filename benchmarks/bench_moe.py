@@ -32,7 +32,8 @@ experts, top-2, moe_intermediate_size 256, norm_topk_prob true, no load-balancin
    MindSpore at the step's shapes; STREAM-style copy and triad). Nothing else is charged: no softmax, norms,
    optimizer, sampling or kernel launches. A bar above its ceiling cannot be met here; one below it can, in
    principle. Beside them, not part of them: the sorted form's batched products at the train step's blocks,
-   MindSpore's BatchMatMul against torch.bmm (sorted_block_rates), where our experts' kernels stand.
+   MindSpore's BatchMatMul against torch.bmm (sorted_block_rates), where our experts' kernels stand; and a decode
+   step's expert and head products at the rollout's rows, each weight read once (decode_product_ms).
 
 Same thread count: our side sets MindSpore's kernel threads as the trainer does (common.ours_kernel_threads:
 this process's cores, 1 rank); transformers' side sets torch.set_num_threads to the same count. Each
@@ -47,8 +48,8 @@ picks another).
 
 Last line: {"bench": "moe_vs_transformers", "cpu", "train_ratio", "train_body_ratio", "rollout_ratio",
 "train_step_s": {side: {step, body, head}}, "train_ratio_ceiling", "rollout_ratio_ceiling", "floors", "machine"
-(with "sorted_block_gflops"), "ep2_expert_memory_ratio", ...} with ratio = ours / transformers tokens/s (the
-issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1 per rank (bar: <= 0.55).
+(with "sorted_block_gflops", "decode_product_ms"), "ep2_expert_memory_ratio", ...} with ratio = ours / transformers
+tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1 per rank (bar: <= 0.55).
 """
 import argparse
 import glob
@@ -231,8 +232,8 @@ def machine_rates(s: dict) -> dict:
                           "expert_down": (t, m["moe_intermediate_size"], h)})
     bw = bandwidth()
     return {"matmul_gflops": rates, "best_gflops": max(max(r.values()) for r in rates.values()),
-            "sorted_block_gflops": sorted_block_rates(s), "bandwidth_gbs": bw,
-            "best_gbs": max(bw["torch_copy"], bw["torch_triad"]), "threads": threads}
+            "sorted_block_gflops": sorted_block_rates(s), "decode_product_ms": decode_product_ms(s),
+            "bandwidth_gbs": bw, "best_gbs": max(bw["torch_copy"], bw["torch_triad"]), "threads": threads}
 
 
 def sorted_block_rates(s: dict) -> dict:
@@ -263,6 +264,57 @@ def sorted_block_rates(s: dict) -> dict:
         graph = product_graph(op)
         out[name] = {"mindspore": round(flop / _best(lambda: graph(*args).asnumpy()), 1),
                      "torch": round(flop / _best(ref), 1)}
+    return out
+
+
+def decode_product_ms(s: dict) -> dict:
+    """Milliseconds of one decode step's expert and head products alone, MindSpore (one graph of them all, in the
+    forms the model picks at the rollout's rows: ExpertsFFN's batched few-token form, tp_layers.linear for the
+    head) against torch (the same products in a loop: torch.bmm, F.linear). Every layer's gate, up and down
+    weights and the head are distinct arrays, as many bytes as the model's, so they stream from memory as in the
+    rollout. Where the rollout's kernels stand against those transformers' side runs (a diagnosis, not part of
+    the ceilings)."""
+    import mindspore as ms
+    import torch
+    from bench_floors import _best
+    from mindspore import Parameter, Tensor, nn, ops
+    from mindrlhf.models.tp_layers import linear
+    m, rows = s["model"], s["prompts"]
+    e, h, i = m["num_experts"], m["hidden_size"], m["moe_intermediate_size"]
+    rng = np.random.default_rng(0)
+    shapes = [(e, h, i), (e, h, i), (e, i, h)] * m["num_layers"]
+    experts = [rng.standard_normal(shape, dtype=np.float32) * 0.02 for shape in shapes]
+    head = rng.standard_normal((m["vocab_size"], h), dtype=np.float32) * 0.02
+    xh, xi = (rng.standard_normal((e, rows, k), dtype=np.float32) for k in (h, i))
+
+    class Products(nn.Cell):
+        """The expert products of every layer (`with_experts`) or the head alone, each an output of the graph
+        (none is left out as unused)."""
+
+        def __init__(self, with_experts: bool):
+            super().__init__()
+            self.w = ms.ParameterTuple([Parameter(Tensor(w), name=f"w{j}") for j, w in enumerate(experts)]
+                                       if with_experts else [])
+            self.head = Parameter(Tensor(head), name="head") if not with_experts else None
+            self.bmm = ops.BatchMatMul()
+
+        @ms.jit
+        def construct(self, xh, xi):
+            if self.head is not None:
+                return (linear(xh[0], self.head, ms.float32),)
+            return tuple(self.bmm(xh if w.shape[1] == xh.shape[2] else xi, w) for w in self.w)
+
+    mx = (Tensor(xh), Tensor(xi))
+    tw, th, tx = [torch.from_numpy(w) for w in experts], torch.from_numpy(head), {h: torch.from_numpy(xh),
+                                                                                    i: torch.from_numpy(xi)}
+    graphs = {part: Products(part == "experts") for part in ("experts", "head")}
+    torch_runs = {"experts": lambda: [torch.bmm(tx[w.shape[1]], w) for w in tw],
+                  "head": lambda: torch.nn.functional.linear(tx[h][0], th)}
+    out = {"rows": rows, "mbytes": {"experts": round(sum(w.nbytes for w in experts) / 1e6, 1),
+                                    "head": round(head.nbytes / 1e6, 1)}}
+    for part, graph in graphs.items():
+        out[part] = {"mindspore": round(_best(lambda: graph(*mx)[-1].asnumpy(), 20) * 1e3, 2),
+                     "torch": round(_best(torch_runs[part], 20) * 1e3, 2)}
     return out
 
 
@@ -430,8 +482,8 @@ def main():
         "train_step_s": {side: {k: round(v, 3) for k, v in parts.items()} for side, parts in step_s.items()},
         "train_ratio_ceiling": ceiling["train_ratio_ceiling"], "rollout_ratio_ceiling": ceiling["rollout_ratio_ceiling"],
         "floors": {k: v for k, v in ceiling.items() if not k.endswith("_ceiling")},
-        "machine": {k: machine[k] for k in ("matmul_gflops", "sorted_block_gflops", "bandwidth_gbs", "best_gflops",
-                                             "best_gbs")},
+        "machine": {k: machine[k] for k in ("matmul_gflops", "sorted_block_gflops", "decode_product_ms",
+                                             "bandwidth_gbs", "best_gflops", "best_gbs")},
         "ep2_expert_memory_ratio": round(expert_ratio, 4),
         "ep2_model_memory_ratio": round(model_ratio, 4),
         "ep2_memory_measured": "bytes of the Parameters and AdamW moments held: ep2 by 2 msrun workers, ep1 in one "
