@@ -288,26 +288,28 @@ def decode_product_ms(s: dict) -> dict:
     xh, xi = (rng.standard_normal((e, rows, k), dtype=np.float32) for k in (h, i))
 
     class Products(nn.Cell):
-        """The expert products of every layer (`with_experts`) or the head alone, each an output of the graph
-        (none is left out as unused)."""
+        """Each weight's product in the form the model runs at the rollout's rows (an expert's batched one, the
+        head's through `linear`), every one an output of the graph (none is left out as unused)."""
 
-        def __init__(self, with_experts: bool):
+        def __init__(self, weights):
             super().__init__()
-            self.w = ms.ParameterTuple([Parameter(Tensor(w), name=f"w{j}") for j, w in enumerate(experts)]
-                                       if with_experts else [])
-            self.head = Parameter(Tensor(head), name="head") if not with_experts else None
+            self.w = ms.ParameterTuple([Parameter(Tensor(w), name=f"w{j}") for j, w in enumerate(weights)])
             self.bmm = ops.BatchMatMul()
 
         @ms.jit
         def construct(self, xh, xi):
-            if self.head is not None:
-                return (linear(xh[0], self.head, ms.float32),)
-            return tuple(self.bmm(xh if w.shape[1] == xh.shape[2] else xi, w) for w in self.w)
+            out = []
+            for w in self.w:
+                if len(w.shape) == 2:                  # the head (vocab, H)
+                    out.append(linear(xh[0], w, ms.float32))
+                else:
+                    out.append(self.bmm(xh if w.shape[1] == xh.shape[2] else xi, w))
+            return tuple(out)
 
     mx = (Tensor(xh), Tensor(xi))
     tw, th, tx = [torch.from_numpy(w) for w in experts], torch.from_numpy(head), {h: torch.from_numpy(xh),
                                                                                     i: torch.from_numpy(xi)}
-    graphs = {part: Products(part == "experts") for part in ("experts", "head")}
+    graphs = {"experts": Products(experts), "head": Products([head])}
     torch_runs = {"experts": lambda: [torch.bmm(tx[w.shape[1]], w) for w in tw],
                   "head": lambda: torch.nn.functional.linear(tx[h][0], th)}
     out = {"rows": rows, "mbytes": {"experts": round(sum(w.nbytes for w in experts) / 1e6, 1),
