@@ -236,6 +236,9 @@ A2A = {"train_expert_parallel": 2, "train_moe_token_dispatcher_type": "alltoall"
        "mini_batch_size": 4}
 
 
+# ~65-90 s: -m slow (the default run keeps the dispatcher's logits and gradients at ep2 against one process,
+# test_all_to_all_dispatcher_on_distinct_rows_equals_one_process, and its gradient sync, tests/test_grad_sync.py)
+@pytest.mark.slow
 def test_grpo_train_ep2_all_to_all_follows_one_process(tmp_path):
     """Train data_parallel 2 as expert_parallel 2 with the all-to-all dispatcher (each rank its own 8 rows of a
     step, 4 per update, and half the experts: its tokens go to the experts' rank and come back) / infer dp2: the
@@ -346,7 +349,8 @@ def test_grpo_train_pp2_by_ep2_with_the_aux_loss_and_r2_follows_one_process(tmp_
     _same_export(tmp_path, "pp2_ep2")
 
 
-@pytest.mark.slow       # ~75 s; the one-graph update's all-to-all run is in the default run
+# ~75 s; the one-graph update's all-to-all run: test_grpo_train_ep2_all_to_all_follows_one_process (also slow)
+@pytest.mark.slow
 def test_grpo_layerwise_update_with_the_all_to_all_dispatcher_follows_one_process(tmp_path):
     """engine.layerwise_update (a graph per decoder layer, the gradients summed in buffers and averaged from the
     host: update/accumulate.py) under the all-to-all dispatcher: the experts' buffers are averaged apart from the
