@@ -76,12 +76,16 @@ def test_top_k_one_equals_greedy(models):
     assert np.array_equal(greedy, topk)
 
 
-def test_min_tokens_suppresses_eos():
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_suppresses_eos(temperature):
+    # temperature 1 and no filters: process_logits hands back the caller's array untouched; the suppression
+    # must write into a copy, never into the logits the engine reads again for the log-prob
     logits = np.zeros((2, 10), np.float32)
     logits[:, 3] = 50.0     # EOS would win
-    p = SamplingParams(temperature=0, eos_token_ids=[3], max_tokens=4, min_tokens=2)
+    p = SamplingParams(temperature=temperature, eos_token_ids=[3], max_tokens=4, min_tokens=2)
     scores = process_logits(logits, p, None, suppress_eos=True)
     assert np.all(np.isneginf(scores[:, 3])) and (np.argmax(scores, -1) != 3).all()
+    assert logits[0, 3] == 50.0
     assert (np.argmax(process_logits(logits, p, None, suppress_eos=False), -1) == 3).all()
 
 

@@ -307,11 +307,11 @@ class GenerationEngine:
             running = real & ~done[seq_of]
             seqs = seq_of[running]
             suppress_eos = t < params.min_tokens
-            scores = process_logits(logits[running], params, None if seen is None else seen[seqs],
-                                    suppress_eos=suppress_eos)
+            live = logits if running.all() else logits[running]
+            scores = process_logits(live, params, None if seen is None else seen[seqs], suppress_eos=suppress_eos)
             tokens, logp = sample(scores, params, None if uniforms is None else uniforms[seqs, t])
             if params.reshapes_distribution(suppress_eos):     # report the log-prob convention's value
-                logp = token_logprobs(logits[running], tokens, params.logprob_temperature)
+                logp = token_logprobs(live, tokens, params.logprob_temperature)
             out_ids[seqs, t] = tokens
             out_mask[seqs, t] = 1
             out_logp[seqs, t] = logp

@@ -63,14 +63,16 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
 def process_logits(logits: np.ndarray, params: SamplingParams, seen: Optional[np.ndarray],
                    suppress_eos: bool) -> np.ndarray:
     """Raw logits (N, V) -> the log-space scores actually sampled from (-inf where filtered)."""
-    x = logits.astype(np.float32)
+    x = logits.astype(np.float32, copy=False)         # the caller's array until something must change
     if seen is not None:
         x = apply_repetition_penalty(x, seen, params.repetition_penalty)
     if suppress_eos and params.eos_token_ids:
+        x = x.copy() if x is logits else x
         x[:, params.eos_token_ids] = -np.inf
     if params.greedy:
         return x
-    x = x / params.temperature
+    if params.temperature != 1.0:                     # x / 1 is x: no 16 x vocabulary copy per decode step
+        x = x / params.temperature
     v = x.shape[-1]
     if 0 < params.top_k < v:
         kth = np.partition(x, v - params.top_k, axis=-1)[:, v - params.top_k][:, None]
@@ -121,15 +123,16 @@ def sample(scores: np.ndarray, params: SamplingParams, u: np.ndarray):
     is accumulated in float64, so the sampled token's logprob is exact to float32.
     """
     rows = np.arange(scores.shape[0])
-    shifted = scores - scores.max(-1, keepdims=True)                  # -inf stays -inf
-    weights = np.exp(shifted)
+    top = scores.max(-1, keepdims=True)
+    weights = scores - top                                            # -inf stays -inf
+    np.exp(weights, out=weights)
     log_z = np.log(weights.sum(-1, dtype=np.float64))
     if params.greedy:
         tokens = np.argmax(scores, -1)      # greedy: report the model's own (penalised) distribution
     else:
         tokens = np.minimum(inverse_cdf(weights, u), scores.shape[1] - 1)
         tokens = np.where(weights[rows, tokens] > 0, tokens, np.argmax(scores, -1))
-    return tokens.astype(np.int64), (shifted[rows, tokens] - log_z).astype(np.float32)
+    return tokens.astype(np.int64), ((scores[rows, tokens] - top[:, 0]) - log_z).astype(np.float32)
 
 
 def inverse_cdf(weights: np.ndarray, u: np.ndarray, block: int = 256) -> np.ndarray:
