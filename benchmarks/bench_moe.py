@@ -32,8 +32,10 @@ experts, top-2, moe_intermediate_size 256, norm_topk_prob true, no load-balancin
    MindSpore at the step's shapes; STREAM-style copy and triad). Nothing else is charged: no softmax, norms,
    optimizer, sampling or kernel launches. A bar above its ceiling cannot be met here; one below it can, in
    principle. Beside them, not part of them: the sorted form's batched products at the train step's blocks,
-   MindSpore's BatchMatMul against torch.bmm (sorted_block_rates), where our experts' kernels stand; and a decode
-   step's expert and head products at the rollout's rows, each weight read once (decode_product_ms).
+   MindSpore's BatchMatMul against torch.bmm (sorted_block_rates), where our experts' kernels stand; one sparse
+   layer's experts forward + backward, our ExpertsFFN against transformers' own experts module on the same
+   weights and routing (expert_layer_ms), the experts' share of the train_body gap; and a decode step's expert
+   and head products at the rollout's rows, each weight read once (decode_product_ms).
 
 Same thread count: our side sets MindSpore's kernel threads as the trainer does (common.ours_kernel_threads:
 this process's cores, 1 rank); transformers' side sets torch.set_num_threads to the same count. Each
@@ -48,7 +50,7 @@ picks another).
 
 Last line: {"bench": "moe_vs_transformers", "cpu", "train_ratio", "train_body_ratio", "rollout_ratio",
 "train_step_s": {side: {step, body, head}}, "train_ratio_ceiling", "rollout_ratio_ceiling", "floors", "machine"
-(with "sorted_block_gflops", "decode_product_ms"), "ep2_expert_memory_ratio", ...} with ratio = ours / transformers
+(with "sorted_block_gflops", "expert_layer_ms", "decode_product_ms"), "ep2_expert_memory_ratio", ...} with ratio = ours / transformers
 tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1 per rank (bar: <= 0.55).
 """
 import argparse
@@ -219,7 +221,7 @@ def rollout_work(s: dict) -> dict:
     return {"prefill_flops": prefill, "decode_steps": steps}
 
 
-def machine_rates(s: dict) -> dict:
+def machine_rates(s: dict, hf_dir: str, hf_experts: str, experts: str) -> dict:
     """This CPU's best float32 matmul rate (GFLOP/s) over numpy, torch and MindSpore (a graph, read back) at the
     train step's shapes, and its best streaming bandwidth (GB/s, copy and triad over 512 MB, torch on every
     core): what ceilings() divides by, measured in its own process with our kernel threads."""
@@ -233,6 +235,7 @@ def machine_rates(s: dict) -> dict:
     bw = bandwidth()
     return {"matmul_gflops": rates, "best_gflops": max(max(r.values()) for r in rates.values()),
             "sorted_block_gflops": sorted_block_rates(s), "decode_product_ms": decode_product_ms(s),
+            "expert_layer_ms": expert_layer_ms(s, hf_dir, hf_experts, experts),
             "bandwidth_gbs": bw, "best_gbs": max(bw["torch_copy"], bw["torch_triad"]), "threads": threads}
 
 
@@ -265,6 +268,75 @@ def sorted_block_rates(s: dict) -> dict:
         out[name] = {"mindspore": round(flop / _best(lambda: graph(*args).asnumpy()), 1),
                      "torch": round(flop / _best(ref), 1)}
     return out
+
+
+def expert_layer_ms(s: dict, hf_dir: str, hf_experts: str, experts: str) -> dict:
+    """Milliseconds of one sparse layer's experts, forward + backward, at the train step's tokens: our ExpertsFFN
+    (a graph: the output, the gradients of the tokens, the routing weights and the three weight stacks) against
+    transformers' own experts module of the benchmark model's first layer (its experts_implementation, autograd),
+    on the same weights and routing (random router logits, top-k, renormalised), alternating, medians. Isolates
+    the experts' share of the train_body gap (a diagnosis, not part of the ceilings); "max_rel_diff" checks that
+    both compute the same output."""
+    import mindspore as ms
+    import torch
+    from mindspore import Tensor, nn, ops
+    from transformers import AutoModelForCausalLM
+    from mindrlhf.configs import ModelConfig
+    from mindrlhf.models.moe import ExpertsFFN
+    m, n = s["model"], s["batch"] * s["seq"]
+    e, k, i = m["num_experts"], m["num_experts_per_tok"], m["moe_intermediate_size"]
+    kw = {} if hf_experts == "default" else {"experts_implementation": hf_experts}
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **kw).model.layers[0].mlp.experts
+    gate_up, down = hf.gate_up_proj.detach().numpy(), hf.down_proj.detach().numpy()     # (E, 2I, H), (E, H, I)
+    ffn = ExpertsFFN(ModelConfig(**m, moe_expert_compute=experts), ms.float32, None)
+    for param, value in ((ffn.w1.weight, gate_up[:, :i]), (ffn.w3.weight, gate_up[:, i:]), (ffn.w2.weight, down)):
+        param.set_data(Tensor(np.ascontiguousarray(value.transpose(0, 2, 1))))
+    rng = np.random.default_rng(0)
+    x, dy = (rng.standard_normal((n, m["hidden_size"]), dtype=np.float32) for _ in range(2))
+    logits = rng.standard_normal((n, e), dtype=np.float32)
+    top = np.argsort(-logits, 1, kind="stable")[:, :k]
+    top_w = np.exp(np.take_along_axis(logits, top, 1))
+    top_w = (top_w / top_w.sum(1, keepdims=True)).astype(np.float32)
+    dense_w = np.zeros((n, e), np.float32)
+    np.put_along_axis(dense_w, top, top_w, 1)
+
+    class Step(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.ffn = ffn
+            self.grad = ops.GradOperation(get_all=True, get_by_list=True)
+            self.params = ms.ParameterTuple(ffn.trainable_params())
+
+        def loss(self, x, w, dy):
+            return (self.ffn(x, w, ms.float32) * dy).sum()
+
+        @ms.jit
+        def construct(self, x, w, dy):
+            return self.ffn(x, w, ms.float32), self.grad(self.loss, self.params)(x, w, dy)
+
+    step, args = Step(), (Tensor(x), Tensor(dense_w), Tensor(dy))
+    tx, tidx, tw, tdy = (torch.from_numpy(a) for a in (x, top.astype(np.int64), top_w, dy))
+
+    def reference():
+        xr, wr = tx.clone().requires_grad_(), tw.clone().requires_grad_()
+        hf.zero_grad(set_to_none=True)
+        out = hf(xr, tidx, wr)
+        (out * tdy).sum().backward()
+        return out.detach().numpy()
+
+    ours_out, ref_out = step(*args)[0].asnumpy(), reference()
+    times = {"ours": [], "transformers": []}
+    for _ in range(7):
+        t = time.perf_counter()
+        step(*args)[0].asnumpy()
+        times["ours"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        reference()
+        times["transformers"].append(time.perf_counter() - t)
+    med = {side: float(np.median(v)) * 1e3 for side, v in times.items()}
+    return {"tokens": n, "ours": round(med["ours"], 1), "transformers": round(med["transformers"], 1),
+            "ratio": round(med["transformers"] / med["ours"], 3),
+            "max_rel_diff": float(np.abs(ours_out - ref_out).max() / np.abs(ref_out).max())}
 
 
 def decode_product_ms(s: dict) -> dict:
@@ -417,7 +489,7 @@ def main():
         if phase == "memory":
             res = memory(args.quick)
         elif phase == "machine":
-            res = machine_rates(shapes(args.quick))
+            res = machine_rates(shapes(args.quick), args.hf_dir, args.hf_experts, args.experts)
         elif side == "ours":
             res = ours(phase, args.hf_dir, args.quick, args.experts)
         else:
@@ -451,7 +523,7 @@ def main():
     s_roll = shapes(args.quick, "rollout")
     reference_s = {"train": step_tokens / med[("train", "transformers")],
                    "rollout": s_roll["prompts"] * s_roll["new"] / med[("rollout", "transformers")]}
-    machine = run_child(script, "machine", "rates", *flags)
+    machine = run_child(script, "machine", "rates", "--hf_dir", hf_dirs["train"], *flags)
     ceiling = ceilings(s, machine, reference_s)
     print(f"this CPU's best float32 matmul {machine['best_gflops']} GFLOP/s, bandwidth {machine['best_gbs']} GB/s: "
           f"train floor {ceiling['train_floor_s']} s a step (transformers {reference_s['train']:.3f} s), rollout "
@@ -485,7 +557,7 @@ def main():
         "train_ratio_ceiling": ceiling["train_ratio_ceiling"], "rollout_ratio_ceiling": ceiling["rollout_ratio_ceiling"],
         "floors": {k: v for k, v in ceiling.items() if not k.endswith("_ceiling")},
         "machine": {k: machine[k] for k in ("matmul_gflops", "sorted_block_gflops", "decode_product_ms",
-                                             "bandwidth_gbs", "best_gflops", "best_gbs")},
+                                             "expert_layer_ms", "bandwidth_gbs", "best_gflops", "best_gbs")},
         "ep2_expert_memory_ratio": round(expert_ratio, 4),
         "ep2_model_memory_ratio": round(model_ratio, 4),
         "ep2_memory_measured": "bytes of the Parameters and AdamW moments held: ep2 by 2 msrun workers, ep1 in one "
