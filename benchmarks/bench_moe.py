@@ -50,8 +50,9 @@ picks another).
 
 Last line: {"bench": "moe_vs_transformers", "cpu", "train_ratio", "train_body_ratio", "rollout_ratio",
 "train_step_s": {side: {step, body, head}}, "train_ratio_ceiling", "rollout_ratio_ceiling", "floors", "machine"
-(with "sorted_block_gflops", "expert_layer_ms", "decode_product_ms"), "ep2_expert_memory_ratio", ...} with ratio = ours / transformers
-tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1 per rank (bar: <= 0.55).
+(with "sorted_block_gflops", "expert_layer_ms", "decode_product_ms"), "ep2_expert_memory_ratio", ...} with ratio =
+ours / transformers tokens/s (the issue's bars: >= 1.5, >= 1.5) and the memory ratio = ep2 / ep1 per rank (bar:
+<= 0.55).
 """
 import argparse
 import glob
@@ -301,18 +302,22 @@ def expert_layer_ms(s: dict, hf_dir: str, hf_experts: str, experts: str) -> dict
     np.put_along_axis(dense_w, top, top_w, 1)
 
     class Step(nn.Cell):
+        """One forward: (loss, output) and the loss's gradients (tokens, routing weights, the three stacks)."""
+
         def __init__(self):
             super().__init__()
             self.ffn = ffn
-            self.grad = ops.GradOperation(get_all=True, get_by_list=True)
-            self.params = ms.ParameterTuple(ffn.trainable_params())
+            self.value_and_grad = ms.value_and_grad(self.loss, (0, 1), ms.ParameterTuple(ffn.trainable_params()),
+                                                    has_aux=True)
 
         def loss(self, x, w, dy):
-            return (self.ffn(x, w, ms.float32) * dy).sum()
+            out = self.ffn(x, w, ms.float32)
+            return (out * dy).sum(), out
 
         @ms.jit
         def construct(self, x, w, dy):
-            return self.ffn(x, w, ms.float32), self.grad(self.loss, self.params)(x, w, dy)
+            (_, out), grads = self.value_and_grad(x, w, dy)
+            return out, grads
 
     step, args = Step(), (Tensor(x), Tensor(dense_w), Tensor(dy))
     tx, tidx, tw, tdy = (torch.from_numpy(a) for a in (x, top.astype(np.int64), top_w, dy))
