@@ -163,15 +163,22 @@ def ours(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
     return {"tokens_per_s": float(out.response_mask.sum()) / (time.perf_counter() - t0), "threads": threads}
 
 
-def reference(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
+def hf_model(hf_dir: str, experts: str):
+    """transformers' model from the benchmark's HF folder in float32, with experts_implementation `experts`
+    ("default": what from_pretrained picks)."""
     import torch
     from transformers import AutoModelForCausalLM
+    kw = {} if experts == "default" else {"experts_implementation": experts}
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **kw)
+
+
+def reference(phase: str, hf_dir: str, quick: bool, experts: str) -> dict:
+    import torch
     s = shapes(quick, phase)
     threads = same_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    kw = {} if experts == "default" else {"experts_implementation": experts}
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **kw)
+    model = hf_model(hf_dir, experts)
     implementation = model.config._experts_implementation
     if phase != "rollout":
         tps = torch_train_tokens_per_s(model, train_ids(s), s["warmup"], s["steps"])
@@ -222,11 +229,12 @@ def rollout_work(s: dict) -> dict:
     return {"prefill_flops": prefill, "decode_steps": steps}
 
 
-def machine_rates(s: dict, hf_dir: str, hf_experts: str, experts: str) -> dict:
+def machine_rates(quick: bool, hf_dir: str, hf_experts: str, experts: str) -> dict:
     """This CPU's best float32 matmul rate (GFLOP/s) over numpy, torch and MindSpore (a graph, read back) at the
     train step's shapes, and its best streaming bandwidth (GB/s, copy and triad over 512 MB, torch on every
     core): what ceilings() divides by, measured in its own process with our kernel threads."""
     from bench_floors import bandwidth, matmul_rates
+    s = shapes(quick)
     threads = ours_kernel_threads()
     m, t = s["model"], s["batch"] * s["seq"]
     h = m["hidden_size"]
@@ -236,7 +244,7 @@ def machine_rates(s: dict, hf_dir: str, hf_experts: str, experts: str) -> dict:
     bw = bandwidth()
     return {"matmul_gflops": rates, "best_gflops": max(max(r.values()) for r in rates.values()),
             "sorted_block_gflops": sorted_block_rates(s), "decode_product_ms": decode_product_ms(s),
-            "expert_layer_ms": expert_layer_ms(s, hf_dir, hf_experts, experts),
+            "expert_layer_ms": expert_layer_ms(quick, hf_dir, hf_experts, experts),
             "bandwidth_gbs": bw, "best_gbs": max(bw["torch_copy"], bw["torch_triad"]), "threads": threads}
 
 
@@ -271,27 +279,21 @@ def sorted_block_rates(s: dict) -> dict:
     return out
 
 
-def expert_layer_ms(s: dict, hf_dir: str, hf_experts: str, experts: str) -> dict:
+def expert_layer_ms(quick: bool, hf_dir: str, hf_experts: str, experts: str) -> dict:
     """Milliseconds of one sparse layer's experts, forward + backward, at the train step's tokens: our ExpertsFFN
     (a graph: the output, the gradients of the tokens, the routing weights and the three weight stacks) against
     transformers' own experts module of the benchmark model's first layer (its experts_implementation, autograd),
-    on the same weights and routing (random router logits, top-k, renormalised), alternating, medians. Isolates
+    both loaded from the benchmark's HF folder, on the same routing (random router logits, top-k, renormalised), alternating, medians. Isolates
     the experts' share of the train_body gap (a diagnosis, not part of the ceilings); "max_rel_diff" checks that
     both compute the same output."""
     import mindspore as ms
     import torch
-    from mindspore import Tensor, nn, ops
-    from transformers import AutoModelForCausalLM
-    from mindrlhf.configs import ModelConfig
-    from mindrlhf.models.moe import ExpertsFFN
+    from mindspore import Tensor, nn
+    s = shapes(quick)
     m, n = s["model"], s["batch"] * s["seq"]
-    e, k, i = m["num_experts"], m["num_experts_per_tok"], m["moe_intermediate_size"]
-    kw = {} if hf_experts == "default" else {"experts_implementation": hf_experts}
-    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **kw).model.layers[0].mlp.experts
-    gate_up, down = hf.gate_up_proj.detach().numpy(), hf.down_proj.detach().numpy()     # (E, 2I, H), (E, H, I)
-    ffn = ExpertsFFN(ModelConfig(**m, moe_expert_compute=experts), ms.float32, None)
-    for param, value in ((ffn.w1.weight, gate_up[:, :i]), (ffn.w3.weight, gate_up[:, i:]), (ffn.w2.weight, down)):
-        param.set_data(Tensor(np.ascontiguousarray(value.transpose(0, 2, 1))))
+    e, k = m["num_experts"], m["num_experts_per_tok"]
+    hf = hf_model(hf_dir, hf_experts).model.layers[0].mlp.experts
+    ffn = ours_model(hf_dir, quick, experts, "train").model.layers[0].feed_forward.routed_experts.ffn
     rng = np.random.default_rng(0)
     x, dy = (rng.standard_normal((n, m["hidden_size"]), dtype=np.float32) for _ in range(2))
     logits = rng.standard_normal((n, e), dtype=np.float32)
@@ -494,7 +496,7 @@ def main():
         if phase == "memory":
             res = memory(args.quick)
         elif phase == "machine":
-            res = machine_rates(shapes(args.quick), args.hf_dir, args.hf_experts, args.experts)
+            res = machine_rates(args.quick, args.hf_dir, args.hf_experts, args.experts)
         elif side == "ours":
             res = ours(phase, args.hf_dir, args.quick, args.experts)
         else:
