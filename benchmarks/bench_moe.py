@@ -283,9 +283,9 @@ def expert_layer_ms(quick: bool, hf_dir: str, hf_experts: str, experts: str) -> 
     """Milliseconds of one sparse layer's experts, forward + backward, at the train step's tokens: our ExpertsFFN
     (a graph: the output, the gradients of the tokens, the routing weights and the three weight stacks) against
     transformers' own experts module of the benchmark model's first layer (its experts_implementation, autograd),
-    both loaded from the benchmark's HF folder, on the same routing (random router logits, top-k, renormalised), alternating, medians. Isolates
-    the experts' share of the train_body gap (a diagnosis, not part of the ceilings); "max_rel_diff" checks that
-    both compute the same output."""
+    both loaded from the benchmark's HF folder, on the same routing (random router logits, top-k, renormalised),
+    alternating, medians. Isolates the experts' share of the train_body gap (a diagnosis, not part of the
+    ceilings); "max_rel_diff" checks that both compute the same output."""
     import mindspore as ms
     import torch
     from mindspore import Tensor, nn
